@@ -1,0 +1,62 @@
+"""gpurig: build, measure, predict and run multi-GPU deep learning.
+
+The library is what ``gpurig train`` itself uses::
+
+    import gpurig
+    comm = gpurig.init()                       # engine + rank from the launcher's environment
+    model = gpurig.DataParallel(model)         # gradients averaged over all ranks during backward
+    for x, y in gpurig.shard((X, Y), global_batch=256):   # each rank its part of every global batch
+        ...
+
+Heavy imports (torch, mpi4py) happen on first use, so ``gpurig --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "init": "gpurig.comm",
+    "shutdown": "gpurig.comm",
+    "Communicator": "gpurig.comm",
+    "Handle": "gpurig.comm",
+    "DataParallel": "gpurig.parallel",
+    "ModelMismatchError": "gpurig.parallel",
+    "BatchSizeWarning": "gpurig.parallel",
+    "shard": "gpurig.parallel",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'gpurig' has no attribute {name!r}")
+
+
+def rank() -> int:
+    """This process's rank in the job (Horovod's ``hvd.rank()``).
+
+    >>> import gpurig; gpurig.rank()
+    0
+    """
+    return importlib.import_module("gpurig.comm").current().rank
+
+
+def size() -> int:
+    """Number of ranks in the job (``hvd.size()``)."""
+    return importlib.import_module("gpurig.comm").current().size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its machine (``hvd.local_rank()``)."""
+    return importlib.import_module("gpurig.comm").current().local_rank
+
+
+def local_size() -> int:
+    """Number of ranks on this machine (``hvd.local_size()``)."""
+    return importlib.import_module("gpurig.comm").current().local_size
+
+
+__all__ = sorted([*_LAZY, "rank", "size", "local_rank", "local_size", "__version__"])

@@ -1,0 +1,137 @@
+"""``gpurig train`` on the command line: flags in, progress bar and tables out (no training logic here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+EPILOG = """\
+examples:
+  gpurig train                              # the source's MNIST net, all local GPUs (else 2 CPU ranks), over MPI
+  gpurig train -n 4 --model cnn --epochs 3  # 4 ranks, the small CNN
+  gpurig train --engine torch               # torch.distributed (Gloo on CPU, NCCL on GPU) instead of MPI
+  gpurig train --epochs 8 --resume          # continue from the last checkpoint to epoch 8
+  gpurig train --json | jq .test_accuracy   # machine-readable summary
+
+Each step is reported split into compute, communication not hidden under the
+backward pass (comm), waiting for slower ranks (wait) and data loading (data).
+"""
+
+
+def add_parser(subparsers) -> None:
+    """Register ``gpurig train`` and its flags."""
+    p = subparsers.add_parser(
+        "train", help="data-parallel training of a reference model on this machine's devices (the main job)",
+        description="Train a reference model (the source's 784-1200-1200-10 MNIST net, or a small CNN) on 5,000 "
+                    "real MNIST digits with data parallelism across N ranks: each rank computes on its part of "
+                    "the global batch and gradients are averaged during the backward pass.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-n", "--nprocs", type=int, default=None,
+                   help="number of ranks (default: one per GPU, else 2 CPU ranks)")
+    p.add_argument("--engine", default="mpi", help="mpi (default, via mpi4py) or torch (torch.distributed)")
+    p.add_argument("--hosts", default=None, help="hosts and slots, e.g. a:4,b:4 (MPI engine)")
+    p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun")
+    p.add_argument("--model", default="mlp", help="mlp (784-1200-1200-10, default) or cnn")
+    p.add_argument("--data", default="mnist", help="reference data set (default mnist: 4,000 train / 1,000 test)")
+    p.add_argument("--epochs", type=int, default=5, help="train until this epoch (default 5)")
+    p.add_argument("--global-batch", type=int, default=128,
+                   help="samples per step over all ranks (default 128, the source's: 64 per rank on 2)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--seed", type=int, default=0, help="seed for initial weights and data order")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MB (default 25)")
+    p.add_argument("--checkpoint-dir", default="runs/train", help="where checkpoint.pt is written each epoch")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")
+    p.set_defaults(handler=run)
+
+
+def _config(args):
+    from gpurig.train import TrainConfig
+
+    return TrainConfig(model=args.model, data=args.data, epochs=args.epochs, global_batch=args.global_batch,
+                       lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
+                       engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
+                       checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+
+
+def run(args) -> int:
+    """Run ``gpurig train`` with parsed ``args``; return the exit code."""
+    from gpurig.train import launch_training
+
+    config = _config(args)
+    if args.json:
+        code, events = launch_training(config)
+        done = [e for e in events if e["event"] == "done"]
+        if code == 0 and done:
+            print(json.dumps({k: v for k, v in done[-1].items() if k != "event"}, indent=2))
+        return code or (0 if done else 1)
+    view = _TrainView()
+    try:
+        code, events = launch_training(config, on_event=view.update)
+    finally:
+        view.close()
+    if code == 0 and events and events[-1]["event"] == "done":
+        view.summary(events[-1])
+    return code
+
+
+class _TrainView:
+    """Rich progress bar and epoch table fed by rank 0's events."""
+
+    COLUMNS = [("epoch", "epoch"), ("loss", "loss"), ("test_accuracy", "test acc"),
+               ("samples_per_s", "samples/s"), ("step_ms", "step ms"), ("compute_ms", "compute"),
+               ("comm_ms", "comm"), ("wait_ms", "wait"), ("data_ms", "data")]
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.console = Console()
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
+                                 console=self.console, transient=True)
+        self.task = None
+        self.start: dict = {}
+
+    def update(self, event: dict) -> None:
+        kind = event["event"]
+        if kind == "start":
+            self.start = event
+            per_rank = event["global_batch"] // event["ranks"]
+            self.console.print(
+                f"[bold]gpurig train[/]: {event['model']} ({event['parameters'] / 1e6:.1f} M parameters), "
+                f"{event['ranks']} ranks over {event['engine']}, global batch {event['global_batch']} "
+                f"({per_rank} per rank), epochs {event['first_epoch'] + 1}..{event['epochs']}")
+            self.progress.start()
+            total = event["steps_per_epoch"] * (event["epochs"] - event["first_epoch"])
+            self.task = self.progress.add_task("training", total=total, loss="-")
+        elif kind == "step" and self.task is not None:
+            done = (event["epoch"] - self.start["first_epoch"]) * self.start["steps_per_epoch"] + event["step"]
+            self.progress.update(self.task, completed=done, loss=f"{event['loss']:.3f}",
+                                 description=f"epoch {event['epoch'] + 1}/{self.start['epochs']}")
+        elif kind == "epoch":
+            self.progress.console.print(
+                f"epoch {event['epoch']}: loss {event['loss']:.4f}, test accuracy {100 * event['test_accuracy']:.1f} %, "
+                f"{event['samples_per_s']:.0f} samples/s; per step {event['step_ms']:.1f} ms = compute "
+                f"{event['compute_ms']:.1f} + comm {event['comm_ms']:.1f} + wait {event['wait_ms']:.1f} "
+                f"+ data {event['data_ms']:.1f}")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+    def summary(self, done: dict) -> None:
+        from rich.table import Table
+
+        table = Table(title=f"{done['model']} on {done['data']}: {done['ranks']} ranks, {done['engine']}, "
+                            f"ms per step")
+        for _, header in self.COLUMNS:
+            table.add_column(header, justify="right")
+        for row in done["epochs"]:
+            table.add_row(*(f"{100 * row[k]:.1f} %" if k == "test_accuracy" else str(row[k])
+                            for k, _ in self.COLUMNS))
+        self.console.print(table)
+        self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")
+
+

@@ -1,0 +1,324 @@
+"""The Communicator: what training code calls, whatever engine moves the bytes.
+
+It owns three things the engines should not repeat: checking arguments,
+averaging, and running collectives asynchronously. Asynchronous collectives run
+in order on one background thread (as Horovod's background loop does), so a
+bucket's allreduce proceeds while the caller keeps computing; the engines' calls
+release the GIL. A blocking call first waits for the queued ones, keeping every
+rank's sequence of collectives identical.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from concurrent.futures import Future
+
+import torch
+
+OPS = ("sum", "average")
+
+
+class Handle:
+    """A collective in flight, like ``torch.distributed``'s ``Work`` or a Horovod handle.
+
+    >>> handle = comm.allreduce_async(torch.ones(4))   # doctest: +SKIP
+    >>> handle.wait()                                   # doctest: +SKIP
+    tensor([1., 1., 1., 1.])
+    """
+
+    def __init__(self, future: Future):
+        self._future = future
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        """Block until the collective has finished; return its result (re-raising its error)."""
+        return self._future.result(timeout)
+
+    def is_completed(self) -> bool:
+        """True once the collective has finished, successfully or not."""
+        return self._future.done()
+
+
+class _Worker:
+    """One background thread that runs queued collectives in submission order."""
+
+    def __init__(self, lock: threading.Lock):
+        self._lock = lock
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._last: Future | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn) -> Future:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="gpurig-comm", daemon=True)
+            self._thread.start()
+        future: Future = Future()
+        self._queue.put((fn, future))
+        self._last = future
+        return future
+
+    def drain(self) -> None:
+        if self._last is not None:
+            self._last.exception()  # waits; errors stay with their own handle
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                with self._lock:
+                    result = fn()
+            except BaseException as exc:  # handed to whoever waits on the handle
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+class Communicator:
+    """Collectives on torch tensors across all ranks of a job.
+
+    Create it with ``gpurig.init()``. Every operation exists in a blocking form
+    and an ``_async`` form returning a :class:`Handle`. All ranks must call the
+    same collectives in the same order.
+
+    >>> comm = gpurig.init()                          # doctest: +SKIP
+    >>> comm.allreduce(torch.tensor([comm.rank + 1.0]), op="sum")  # doctest: +SKIP
+    tensor([3.])                                      # on 2 ranks
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._worker = _Worker(self._lock)
+        self._pinned: dict = {}
+
+    # -- who am I ---------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.engine.rank
+
+    @property
+    def size(self) -> int:
+        return self.engine.size
+
+    @property
+    def local_rank(self) -> int:
+        return self.engine.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.engine.local_size
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name if self.engine.name != "torch" else f"torch/{self.engine.backend}"
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: ``cuda:<local_rank mod GPUs>`` when there are GPUs, else CPU."""
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+
+    def __repr__(self) -> str:
+        return f"Communicator(engine={self.engine_name}, rank={self.rank}, size={self.size})"
+
+    # -- plumbing ---------------------------------------------------------
+    def _run(self, fn, blocking: bool):
+        if blocking:
+            self._worker.drain()
+            with self._lock:
+                return fn()
+        return Handle(self._worker.submit(fn))
+
+    def _check(self, tensor, what: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{what} needs a torch.Tensor, got {type(tensor).__name__}")
+        if not self.engine.supports(tensor.dtype):
+            raise TypeError(f"{what}: dtype {tensor.dtype} is not supported by the {self.engine_name} engine")
+
+    def _to_engine(self, flat: torch.Tensor) -> torch.Tensor:
+        """The tensor the engine can read: itself, or a pinned host copy of a GPU tensor."""
+        if not flat.is_cuda or self.engine.accepts_device_tensors:
+            return flat
+        key = (flat.numel(), flat.dtype)
+        host = self._pinned.get(key)
+        if host is None:
+            host = self._pinned[key] = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat)
+        return host
+
+    def _sizes(self, tensor: torch.Tensor) -> list[int]:
+        """Every rank's first-dimension size (one small allgather)."""
+        mine = torch.tensor([tensor.shape[0]], dtype=torch.int64)
+        return self.engine.allgather(mine, [1] * self.size).tolist()
+
+    # -- collectives ------------------------------------------------------
+    def allreduce(self, tensor: torch.Tensor, op: str = "average") -> torch.Tensor:
+        """Sum or average ``tensor`` over all ranks, in place; returns it.
+
+        >>> comm.allreduce(torch.ones(3))          # doctest: +SKIP
+        tensor([1., 1., 1.])
+        """
+        return self._allreduce(tensor, op, blocking=True)
+
+    def allreduce_async(self, tensor: torch.Tensor, op: str = "average") -> Handle:
+        """Start :meth:`allreduce`; ``tensor`` must not be touched until the handle is waited on."""
+        return self._allreduce(tensor, op, blocking=False)
+
+    def _allreduce(self, tensor, op, blocking):
+        self._check(tensor, "allreduce")
+        if op not in OPS:
+            raise ValueError(f"allreduce op must be one of {OPS}, got {op!r}")
+        if op == "average" and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise TypeError(f"average needs a floating-point tensor, got {tensor.dtype}; use op='sum'")
+
+        def work():
+            if tensor.numel() == 0:
+                return tensor
+            flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+            buf = self._to_engine(flat)
+            self.engine.allreduce_sum(buf)
+            if op == "average":
+                buf.div_(self.size)
+            if buf.data_ptr() != tensor.data_ptr():
+                tensor.copy_(buf.view(tensor.shape))
+            return tensor
+
+        return self._run(work, blocking)
+
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ), as Horovod does.
+
+        >>> comm.allgather(torch.tensor([comm.rank]))   # doctest: +SKIP
+        tensor([0, 1])
+        """
+        return self._allgather(tensor, blocking=True)
+
+    def allgather_async(self, tensor: torch.Tensor) -> Handle:
+        """Start :meth:`allgather`."""
+        return self._allgather(tensor, blocking=False)
+
+    def _allgather(self, tensor, blocking):
+        self._check(tensor, "allgather")
+        if tensor.dim() == 0:
+            tensor = tensor.view(1)
+
+        def work():
+            rows = self._sizes(tensor)
+            row = math.prod(tensor.shape[1:])
+            flat = self._to_engine(tensor.reshape(-1).contiguous())
+            out = self.engine.allgather(flat, [r * row for r in rows])
+            return out.to(tensor.device).view(sum(rows), *tensor.shape[1:])
+
+        return self._run(work, blocking)
+
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce over ranks, then give rank r the r-th piece along dim 0.
+
+        Pieces follow ``torch.tensor_split``: with 10 rows on 4 ranks, ranks get
+        3, 3, 2, 2 rows. Returns a new tensor.
+
+        >>> comm.reduce_scatter(torch.ones(4))        # doctest: +SKIP
+        tensor([2., 2.])                               # rank 0 of 2
+        """
+        return self._reduce_scatter(tensor, op, blocking=True)
+
+    def reduce_scatter_async(self, tensor: torch.Tensor, op: str = "sum") -> Handle:
+        """Start :meth:`reduce_scatter`."""
+        return self._reduce_scatter(tensor, op, blocking=False)
+
+    def _reduce_scatter(self, tensor, op, blocking):
+        self._check(tensor, "reduce_scatter")
+        if op not in OPS:
+            raise ValueError(f"reduce_scatter op must be one of {OPS}, got {op!r}")
+        if tensor.dim() == 0:
+            raise ValueError("reduce_scatter needs a tensor with at least one dimension")
+        if op == "average" and not tensor.is_floating_point():
+            raise TypeError(f"average needs a floating-point tensor, got {tensor.dtype}; use op='sum'")
+
+        def work():
+            rows = split_sizes(tensor.shape[0], self.size)
+            row = math.prod(tensor.shape[1:])
+            flat = self._to_engine(tensor.reshape(-1).contiguous())
+            out = self.engine.reduce_scatter_sum(flat, [r * row for r in rows])
+            if op == "average":
+                out.div_(self.size)
+            return out.to(tensor.device).view(rows[self.rank], *tensor.shape[1:])
+
+        return self._run(work, blocking)
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """Overwrite ``tensor`` on every rank with rank ``root``'s, in place; returns it.
+
+        >>> comm.broadcast(torch.tensor([comm.rank]), root=0)   # doctest: +SKIP
+        tensor([0])
+        """
+        return self._broadcast(tensor, root, blocking=True)
+
+    def broadcast_async(self, tensor: torch.Tensor, root: int = 0) -> Handle:
+        """Start :meth:`broadcast`."""
+        return self._broadcast(tensor, root, blocking=False)
+
+    def _broadcast(self, tensor, root, blocking):
+        self._check(tensor, "broadcast")
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast root {root} is not a rank of this job (size {self.size})")
+
+        def work():
+            if tensor.numel() == 0:
+                return tensor
+            flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+            buf = self._to_engine(flat)
+            self.engine.broadcast(buf, root)
+            if buf.data_ptr() != tensor.data_ptr():
+                tensor.copy_(buf.view(tensor.shape))
+            return tensor
+
+        return self._run(work, blocking)
+
+    def barrier(self) -> None:
+        """Wait until every rank has reached this point."""
+        self._run(self.engine.barrier, blocking=True)
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data``, in rank order; for small metadata such as model signatures.
+
+        >>> comm.allgather_bytes(b"hello")            # doctest: +SKIP
+        [b'hello', b'hello']
+        """
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        gathered = self.allgather(payload)
+        lengths = self.allgather(torch.tensor([len(data)], dtype=torch.int64)).tolist()
+        out, start = [], 0
+        for n in lengths:
+            out.append(gathered[start: start + n].numpy().tobytes())
+            start += n
+        return out
+
+    def shutdown(self) -> None:
+        """Finish queued collectives and release the engine."""
+        self._worker.drain()
+        self._worker.stop()
+        self.engine.shutdown()
+
+
+def split_sizes(n: int, parts: int) -> list[int]:
+    """How ``n`` items split over ``parts`` ranks, as ``torch.tensor_split`` does.
+
+    >>> split_sizes(10, 4)
+    [3, 3, 2, 2]
+    """
+    base, extra = divmod(n, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]

@@ -1,0 +1,78 @@
+"""Where a rank learns who it is: the variables launchers set.
+
+gpurig's own launcher, ``mpirun`` (Open MPI, MPICH), ``torchrun`` and SLURM's
+``srun`` each name rank and size differently; this module reads them all, so
+the engines stay free of launcher details.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Rank and size as the launcher announced them (None where it said nothing)."""
+
+    rank: int | None
+    size: int | None
+    local_rank: int | None
+    local_size: int | None
+
+
+def _first_int(env, names):
+    for name in names:
+        value = env.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value.split("(")[0].split(",")[0])
+            except ValueError:
+                continue
+    return None
+
+
+def torch_launch_info(env=None) -> LaunchInfo:
+    """Rank/size from torchrun-style variables, else from SLURM.
+
+    >>> torch_launch_info({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}).size
+    4
+    """
+    env = os.environ if env is None else env
+    return LaunchInfo(
+        rank=_first_int(env, ["RANK", "SLURM_PROCID"]),
+        size=_first_int(env, ["WORLD_SIZE", "SLURM_NTASKS"]),
+        local_rank=_first_int(env, ["LOCAL_RANK", "SLURM_LOCALID"]),
+        local_size=_first_int(env, ["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]),
+    )
+
+
+def launched_by_mpi(env=None) -> bool:
+    """True when an MPI launcher (Open MPI, MPICH, Intel MPI) started this process.
+
+    >>> launched_by_mpi({"OMPI_COMM_WORLD_SIZE": "2"})
+    True
+    """
+    env = os.environ if env is None else env
+    return any(name in env for name in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS"))
+
+
+def detect_engine(env=None) -> str:
+    """The engine to use when the caller names none: ``GPURIG_ENGINE``, else guessed from the launcher.
+
+    ``mpi`` under mpirun, ``torch`` under torchrun (RANK and WORLD_SIZE set, or a
+    SLURM task), ``mpi`` for a single process started by hand.
+
+    >>> detect_engine({"RANK": "0", "WORLD_SIZE": "2"})
+    'torch'
+    >>> detect_engine({})
+    'mpi'
+    """
+    env = os.environ if env is None else env
+    if env.get("GPURIG_ENGINE"):
+        return env["GPURIG_ENGINE"]
+    if launched_by_mpi(env):
+        return "mpi"
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "torch"
+    return "mpi"

@@ -1,0 +1,93 @@
+"""The torch.distributed engine: Gloo on CPU, NCCL on GPU.
+
+Gloo's all-gather and reduce-scatter want equal pieces from every rank; uneven
+pieces are padded to the largest and trimmed afterwards.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from gpurig.comm.env import torch_launch_info
+
+# torch 2.13 renamed these; older releases only have the old names.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class TorchEngine:
+    """Blocking collectives on flat, contiguous tensors over the default process group.
+
+    Reads RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (torchrun, ``gpurig run
+    --engine torch``) or SLURM's variables; a process started by hand is a group of one.
+
+    >>> engine = TorchEngine()          # doctest: +SKIP
+    >>> engine.backend
+    'gloo'
+    """
+
+    name = "torch"
+
+    def __init__(self, backend: str | None = None, timeout_s: float | None = None):
+        info = torch_launch_info()
+        self.backend = backend or os.environ.get("GPURIG_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+        timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("GPURIG_COMM_TIMEOUT", "600")))
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
+            if info.size is None or info.size == 1:
+                dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            else:
+                os.environ.setdefault("RANK", str(info.rank))
+                os.environ.setdefault("WORLD_SIZE", str(info.size))
+                if self.backend == "nccl":
+                    torch.cuda.set_device(info.local_rank or 0)
+                dist.init_process_group(self.backend, init_method="env://", timeout=timeout)
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+        self.local_rank = info.local_rank if info.local_rank is not None else self.rank
+        self.local_size = info.local_size if info.local_size is not None else self.size
+        self.accepts_device_tensors = self.backend == "nccl"
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                         torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)
+
+    def allreduce_sum(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
+
+    def allgather(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        largest = max(counts)
+        if tensor.numel() < largest:
+            tensor = torch.cat([tensor, tensor.new_zeros(largest - tensor.numel())])
+        out = tensor.new_empty(largest * self.size)
+        _all_gather(out, tensor)
+        if all(c == largest for c in counts):
+            return out
+        return torch.cat([out[r * largest: r * largest + c] for r, c in enumerate(counts)])
+
+    def reduce_scatter_sum(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        largest = max(counts)
+        if any(c != largest for c in counts):
+            padded = tensor.new_zeros(largest * self.size)
+            start = 0
+            for r, c in enumerate(counts):
+                padded[r * largest: r * largest + c] = tensor[start: start + c]
+                start += c
+            tensor = padded
+        out = tensor.new_empty(largest)
+        _reduce_scatter(out, tensor)
+        return out[: counts[self.rank]]
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        dist.broadcast(tensor, src=root)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def shutdown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()

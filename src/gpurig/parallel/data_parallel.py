@@ -1,0 +1,281 @@
+"""Data parallelism: the same weights on every rank, gradients averaged during backward.
+
+One training step, as the source describes it: each rank runs forward and
+backward on its part of the global batch; as soon as the gradients of a bucket
+of parameters are ready, that bucket's allreduce starts on the communicator's
+background thread, while autograd goes on computing earlier layers. At the end
+of backward every rank waits for its buckets and finds the averaged gradient in
+``param.grad``, so any torch optimizer then applies the same update everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gpurig import comm as comm_mod
+
+DEFAULT_BUCKET_MB = 25.0
+
+
+class ModelMismatchError(ValueError):
+    """Ranks wrapped models whose parameters differ in name, shape or dtype."""
+
+
+@dataclass
+class Bucket:
+    """Parameters whose gradients travel together in one allreduce."""
+
+    params: list[torch.nn.Parameter]
+    flat: torch.Tensor
+    offsets: list[int]
+    ready: int = 0
+    handle: comm_mod.Handle | None = None
+
+
+@dataclass
+class CommStats:
+    """What the last backward passes spent on communication, in the predictor's terms.
+
+    ``exposed_s`` is the time backward's end waited for allreduces, i.e.
+    communication (and waiting for slower ranks) not hidden under computation.
+    """
+
+    steps: int = 0
+    bytes_sent: int = 0
+    exposed_s: float = 0.0
+    launched_in_backward: int = 0
+    launched_at_end: int = 0
+    last_exposed_s: float = 0.0
+
+
+def assign_buckets(params: list[torch.Tensor], cap_bytes: int) -> list[list[int]]:
+    """Group parameter indices into buckets of at most ``cap_bytes``, in reverse order.
+
+    Backward produces the last layer's gradients first, so buckets start from the
+    end of the parameter list (as PyTorch DDP does). A bucket never mixes dtypes
+    or devices; a parameter larger than the cap gets a bucket of its own.
+
+    >>> ps = [torch.zeros(10), torch.zeros(10), torch.zeros(1000)]
+    >>> assign_buckets(ps, cap_bytes=100)
+    [[2], [1, 0]]
+    """
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for index in reversed(range(len(params))):
+        p = params[index]
+        nbytes = p.numel() * p.element_size()
+        same_kind = not current or (params[current[0]].dtype, params[current[0]].device) == (p.dtype, p.device)
+        if current and (size + nbytes > cap_bytes or not same_kind):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(index)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def model_signature(module: torch.nn.Module) -> list[list]:
+    """Name, shape and dtype of every parameter and buffer, in registration order.
+
+    >>> model_signature(torch.nn.Linear(2, 3))
+    [['param', 'weight', [3, 2], 'torch.float32'], ['param', 'bias', [3], 'torch.float32']]
+    """
+    rows = [["param", n, list(p.shape), str(p.dtype)] for n, p in module.named_parameters()]
+    rows += [["buffer", n, list(b.shape), str(b.dtype)] for n, b in module.named_buffers()]
+    return rows
+
+
+def first_difference(signatures: list[list[list]]) -> str | None:
+    """Describe the first way any rank's signature differs from rank 0's, or None.
+
+    >>> a = [["param", "w", [3, 2], "torch.float32"]]
+    >>> b = [["param", "w", [3, 4], "torch.float32"]]
+    >>> first_difference([a, b])
+    "param 'w': rank 0 has shape [3, 2] torch.float32, rank 1 has shape [3, 4] torch.float32"
+    """
+    reference = signatures[0]
+    for rank, sig in enumerate(signatures[1:], start=1):
+        for mine, theirs in zip(reference, sig):
+            if mine != theirs:
+                if mine[:2] != theirs[:2]:
+                    return f"rank 0 has {mine[0]} '{mine[1]}' where rank {rank} has {theirs[0]} '{theirs[1]}'"
+                return (f"{mine[0]} '{mine[1]}': rank 0 has shape {mine[2]} {mine[3]}, "
+                        f"rank {rank} has shape {theirs[2]} {theirs[3]}")
+        if len(sig) != len(reference):
+            longer, who = (reference, 0) if len(reference) > len(sig) else (sig, rank)
+            extra = longer[min(len(reference), len(sig))]
+            return f"only rank {who} has {extra[0]} '{extra[1]}' ({len(reference)} tensors on rank 0, {len(sig)} on rank {rank})"
+    return None
+
+
+def check_same_model(comm: comm_mod.Communicator, module: torch.nn.Module) -> None:
+    """Raise :class:`ModelMismatchError` on every rank unless all ranks hold the same model layout.
+
+    >>> check_same_model(gpurig.init(), torch.nn.Linear(2, 3))   # doctest: +SKIP
+    """
+    mine = json.dumps(model_signature(module)).encode()
+    everyone = [json.loads(raw) for raw in comm.allgather_bytes(mine)]
+    difference = first_difference(everyone)
+    if difference:
+        raise ModelMismatchError(f"the model differs across ranks: {difference}")
+
+
+def _broadcast_tensors(comm: comm_mod.Communicator, tensors: list[torch.Tensor], root: int = 0) -> None:
+    """Broadcast many tensors with one collective per dtype/device group."""
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for group in groups.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        comm.broadcast(flat, root=root)
+        start = 0
+        with torch.no_grad():
+            for t in group:
+                t.copy_(flat[start: start + t.numel()].view_as(t))
+                start += t.numel()
+
+
+class DataParallel(torch.nn.Module):
+    """Wrap a model for data-parallel training across all ranks of the job.
+
+    On wrapping: checks that every rank holds the same parameter layout, then
+    copies rank 0's parameters and buffers to all ranks. On every backward:
+    bucketed, overlapped allreduce of the gradients, averaged. Use any optimizer
+    on ``model.parameters()`` as usual.
+
+    >>> import gpurig, torch
+    >>> comm = gpurig.init()
+    >>> model = gpurig.DataParallel(torch.nn.Linear(4, 2))
+    >>> model(torch.ones(8, 4)).sum().backward()      # gradients are now averaged
+    >>> with model.no_sync():                          # accumulate locally, no communication
+    ...     model(torch.ones(8, 4)).sum().backward()
+    """
+
+    def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
+                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, broadcast_buffers: bool = True):
+        super().__init__()
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        self.module = module
+        self.comm = comm or comm_mod.current()
+        self.broadcast_buffers = broadcast_buffers
+        self.stats = CommStats()
+        self._sync = True
+        self._finalize_queued = False
+        self._next_bucket = 0
+
+        if self.comm.size > 1:
+            check_same_model(self.comm, module)
+            _broadcast_tensors(self.comm, [p.data for p in module.parameters()] + list(module.buffers()))
+
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets: list[Bucket] = []
+        self._bucket_of: dict[int, int] = {}
+        for b, indices in enumerate(assign_buckets(self._params, int(bucket_cap_mb * 2**20))):
+            params = [self._params[i] for i in indices]
+            offsets, total = [], 0
+            for p in params:
+                offsets.append(total)
+                total += p.numel()
+            self.buckets.append(Bucket(params, params[0].new_zeros(total), offsets))
+            for p in params:
+                self._bucket_of[id(p)] = b
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
+
+    # -- the training-step machinery ----------------------------------------
+    def forward(self, *args, **kwargs):
+        if self.broadcast_buffers and self.comm.size > 1:
+            buffers = list(self.module.buffers())
+            if buffers:
+                _broadcast_tensors(self.comm, buffers)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside this block backward only accumulates gradients locally (for gradient accumulation).
+
+        The next backward outside the block averages the accumulated gradients.
+
+        >>> with model.no_sync():                  # doctest: +SKIP
+        ...     model(x1).sum().backward()
+        >>> model(x2).sum().backward()            # averages the sum of both  # doctest: +SKIP
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._sync or self.comm.size == 1:
+            return
+        if not self._finalize_queued:
+            self._finalize_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        bucket = self.buckets[self._bucket_of[id(param)]]
+        bucket.ready += 1
+        while self._next_bucket < len(self.buckets) and self._bucket_full(self.buckets[self._next_bucket]):
+            self._launch(self.buckets[self._next_bucket])
+            self.stats.launched_in_backward += 1
+
+    @staticmethod
+    def _bucket_full(bucket: Bucket) -> bool:
+        return bucket.ready == len(bucket.params)
+
+    def _launch(self, bucket: Bucket) -> None:
+        # Launch order is the bucket order on every rank, whatever order autograd finished in.
+        with torch.no_grad():
+            for p, start in zip(bucket.params, bucket.offsets):
+                piece = bucket.flat[start: start + p.numel()]
+                if p.grad is None:
+                    piece.zero_()
+                else:
+                    piece.copy_(p.grad.reshape(-1))
+        bucket.handle = self.comm.allreduce_async(bucket.flat, op="average")
+        self._next_bucket += 1
+        self.stats.bytes_sent += bucket.flat.numel() * bucket.flat.element_size()
+
+    def _finish_backward(self) -> None:
+        self._finalize_queued = False
+        while self._next_bucket < len(self.buckets):  # parameters that got no gradient this step
+            self._launch(self.buckets[self._next_bucket])
+            self.stats.launched_at_end += 1
+        start = time.perf_counter()
+        for bucket in self.buckets:
+            bucket.handle.wait()
+        waited = time.perf_counter() - start
+        with torch.no_grad():
+            for bucket in self.buckets:
+                for p, offset in zip(bucket.params, bucket.offsets):
+                    averaged = bucket.flat[offset: offset + p.numel()].view_as(p)
+                    if p.grad is None:
+                        p.grad = averaged.clone()
+                    else:
+                        p.grad.copy_(averaged)
+                bucket.ready = 0
+                bucket.handle = None
+        self._next_bucket = 0
+        self.stats.steps += 1
+        self.stats.exposed_s += waited
+        self.stats.last_exposed_s = waited
+
+    # -- conveniences users of DDP expect ---------------------------------
+    def state_dict(self, *args, **kwargs):
+        """The wrapped module's state dict (no ``module.`` prefix), so checkpoints load into an unwrapped model."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def remove_hooks(self) -> None:
+        """Detach from the module: later backwards no longer communicate."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []

@@ -1,0 +1,173 @@
+"""Each rank's part of every global batch.
+
+Data parallelism splits the global mini-batch over the ranks (128 on 4 GPUs →
+32 each, in the source). All ranks draw the same shuffled order from the same
+seed and epoch, then each takes its slice, so together they see every sample of
+the global batch exactly once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+
+from gpurig import comm as comm_mod
+
+
+class BatchSizeWarning(UserWarning):
+    """The per-rank batch is too small or oddly sized for the GPU's matrix tiles."""
+
+
+def per_rank_batches(global_batch: int, size: int) -> list[int]:
+    """How a global batch splits over ``size`` ranks; an error if a rank would get nothing.
+
+    >>> per_rank_batches(128, 4)
+    [32, 32, 32, 32]
+    >>> per_rank_batches(3, 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: a global batch of 3 over 4 ranks leaves 1 rank(s) with no samples: use a global batch of at least 4
+    """
+    if global_batch < 1:
+        raise ValueError(f"the global batch must be at least 1, got {global_batch}")
+    sizes = comm_mod.split_sizes(global_batch, size)
+    empty = sizes.count(0)
+    if empty:
+        raise ValueError(f"a global batch of {global_batch} over {size} ranks leaves {empty} rank(s) with no samples: "
+                         f"use a global batch of at least {size}")
+    return sizes
+
+
+def tile_advice(per_rank: int) -> str | None:
+    """The source's rule for a per-GPU batch, or None when the batch follows it.
+
+    cuBLAS computes in 64×128 tiles and threads start in warps of 32: per-GPU
+    batches should be multiples of 32 (better 64) and not below 64.
+
+    >>> tile_advice(64) is None
+    True
+    >>> tile_advice(16)
+    'per-rank batch 16 is below 64: each GPU gets too little work per step (the source: 128 over 8 GPUs wastes them)'
+    """
+    if per_rank < 64:
+        return (f"per-rank batch {per_rank} is below 64: each GPU gets too little work per step "
+                f"(the source: 128 over 8 GPUs wastes them)")
+    if per_rank % 32:
+        return f"per-rank batch {per_rank} is not a multiple of 32: the GPU's matrix tiles run partly empty"
+    return None
+
+
+def _slice(batch, rank: int, size: int):
+    if isinstance(batch, torch.Tensor):
+        return torch.tensor_split(batch, size)[rank]
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _slice(v, rank, size) for k, v in batch.items()})
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_slice(v, rank, size) for v in batch)
+    raise TypeError(f"cannot split a batch of type {type(batch).__name__}: use tensors, tuples, lists or dicts")
+
+
+def _batch_len(batch) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, Mapping):
+        return _batch_len(next(iter(batch.values())))
+    return _batch_len(batch[0])
+
+
+class Shard:
+    """This rank's batches; see :func:`shard`."""
+
+    def __init__(self, data, global_batch: int | None, comm: comm_mod.Communicator | None,
+                 shuffle: bool, seed: int, drop_last: bool):
+        self.comm = comm or comm_mod.current()
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+        self.tensors = self._as_tensors(data)
+        self.batches = None if self.tensors is not None else data
+        self.global_batch = global_batch
+        if self.tensors is not None:
+            if global_batch is None:
+                raise ValueError("shard() of tensors needs global_batch=")
+            self.per_rank = per_rank_batches(global_batch, self.comm.size)[self.comm.rank]
+            self._warn(per_rank_batches(global_batch, self.comm.size)[-1])
+        self._warned = self.tensors is not None
+
+    @staticmethod
+    def _as_tensors(data):
+        if isinstance(data, torch.utils.data.TensorDataset):
+            return tuple(data.tensors)
+        if isinstance(data, torch.Tensor):
+            return (data,)
+        if isinstance(data, Sequence) and data and all(isinstance(t, torch.Tensor) for t in data):
+            if len({t.shape[0] for t in data}) != 1:
+                raise ValueError("shard(): all tensors must have the same number of samples (first dimension)")
+            return tuple(data)
+        return None
+
+    def _warn(self, smallest: int) -> None:
+        advice = tile_advice(smallest)
+        if advice and self.comm.rank == 0:
+            warnings.warn(advice, BatchSizeWarning, stacklevel=3)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose shuffled order to use (as ``DistributedSampler.set_epoch``)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        if self.tensors is None:
+            return len(self.batches)
+        n = self.tensors[0].shape[0]
+        return n // self.global_batch if self.drop_last else -(-n // self.global_batch)
+
+    def order(self) -> torch.Tensor:
+        """The global sample order of the current epoch, identical on every rank."""
+        n = self.tensors[0].shape[0]
+        if not self.shuffle:
+            return torch.arange(n)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(n, generator=generator)
+
+    def __iter__(self):
+        rank, size = self.comm.rank, self.comm.size
+        if self.tensors is None:
+            for batch in self.batches:
+                if _batch_len(batch) < size:
+                    continue  # some rank would get an empty batch
+                if not self._warned:
+                    self._warn(min(per_rank_batches(_batch_len(batch), size)))
+                    self._warned = True
+                yield _slice(batch, rank, size)
+            return
+        order = self.order()
+        for step in range(len(self)):
+            indices = order[step * self.global_batch: (step + 1) * self.global_batch]
+            if indices.numel() < size:
+                return
+            mine = torch.tensor_split(indices, size)[rank]
+            batch = tuple(t[mine] for t in self.tensors)
+            yield batch if len(batch) > 1 else batch[0]
+
+
+def shard(data, global_batch: int | None = None, comm: comm_mod.Communicator | None = None,
+          shuffle: bool = True, seed: int = 0, drop_last: bool = True) -> Shard:
+    """Give this rank its disjoint part of every global batch.
+
+    ``data`` is either tensors (a tuple of equally long tensors, or a
+    ``TensorDataset``), batched here into global batches of ``global_batch`` in a
+    shuffled order that depends only on ``seed`` and the epoch; or any iterable of
+    global batches (a ``DataLoader``), each batch of which is split along its
+    first dimension. Warns (rank 0) when the per-rank batch breaks the source's
+    tile rule: below 64 or not a multiple of 32.
+
+    >>> import gpurig, torch
+    >>> X, y = torch.randn(1024, 784), torch.randint(0, 10, (1024,))
+    >>> batches = gpurig.shard((X, y), global_batch=256)    # 128 each on 2 ranks
+    >>> for epoch in range(2):
+    ...     batches.set_epoch(epoch)
+    ...     for x, t in batches:
+    ...         pass
+    """
+    return Shard(data, global_batch, comm, shuffle, seed, drop_last)

@@ -1,0 +1,322 @@
+"""``gpurig train``, the main job: data-parallel training of a reference model on all local ranks.
+
+Two halves. :func:`launch_training` runs where the user typed the command: it
+checks the configuration, starts N ranks through :mod:`gpurig.launch` and relays
+rank 0's progress events. :func:`train_on_this_rank` runs in every rank: the
+training loop, with the measured split of each step into computation,
+communication not hidden under backward, waiting for slower ranks, and data
+loading — the terms ``gpurig predict`` uses.
+
+Run by hand, a rank is ``python -m gpurig.train CONFIG.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gpurig import checkpoint
+from gpurig.errors import UsageError
+
+CHECKPOINT_FORMAT = "gpurig-train/1"
+ENGINES = ("mpi", "torch")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one ``gpurig train`` run depends on (the CLI flags, one to one)."""
+
+    model: str = "mlp"
+    data: str = "mnist"
+    epochs: int = 5
+    global_batch: int = 128
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    nprocs: int | None = None
+    engine: str = "mpi"
+    hosts: str | None = None
+    mpi_args: str = ""
+    bucket_mb: float = 25.0
+    checkpoint_dir: str = "runs/train"
+    resume: bool = False
+    events: str | None = None
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return Path(self.checkpoint_dir) / "checkpoint.pt"
+
+
+def validate(config: TrainConfig, nprocs: int) -> None:
+    """Raise :class:`UsageError` (one line) for a configuration that cannot run.
+
+    >>> validate(TrainConfig(global_batch=2), nprocs=4)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --global-batch 2 over 4 ranks leaves 2 rank(s) with no samples: use at least 4
+    """
+    from gpurig import datasets, models
+
+    if config.model not in models.MODELS:
+        raise UsageError(f"unknown model {config.model!r}; choose one of: {', '.join(models.MODELS)}")
+    if config.data not in datasets.DATASETS:
+        raise UsageError(f"unknown data set {config.data!r}; choose one of: {', '.join(datasets.DATASETS)}")
+    if config.engine not in ENGINES:
+        raise UsageError(f"unknown engine {config.engine!r}; choose one of: {', '.join(ENGINES)}")
+    if nprocs < 1:
+        raise UsageError(f"-n must be at least 1, got {nprocs}")
+    if config.epochs < 1:
+        raise UsageError(f"--epochs must be at least 1, got {config.epochs}")
+    if config.global_batch < nprocs:
+        raise UsageError(f"--global-batch {config.global_batch} over {nprocs} ranks leaves "
+                         f"{nprocs - max(config.global_batch, 0)} rank(s) with no samples: use at least {nprocs}")
+    if not config.lr > 0:
+        raise UsageError(f"--lr must be positive, got {config.lr}")
+    if not 0 <= config.momentum < 1:
+        raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
+    if not config.bucket_mb > 0:
+        raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
+    if config.resume and not config.checkpoint_path.is_file():
+        raise UsageError(f"--resume: no checkpoint at {config.checkpoint_path}")
+
+
+# -- the launching side ------------------------------------------------------
+
+def _follow(path: Path, on_event, stop: threading.Event) -> None:
+    """Hand every JSON line appended to ``path`` to ``on_event`` until ``stop`` is set."""
+    position = 0
+    while True:
+        finished = stop.is_set()
+        if path.exists():
+            with open(path) as f:
+                f.seek(position)
+                for line in f:
+                    if not line.endswith("\n"):
+                        break
+                    position += len(line)
+                    on_event(json.loads(line))
+        if finished:
+            return
+        stop.wait(0.1)
+
+
+def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[int, list[dict]]:
+    """Start ``config.nprocs`` ranks of :func:`train_on_this_rank`; return (exit code, rank 0's events).
+
+    ``on_event`` sees each event as rank 0 emits it (``start``, ``step``,
+    ``epoch``, ``done``), for progress display.
+
+    >>> code, events = launch_training(TrainConfig(epochs=1))   # doctest: +SKIP
+    >>> events[-1]["event"], code                              # doctest: +SKIP
+    ('done', 0)
+    """
+    from gpurig import launch
+
+    nprocs = config.nprocs or launch.default_nprocs(config.hosts)
+    validate(config, nprocs)
+    with tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
+        events_path = Path(run_dir) / "events.jsonl"
+        rank_config = dataclasses.replace(config, nprocs=nprocs, events=str(events_path),
+                                          checkpoint_dir=str(Path(config.checkpoint_dir).resolve()))
+        config_path = Path(run_dir) / "config.json"
+        config_path.write_text(json.dumps(dataclasses.asdict(rank_config)))
+        seen: list[dict] = []
+
+        def relay(event):
+            seen.append(event)
+            on_event(event)
+
+        stop = threading.Event()
+        follower = threading.Thread(target=_follow, args=(events_path, relay, stop), daemon=True)
+        follower.start()
+        try:
+            code = launch.run_job([sys.executable, "-m", "gpurig.train", str(config_path)], nprocs,
+                                  engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args)
+        finally:
+            stop.set()
+            follower.join()
+    return code, seen
+
+
+# -- the rank side -----------------------------------------------------------
+
+class EventLog:
+    """Rank 0's progress as JSON lines (a file the launcher follows), or nothing on other ranks."""
+
+    def __init__(self, path: str | None, enabled: bool):
+        self._file = open(path, "a") if (path and enabled) else None
+        self._last_step = 0.0
+
+    def emit(self, kind: str, **fields) -> None:
+        if self._file is None:
+            return
+        if kind == "step":
+            now = time.monotonic()
+            if now - self._last_step < 0.1 and not fields.get("last"):
+                return
+            self._last_step = now
+        self._file.write(json.dumps({"event": kind, **fields}) + "\n")
+        self._file.flush()
+
+
+@dataclass
+class StepSplit:
+    """Seconds spent in each part of the training steps of one epoch, on one rank."""
+
+    compute: float = 0.0
+    exposed: float = 0.0
+    data: float = 0.0
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.tensor([self.compute, self.exposed, self.data], dtype=torch.float64)
+
+
+def split_across_ranks(per_rank: torch.Tensor, steps: int) -> dict[str, float]:
+    """Milliseconds per step of compute, unhidden communication, waiting and data, averaged over ranks.
+
+    ``per_rank`` holds one row ``[compute, exposed, data]`` (seconds) per rank.
+    The end of backward waits (``exposed``) both for the network and for slower
+    ranks; the part explained by this rank computing faster than the slowest
+    one is waiting, the rest is communication.
+
+    >>> split_across_ranks(torch.tensor([[1.0, 0.5, 0.0], [0.8, 0.7, 0.0]], dtype=torch.float64), steps=10)
+    {'compute_ms': 90.0, 'comm_ms': 50.0, 'wait_ms': 10.0, 'data_ms': 0.0}
+    """
+    compute, exposed, data = per_rank[:, 0], per_rank[:, 1], per_rank[:, 2]
+    waiting = torch.minimum(exposed, compute.max() - compute)
+    per_step = 1000.0 / max(steps, 1)
+    return {
+        "compute_ms": round(compute.mean().item() * per_step, 3),
+        "comm_ms": round((exposed - waiting).mean().item() * per_step, 3),
+        "wait_ms": round(waiting.mean().item() * per_step, 3),
+        "data_ms": round(data.mean().item() * per_step, 3),
+    }
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, comm) -> float:
+    """Test accuracy over the whole test set, each rank scoring its slice.
+
+    >>> evaluate(model, data.x_test, data.y_test, comm)    # doctest: +SKIP
+    0.931
+    """
+    mine_x, mine_y = torch.tensor_split(x, comm.size)[comm.rank], torch.tensor_split(y, comm.size)[comm.rank]
+    with torch.no_grad():
+        correct = (model(mine_x.to(comm.device)).argmax(1).cpu() == mine_y).sum()
+    counts = comm.allreduce(torch.tensor([float(correct), float(len(mine_y))], dtype=torch.float64), op="sum")
+    return counts[0].item() / counts[1].item()
+
+
+def train_on_this_rank(config: TrainConfig) -> dict:
+    """The training loop every rank runs; returns the run's summary (the ``done`` event).
+
+    >>> summary = train_on_this_rank(TrainConfig(epochs=1))   # one rank, no launcher  # doctest: +SKIP
+    >>> summary["test_accuracy"] > 0.8                         # doctest: +SKIP
+    True
+    """
+    import gpurig
+    from gpurig import datasets, models
+
+    comm = gpurig.init(config.engine)
+    events = EventLog(config.events, enabled=comm.rank == 0)
+    data = datasets.load(config.data)
+    torch.manual_seed(config.seed)
+    model = models.build(config.model).to(comm.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    start_epoch, history = 0, []
+    if config.resume:
+        state = checkpoint.load(config.checkpoint_path)
+        if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
+            raise checkpoint.CheckpointError(f"{config.checkpoint_path} is not a checkpoint of a {config.model} run")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch, history = state["epoch"], list(state["history"])
+    dp = gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb)
+    batches = gpurig.shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
+                           seed=config.seed)
+    events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model,
+                parameters=sum(p.numel() for p in model.parameters()), epochs=config.epochs,
+                first_epoch=start_epoch, steps_per_epoch=len(batches), global_batch=config.global_batch)
+
+    for epoch in range(start_epoch, config.epochs):
+        batches.set_epoch(epoch)
+        split, loss_sum, steps = StepSplit(), 0.0, 0
+        epoch_start = time.perf_counter()
+        loading = time.perf_counter()
+        for x, y in batches:
+            x, y = x.to(comm.device), y.to(comm.device)
+            started = time.perf_counter()
+            split.data += started - loading
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(dp(x), y)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item()
+            steps += 1
+            loading = time.perf_counter()
+            split.compute += loading - started - dp.stats.last_exposed_s
+            split.exposed += dp.stats.last_exposed_s
+            events.emit("step", epoch=epoch, step=steps, loss=loss.item(), last=steps == len(batches))
+        wall = time.perf_counter() - epoch_start
+        everyone = comm.allgather(split.as_tensor().view(1, -1))
+        mean_loss = comm.allreduce(torch.tensor([loss_sum / max(steps, 1)], dtype=torch.float64)).item()
+        record = {
+            "epoch": epoch + 1,
+            "loss": round(mean_loss, 5),
+            "test_accuracy": round(evaluate(model, data.x_test, data.y_test, comm), 5),
+            "samples_per_s": round(steps * config.global_batch / wall, 1),
+            "step_ms": round(1000 * wall / max(steps, 1), 3),
+            **split_across_ranks(everyone, steps),
+        }
+        history.append(record)
+        if comm.rank == 0:
+            checkpoint.save(config.checkpoint_path, {
+                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1,
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
+            })
+        events.emit("epoch", **record)
+
+    summary = {
+        "model": config.model, "data": config.data, "ranks": comm.size, "engine": comm.engine_name,
+        "global_batch": config.global_batch, "per_rank_batch": config.global_batch // comm.size,
+        "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
+        "checkpoint": str(config.checkpoint_path),
+        "weights_digest": weights_digest(model),
+    }
+    events.emit("done", **summary)
+    return summary
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A short fingerprint of the weights, to compare runs (e.g. resumed vs uninterrupted).
+
+    >>> len(weights_digest(torch.nn.Linear(2, 2)))
+    16
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of one rank: ``python -m gpurig.train CONFIG.json``."""
+    config = TrainConfig(**json.loads(Path(argv[0]).read_text()))
+    train_on_this_rank(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

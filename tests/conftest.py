@@ -1,0 +1,41 @@
+"""Shared helpers: launch real multi-process jobs through ``gpurig run`` and read their results."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKERS = Path(__file__).parent / "workers"
+ENGINES = ["mpi", "torch"]
+
+
+def gpurig(*args, timeout=180, env=None, cwd=None) -> subprocess.CompletedProcess:
+    """Run the ``gpurig`` command line (as ``python -m gpurig``) and capture its output."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "gpurig", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd)
+
+
+def run_cases(worker: str, engine: str, nprocs: int, tmp_path: Path, timeout=240) -> list[dict]:
+    """Launch ``tests/workers/<worker>`` on ``nprocs`` ranks; return each rank's {case: outcome}."""
+    env = {"CASE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(WORKERS), os.environ.get("PYTHONPATH", "")])}
+    done = gpurig("run", "-n", nprocs, "--engine", engine, "--", sys.executable, WORKERS / worker,
+                  timeout=timeout, env=env)
+    assert done.returncode == 0, f"job failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nprocs)]
+
+
+def assert_all_ok(per_rank: list[dict], expected_cases: int) -> None:
+    """Every case passed on every rank, and as many cases ran as the worker defines."""
+    failures = [f"rank {r} {name}:\n{outcome}" for r, cases in enumerate(per_rank)
+                for name, outcome in cases.items() if outcome != "ok"]
+    assert not failures, "\n".join(failures[:10])
+    assert all(len(cases) == expected_cases for cases in per_rank), [len(c) for c in per_rank]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    return request.param

@@ -1,0 +1,118 @@
+"""Every collective, every dtype, uneven and empty sizes, blocking and async, on the engine under test."""
+
+import torch
+
+import gpurig
+from casekit import case, write
+
+comm = gpurig.init()
+R, P = comm.rank, comm.size
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.float64]
+
+
+def value(rank, n, dtype):
+    """Rank-dependent integers, exact in every dtype."""
+    return (torch.arange(n) % 7 + rank * 3).to(dtype)
+
+
+def total(n, dtype):
+    return sum(value(r, n, torch.int64) for r in range(P)).to(dtype) if n else torch.empty(0, dtype=dtype)
+
+
+for dtype in DTYPES:
+    for n in (0, 1, P + 1, 1000 * P + 1):
+        @case(f"allreduce_sum[{dtype}-{n}]")
+        def _():
+            t = value(R, n, dtype)
+            out = comm.allreduce(t, op="sum")
+            assert out is t and torch.equal(t, total(n, dtype)), (t, total(n, dtype))
+
+        @case(f"allreduce_async[{dtype}-{n}]")
+        def _():
+            t = value(R, n, dtype)
+            h = comm.allreduce_async(t, op="sum")
+            assert torch.equal(h.wait(), total(n, dtype)) and h.is_completed()
+
+        @case(f"allgather_uneven[{dtype}-{n}]")
+        def _():
+            rows = n + R  # first dimension differs per rank
+            t = value(R, rows * 2, dtype).view(rows, 2)
+            out = comm.allgather(t)
+            want = torch.cat([value(r, (n + r) * 2, dtype).view(n + r, 2) for r in range(P)])
+            assert torch.equal(out, want), (out.shape, want.shape)
+
+        @case(f"reduce_scatter[{dtype}-{n}]")
+        def _():
+            t = value(R, n * 3, dtype).view(n, 3) if n else torch.empty(0, 3, dtype=dtype)
+            out = comm.reduce_scatter(t, op="sum")
+            full = total(n * 3, dtype).view(n, 3) if n else torch.empty(0, 3, dtype=dtype)
+            assert torch.equal(out, torch.tensor_split(full, P)[R]), (out, full)
+
+        @case(f"broadcast[{dtype}-{n}]")
+        def _():
+            root = P - 1
+            t = value(R, n, dtype)
+            comm.broadcast(t, root=root)
+            assert torch.equal(t, value(root, n, dtype))
+
+    @case(f"broadcast_async[{dtype}]")
+    def _():
+        t = value(R, 17, dtype)
+        assert torch.equal(comm.broadcast_async(t, root=0).wait(), value(0, 17, dtype))
+
+
+@case("allreduce_average_float32")
+def _():
+    t = torch.full((5,), float(R))
+    comm.allreduce(t)
+    assert torch.allclose(t, torch.full((5,), sum(range(P)) / P))
+
+
+@case("reduce_scatter_average")
+def _():
+    t = torch.full((P * 2 + 1,), float(R + 1))
+    out = comm.reduce_scatter(t, op="average")
+    assert torch.allclose(out, torch.full_like(out, (P + 1) / 2))
+
+
+@case("allreduce_noncontiguous")
+def _():
+    t = value(R, 12, torch.float32).view(3, 4).t()
+    comm.allreduce(t, op="sum")
+    assert torch.equal(t, total(12, torch.float32).view(3, 4).t())
+
+
+@case("average_of_integers_is_refused")
+def _():
+    try:
+        comm.allreduce(torch.ones(3, dtype=torch.int64))
+    except TypeError as e:
+        assert "op='sum'" in str(e)
+    else:
+        raise AssertionError("no error")
+
+
+@case("async_many_in_flight_keep_order")
+def _():
+    tensors = [torch.full((1000,), float(R * i)) for i in range(20)]
+    handles = [comm.allreduce_async(t, op="sum") for t in tensors]
+    mixed = comm.allgather(torch.tensor([R]))  # a blocking call after queued ones
+    for i, (t, h) in enumerate(zip(tensors, handles)):
+        assert torch.equal(h.wait(), torch.full((1000,), float(sum(r * i for r in range(P)))))
+    assert mixed.tolist() == list(range(P))
+
+
+@case("allgather_bytes")
+def _():
+    got = comm.allgather_bytes(b"x" * R)
+    assert got == [b"x" * r for r in range(P)]
+
+
+@case("barrier_and_identity")
+def _():
+    comm.barrier()
+    assert gpurig.rank() == R and gpurig.size() == P
+    assert 0 <= comm.local_rank < comm.local_size <= P
+
+
+write(R)

@@ -1,0 +1,200 @@
+"""DataParallel on N ranks against plain single-process training on the whole global batch.
+
+Every rank computes the 1-rank reference itself (plain torch, no communication)
+and compares. Tolerance: float32 reduction order differs between one big batch
+and averaged per-rank means, so weights agree to 1e-5 relative / 1e-6 absolute.
+"""
+
+import copy
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import gpurig
+from casekit import case, write
+
+comm = gpurig.init()
+R, P = comm.rank, comm.size
+GLOBAL = 24 * P  # divides evenly, so per-rank means average to the global mean
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def mlp(seed, hidden=64):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.ReLU(), torch.nn.Linear(hidden, 5))
+
+
+def data(steps):
+    g = torch.Generator().manual_seed(1234)
+    return [(torch.randn(GLOBAL, 20, generator=g), torch.randint(0, 5, (GLOBAL,), generator=g)) for _ in range(steps)]
+
+
+def train_reference(model, make_opt, batches):
+    opt = make_opt(model.parameters())
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def train_parallel(model, make_opt, batches, **kw):
+    dp = gpurig.DataParallel(model, **kw)
+    opt = make_opt(dp.parameters())
+    for x, y in batches:
+        mine = torch.tensor_split(x, P)[R], torch.tensor_split(y, P)[R]
+        opt.zero_grad()
+        F.cross_entropy(dp(mine[0]), mine[1]).backward()
+        opt.step()
+    return dp
+
+
+def assert_same_weights(a, b):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(p, q, rtol=RTOL, atol=ATOL), f"{name}: max diff {(p - q).abs().max().item():.3g}"
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+}
+for opt_name, make_opt in OPTIMIZERS.items():
+    for cap_mb in (25.0, 0.005):  # one bucket, or many small ones
+        @case(f"equivalence[{opt_name}-bucket{cap_mb}MB]")
+        def _():
+            batches = data(6)
+            reference = train_reference(mlp(0), make_opt, batches)
+            # Every rank starts from different weights: DataParallel must take rank 0's.
+            dp = train_parallel(mlp(R), make_opt, batches, bucket_cap_mb=cap_mb)
+            assert_same_weights(dp.module, reference)
+            if cap_mb < 1:
+                assert len(dp.buckets) > 3
+                assert dp.stats.launched_in_backward > 0, "no bucket was sent while backward was still running"
+
+
+@case("broadcast_from_rank0_on_wrap")
+def _():
+    dp = gpurig.DataParallel(mlp(100 + R))
+    ref = mlp(100)
+    assert_same_weights(dp.module, ref)
+
+
+@case("no_sync_accumulation")
+def _():
+    (x1, y1), (x2, y2) = data(2)
+    reference = mlp(0)
+    (F.cross_entropy(reference(x1), y1) + F.cross_entropy(reference(x2), y2)).backward()
+    dp = gpurig.DataParallel(mlp(0))
+    with dp.no_sync():
+        F.cross_entropy(dp(torch.tensor_split(x1, P)[R]), torch.tensor_split(y1, P)[R]).backward()
+    local_only = [p.grad.clone() for p in dp.parameters()]
+    F.cross_entropy(dp(torch.tensor_split(x2, P)[R]), torch.tensor_split(y2, P)[R]).backward()
+    for p, q in zip(dp.parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=ATOL)
+    if P > 1:  # inside no_sync the gradients were this rank's own
+        assert any(not torch.allclose(a, p.grad) for a, p in zip(local_only, dp.parameters()))
+
+
+@case("unused_parameters_do_not_hang")
+def _():
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.body, self.used, self.unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.used(self.body(x))
+
+    dp = gpurig.DataParallel(TwoHeads(), bucket_cap_mb=0.00001)
+    dp(torch.ones(3, 4) * (R + 1)).sum().backward()
+    assert torch.equal(dp.module.unused.weight.grad, torch.zeros(2, 4))
+    assert torch.allclose(dp.module.used.bias.grad, torch.full((2,), 3.0))  # 3 rows on every rank
+    # body is linear, so the rank average of 3 * body(x_r) is 3 * body(mean x_r)
+    mean_x = sum(r + 1 for r in range(P)) / P * torch.ones(1, 4)
+    want = (3 * dp.module.body(mean_x)).detach().expand(2, 4)
+    assert torch.allclose(dp.module.used.weight.grad, want, atol=1e-5), (dp.module.used.weight.grad, want)
+
+
+@case("batchnorm_buffers_follow_rank0")
+def _():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6))
+    dp = gpurig.DataParallel(model)
+    dp(torch.randn(8, 6) + R)  # running stats diverge per rank ...
+    dp(torch.randn(8, 6))      # ... and the next forward takes rank 0's before computing
+    stats = comm.allgather(model[1].running_mean.view(1, -1).clone())
+    assert torch.allclose(stats, stats[0].expand_as(stats)) or P == 1
+
+
+@case("mismatched_models_name_first_difference")
+def _():
+    hidden = 64 if R == 0 else 32
+    try:
+        gpurig.DataParallel(mlp(0, hidden=hidden))
+    except gpurig.ModelMismatchError as e:
+        assert P > 1 and "'0.weight'" in str(e) and "rank 0 has shape [64, 20]" in str(e), str(e)
+        assert "rank 1 has shape [32, 20]" in str(e), str(e)
+    else:
+        assert P == 1, "no error for different models"
+
+
+@case("mismatched_layer_names")
+def _():
+    model = mlp(0)
+    if R == P - 1:
+        model.add_module("extra", torch.nn.Linear(2, 2))
+    try:
+        gpurig.DataParallel(model)
+    except gpurig.ModelMismatchError as e:
+        assert "extra.weight" in str(e), str(e)
+    else:
+        assert P == 1
+
+
+@case("shard_covers_global_batch_disjointly")
+def _():
+    n = 10 * GLOBAL + 5
+    ids = torch.arange(n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batches = gpurig.shard((ids, ids * 2), global_batch=GLOBAL, seed=7)
+    for epoch in range(2):
+        batches.set_epoch(epoch)
+        seen = []
+        for mine, doubled in batches:
+            assert mine.numel() == GLOBAL // P and torch.equal(doubled, mine * 2)
+            everyone = comm.allgather(mine)
+            assert torch.equal(everyone.sort().values, everyone.unique()), "ranks overlap"
+            seen.append(everyone)
+        order = batches.order()
+        assert torch.equal(torch.cat(seen), order[: len(batches) * GLOBAL])
+    batches.set_epoch(0)
+    first = next(iter(batches))[0]
+    batches.set_epoch(1)
+    assert not torch.equal(first, next(iter(batches))[0])
+
+
+@case("shard_of_a_dataloader_slices_each_batch")
+def _():
+    dataset = torch.utils.data.TensorDataset(torch.arange(100).float())
+    loader = torch.utils.data.DataLoader(dataset, batch_size=GLOBAL, shuffle=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parts = [b[0] for b in gpurig.shard(loader)]
+    glued = comm.allgather(torch.cat(parts))
+    assert sorted(glued.tolist()) == [float(i) for i in range(100)]  # every sample once, the short last batch too
+
+
+@case("tile_warning_on_rank0")
+def _():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpurig.shard((torch.zeros(256, 2),), global_batch=16 * P)
+    got = [w for w in caught if issubclass(w.category, gpurig.BatchSizeWarning)]
+    assert len(got) == (1 if R == 0 else 0), got
+
+
+write(R)
