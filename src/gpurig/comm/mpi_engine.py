@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 import torch
 
@@ -68,6 +69,22 @@ def mpi_is_cuda_aware() -> bool:
         return False
 
 
+def _abort_on_unhandled_exception() -> None:
+    """Make an uncaught exception end the whole MPI job instead of hanging in MPI_Finalize."""
+    from mpi4py.run import set_abort_status
+
+    previous = sys.excepthook
+    if getattr(previous, "_gpurig", False):
+        return
+
+    def hook(kind, value, traceback):
+        set_abort_status(1)
+        previous(kind, value, traceback)
+
+    hook._gpurig = True
+    sys.excepthook = hook
+
+
 class MPIEngine:
     """Blocking collectives on flat, contiguous tensors over ``MPI.COMM_WORLD``.
 
@@ -88,6 +105,8 @@ class MPIEngine:
         node.Free()
         self.accepts_device_tensors = mpi_is_cuda_aware()
         self._half_ops = {dtype: _half_sum(dtype) for dtype in _HALF}
+        if self.size > 1:
+            _abort_on_unhandled_exception()
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in _NATIVE or dtype in _HALF

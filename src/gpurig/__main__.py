@@ -1,0 +1,7 @@
+"""``python -m gpurig`` is the ``gpurig`` command."""
+
+import sys
+
+from gpurig.cli import main
+
+sys.exit(main())
