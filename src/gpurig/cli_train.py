@@ -81,8 +81,12 @@ class _TrainView:
     """Rich progress bar and epoch table fed by rank 0's events."""
 
     COLUMNS = [("epoch", "epoch"), ("loss", "loss"), ("test_accuracy", "test acc"),
-               ("samples_per_s", "samples/s"), ("step_ms", "step ms"), ("compute_ms", "compute"),
+               ("samples_per_s", "samples/s"), ("step_ms", "step"), ("compute_ms", "compute"),
                ("comm_ms", "comm"), ("wait_ms", "wait"), ("data_ms", "data")]
+
+    FORMATS = {"epoch": "{}", "loss": "{:.4f}", "test_accuracy": "{:.1%}", "samples_per_s": "{:.0f}",
+               "step_ms": "{:.1f}", "compute_ms": "{:.1f}", "comm_ms": "{:.1f}", "wait_ms": "{:.1f}",
+               "data_ms": "{:.1f}"}
 
     def __init__(self):
         from rich.console import Console
@@ -113,10 +117,10 @@ class _TrainView:
                                  description=f"epoch {event['epoch'] + 1}/{self.start['epochs']}")
         elif kind == "epoch":
             self.progress.console.print(
-                f"epoch {event['epoch']}: loss {event['loss']:.4f}, test accuracy {100 * event['test_accuracy']:.1f} %, "
-                f"{event['samples_per_s']:.0f} samples/s; per step {event['step_ms']:.1f} ms = compute "
-                f"{event['compute_ms']:.1f} + comm {event['comm_ms']:.1f} + wait {event['wait_ms']:.1f} "
-                f"+ data {event['data_ms']:.1f}")
+                f"epoch {event['epoch']}/{self.start['epochs']}  loss {event['loss']:.4f}  "
+                f"test {100 * event['test_accuracy']:.1f} %  {event['samples_per_s']:.0f} samples/s  "
+                f"step {event['step_ms']:.1f} ms = compute {event['compute_ms']:.1f} + comm {event['comm_ms']:.1f}"
+                f" + wait {event['wait_ms']:.1f} + data {event['data_ms']:.1f}")
 
     def close(self) -> None:
         self.progress.stop()
@@ -129,8 +133,7 @@ class _TrainView:
         for _, header in self.COLUMNS:
             table.add_column(header, justify="right")
         for row in done["epochs"]:
-            table.add_row(*(f"{100 * row[k]:.1f} %" if k == "test_accuracy" else str(row[k])
-                            for k, _ in self.COLUMNS))
+            table.add_row(*(self.FORMATS[k].format(row[k]) for k, _ in self.COLUMNS))
         self.console.print(table)
         self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")
 

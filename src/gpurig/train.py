@@ -122,7 +122,7 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     """
     from gpurig import launch
 
-    nprocs = config.nprocs or launch.default_nprocs(config.hosts)
+    nprocs = config.nprocs if config.nprocs is not None else launch.default_nprocs(config.hosts)
     validate(config, nprocs)
     with tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
         events_path = Path(run_dir) / "events.jsonl"

@@ -1,0 +1,93 @@
+"""``gpurig train``, the main job, end to end: accuracy, both engines, crash and resume, bad input."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import gpurig
+
+# Stated in the README: the default run (mlp, 5 epochs, global batch 128 on 2 ranks) reaches about 92 %.
+DEFAULT_RUN_ACCURACY = 0.91
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """The default run, uninterrupted (only the checkpoint directory differs)."""
+    ck = tmp_path_factory.mktemp("uninterrupted")
+    done = gpurig("train", "--json", "--checkpoint-dir", ck, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_default_run_reaches_the_stated_accuracy(default_run):
+    assert default_run["ranks"] == 2 and default_run["engine"] == "mpi" and default_run["per_rank_batch"] == 64
+    assert len(default_run["epochs"]) == 5
+    assert default_run["test_accuracy"] >= DEFAULT_RUN_ACCURACY
+    for epoch in default_run["epochs"]:  # the measured split adds up to the step time (within loop overhead)
+        parts = epoch["compute_ms"] + epoch["comm_ms"] + epoch["wait_ms"] + epoch["data_ms"]
+        assert 0.8 * epoch["step_ms"] <= parts <= 1.05 * epoch["step_ms"], epoch
+
+
+def test_torch_engine_trains_too(tmp_path):
+    done = gpurig("train", "--engine", "torch", "--model", "cnn", "--epochs", 1, "--json",
+                  "--checkpoint-dir", tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["engine"] == "torch/gloo" and summary["test_accuracy"] > 0.85
+
+
+def _rank_processes():
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "gpurig.train" in " ".join(p.info["cmdline"] or []) and "rank_wrapper" not in " ".join(p.info["cmdline"] or [])]
+
+
+def test_killed_run_resumes_to_the_uninterrupted_weights(default_run, tmp_path):
+    import torch
+
+    job = subprocess.Popen([sys.executable, "-m", "gpurig", "train", "--json", "--checkpoint-dir", str(tmp_path)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoint = tmp_path / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait for the end of epoch 2, then kill a rank mid-run
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=True)["epoch"] >= 2:
+            break
+        time.sleep(0.2)
+    victims = _rank_processes()
+    assert victims, "no rank process found"
+    victims[-1].send_signal(signal.SIGKILL)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode != 0 and "SIGKILL" in err.splitlines()[-1]
+    assert torch.load(checkpoint, weights_only=True)["epoch"] in (2, 3, 4)
+
+    resumed = gpurig("train", "--json", "--resume", "--checkpoint-dir", tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads(resumed.stdout)
+    assert summary["weights_digest"] == default_run["weights_digest"]
+    assert [e["loss"] for e in summary["epochs"]] == [e["loss"] for e in default_run["epochs"]]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--global-batch", "1"], "leaves 1 rank(s) with no samples"),
+    (["--model", "resnet9000"], "unknown model"),
+    (["--resume"], "no checkpoint"),
+    (["-n", "0"], "-n must be at least 1"),
+    (["--epochs", "0"], "--epochs"),
+    (["--epochs", "three"], "invalid int value"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
+    done = gpurig("train", *args, "--checkpoint-dir", tmp_path / "none", timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.startswith("gpurig")]) == 1
+
+
+def test_help_explains_with_examples():
+    for args in (["--help"], ["train", "--help"], ["run", "--help"]):
+        done = gpurig(*args, timeout=30)
+        assert done.returncode == 0 and "example" in done.stdout.lower() + done.stdout
+    assert "gpurig train" in gpurig("--help").stdout
