@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="gpurig", description="Build, measure, predict and run multi-GPU deep learning.",
-        epilog="Start with: gpurig train   (or gpurig <command> --help)")
+        epilog="examples:\n  gpurig train                      # the main job: data-parallel training on this machine\n"
+               "  gpurig run -n 4 -- python my.py   # your own script on 4 ranks\n"
+               "  gpurig <command> --help           # each command's flags",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"gpurig {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     cli_train.add_parser(subparsers)
