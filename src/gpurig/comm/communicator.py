@@ -1,11 +1,13 @@
 """The Communicator: what training code calls, whatever engine moves the bytes.
 
 It owns three things the engines should not repeat: checking arguments,
-averaging, and running collectives asynchronously. Asynchronous collectives run
-in order on one background thread (as Horovod's background loop does), so a
-bucket's allreduce proceeds while the caller keeps computing; the engines' calls
-release the GIL. A blocking call first waits for the queued ones, keeping every
-rank's sequence of collectives identical.
+averaging, and running collectives asynchronously. Engines whose library has
+its own asynchronous operations (torch.distributed: Gloo and NCCL run them on
+their own threads) are called with ``async_op`` directly. For MPI, asynchronous
+collectives run in order on one background thread (as Horovod's background loop
+does), so a bucket's allreduce proceeds while the caller keeps computing; the
+engine's calls release the GIL. A blocking call first waits for the queued ones,
+keeping every rank's sequence of collectives identical.
 """
 
 from __future__ import annotations
@@ -28,16 +30,30 @@ class Handle:
     tensor([1., 1., 1., 1.])
     """
 
-    def __init__(self, future: Future):
-        self._future = future
+    def __init__(self, future: Future | None = None, work=None, finish=None):
+        self._future, self._work, self._finish = future, work, finish
+        self._result = None
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
         """Block until the collective has finished; return its result (re-raising its error)."""
-        return self._future.result(timeout)
+        if self._future is not None:
+            return self._future.result(timeout)
+        if self._finish is not None:
+            self._work.wait()
+            self._result, self._finish = self._finish(), None
+        return self._result
 
     def is_completed(self) -> bool:
         """True once the collective has finished, successfully or not."""
-        return self._future.done()
+        if self._future is not None:
+            return self._future.done()
+        return self._finish is None or self._work.is_completed()
+
+
+def _completed(result) -> Handle:
+    future: Future = Future()
+    future.set_result(result)
+    return Handle(future)
 
 
 class _Worker:
@@ -136,6 +152,10 @@ class Communicator:
 
     # -- plumbing ---------------------------------------------------------
     def _run(self, fn, blocking: bool):
+        if getattr(self.engine, "native_async", False):
+            # Issued in program order on this thread; only allreduce/broadcast overlap (below).
+            result = fn()
+            return result if blocking else _completed(result)
         if blocking:
             self._worker.drain()
             with self._lock:
@@ -147,6 +167,11 @@ class Communicator:
             raise TypeError(f"{what} needs a torch.Tensor, got {type(tensor).__name__}")
         if not self.engine.supports(tensor.dtype):
             raise TypeError(f"{what}: dtype {tensor.dtype} is not supported by the {self.engine_name} engine")
+
+    def _native_async_for(self, flat: torch.Tensor) -> bool:
+        """Whether the engine's own async operation can take ``flat`` as it is (no host staging)."""
+        native = getattr(self.engine, "native_async", False)
+        return native and (not flat.is_cuda or self.engine.accepts_device_tensors)
 
     def _to_engine(self, flat: torch.Tensor) -> torch.Tensor:
         """The tensor the engine can read: itself, or a pinned host copy of a GPU tensor."""
@@ -184,17 +209,24 @@ class Communicator:
         if op == "average" and not (tensor.is_floating_point() or tensor.is_complex()):
             raise TypeError(f"average needs a floating-point tensor, got {tensor.dtype}; use op='sum'")
 
-        def work():
-            if tensor.numel() == 0:
-                return tensor
-            flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
-            buf = self._to_engine(flat)
-            self.engine.allreduce_sum(buf)
+        if tensor.numel() == 0:
+            return tensor if blocking else _completed(tensor)
+        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+
+        def finish(buf):
             if op == "average":
                 buf.div_(self.size)
             if buf.data_ptr() != tensor.data_ptr():
                 tensor.copy_(buf.view(tensor.shape))
             return tensor
+
+        if not blocking and self._native_async_for(flat):
+            return Handle(work=self.engine.allreduce_sum(flat, async_op=True), finish=lambda: finish(flat))
+
+        def work():
+            buf = self._to_engine(flat)
+            self.engine.allreduce_sum(buf)
+            return finish(buf)
 
         return self._run(work, blocking)
 
@@ -276,15 +308,22 @@ class Communicator:
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast root {root} is not a rank of this job (size {self.size})")
 
-        def work():
-            if tensor.numel() == 0:
-                return tensor
-            flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
-            buf = self._to_engine(flat)
-            self.engine.broadcast(buf, root)
+        if tensor.numel() == 0:
+            return tensor if blocking else _completed(tensor)
+        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+
+        def finish(buf):
             if buf.data_ptr() != tensor.data_ptr():
                 tensor.copy_(buf.view(tensor.shape))
             return tensor
+
+        if not blocking and self._native_async_for(flat):
+            return Handle(work=self.engine.broadcast(flat, root, async_op=True), finish=lambda: finish(flat))
+
+        def work():
+            buf = self._to_engine(flat)
+            self.engine.broadcast(buf, root)
+            return finish(buf)
 
         return self._run(work, blocking)
 

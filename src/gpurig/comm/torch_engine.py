@@ -31,6 +31,7 @@ class TorchEngine:
     """
 
     name = "torch"
+    native_async = True  # Gloo and NCCL run async_op collectives on their own threads
 
     def __init__(self, backend: str | None = None, timeout_s: float | None = None):
         info = torch_launch_info()
@@ -56,8 +57,8 @@ class TorchEngine:
         return dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
                          torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)
 
-    def allreduce_sum(self, tensor: torch.Tensor) -> None:
-        dist.all_reduce(tensor)
+    def allreduce_sum(self, tensor: torch.Tensor, async_op: bool = False):
+        return dist.all_reduce(tensor, async_op=async_op)
 
     def allgather(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
         largest = max(counts)
@@ -82,8 +83,8 @@ class TorchEngine:
         _reduce_scatter(out, tensor)
         return out[: counts[self.rank]]
 
-    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
-        dist.broadcast(tensor, src=root)
+    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool = False):
+        return dist.broadcast(tensor, src=root, async_op=async_op)
 
     def barrier(self) -> None:
         dist.barrier()
