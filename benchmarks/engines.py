@@ -5,6 +5,7 @@ port and the ranks form a Gloo process group (torch.distributed's default group,
 which DDP uses) through it.
 """
 
+import atexit
 import os
 import socket
 import statistics
@@ -31,7 +32,9 @@ def both_engines() -> tuple[Communicator, Communicator]:
     port = int(mpi.broadcast(torch.tensor([port]), root=0).item())
     os.environ.update(RANK=str(mpi.rank), WORLD_SIZE=str(mpi.size), LOCAL_RANK=str(mpi.local_rank),
                       LOCAL_WORLD_SIZE=str(mpi.local_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    return mpi, Communicator(TorchEngine(backend="gloo"))
+    gloo = Communicator(TorchEngine(backend="gloo"))
+    atexit.register(gloo.shutdown)  # before MPI's own shutdown (atexit runs last-in, first-out)
+    return mpi, gloo
 
 
 def timed(fn, repeats: int) -> list[float]:

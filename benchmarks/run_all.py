@@ -18,7 +18,7 @@ from rich.table import Table
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 150)
 
 
 def launch(script: str, *args, ranks: int = 2) -> dict:

@@ -10,7 +10,10 @@ import torch
 
 import gpurig.checkpoint
 import gpurig.comm.communicator
-import gpurig.comm.env
+import gpurig.launch.env
+import gpurig.launch.hosts
+import gpurig.launch.job
+import gpurig.launch.status
 import gpurig.models
 import gpurig.parallel.data_parallel
 import gpurig.parallel.sharding
@@ -24,8 +27,9 @@ from gpurig.parallel.sharding import per_rank_batches
 from gpurig.train import TrainConfig, split_across_ranks, validate
 
 
-@pytest.mark.parametrize("module", [gpurig.comm.communicator, gpurig.comm.env, gpurig.parallel.data_parallel,
-                                    gpurig.parallel.sharding, gpurig.models, gpurig.train, gpurig.checkpoint])
+@pytest.mark.parametrize("module", [gpurig.comm.communicator, gpurig.launch.env, gpurig.parallel.data_parallel,
+                                    gpurig.parallel.sharding, gpurig.models, gpurig.train, gpurig.checkpoint,
+                                    gpurig.launch.hosts, gpurig.launch.job, gpurig.launch.status])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0

@@ -1,5 +1,59 @@
 """Errors a user should see as one line, never as a traceback."""
 
+from __future__ import annotations
+
+import signal
+
 
 class UsageError(Exception):
-    """Bad user input (flags, files, impossible configurations): the CLI prints one line and exits 2."""
+    """Bad user input (flags, files, impossible configurations): the CLI prints one line and exits 2.
+
+    >>> raise UsageError("-n must be at least 1, got 0")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: -n must be at least 1, got 0
+    """
+
+
+class RankFailed(Exception):
+    """A rank of a job ended badly: which rank, on which host, and how.
+
+    ``returncode`` follows :mod:`subprocess`: negative for a signal, None when unknown.
+
+    >>> str(RankFailed(1, "node1", 3))
+    'rank 1 on host node1 exited with code 3'
+    >>> failure = RankFailed(2, "node1", -9)
+    >>> str(failure), failure.signal, failure.exit_code
+    ('rank 2 on host node1 was killed by SIGKILL', 'SIGKILL', 137)
+    """
+
+    def __init__(self, rank: int | None, host: str | None, returncode: int | None):
+        super().__init__(rank, host, returncode)
+        self.rank, self.host, self.returncode = rank, host, returncode
+
+    @property
+    def signal(self) -> str | None:
+        """Name of the signal that killed the rank, or None."""
+        if self.returncode is None or self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    @property
+    def exit_code(self) -> int:
+        """The code as a shell reports it: 128 + signal number for a killed rank, 1 when unknown."""
+        if self.returncode is None:
+            return 1
+        return self.returncode if self.returncode >= 0 else 128 - self.returncode
+
+    def __str__(self) -> str:
+        who = "a rank" if self.rank is None else f"rank {self.rank}"
+        if self.host:
+            who += f" on host {self.host}"
+        if self.returncode is None:
+            return f"{who} failed"
+        if self.signal:
+            return f"{who} was killed by {self.signal}"
+        return f"{who} exited with code {self.returncode}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 
 from gpurig.comm.communicator import Communicator, Handle, split_sizes
-from gpurig.comm.env import detect_engine
+from gpurig.launch.env import detect_engine
 
 ENGINES = ("mpi", "torch")
 _current: Communicator | None = None

@@ -77,6 +77,7 @@ class _Worker:
     def drain(self) -> None:
         if self._last is not None:
             self._last.exception()  # waits; errors stay with their own handle
+            self._last = None
 
     def _loop(self) -> None:
         while True:
@@ -181,7 +182,7 @@ class Communicator:
         host = self._pinned.get(key)
         if host is None:
             host = self._pinned[key] = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=True)
-        host.copy_(flat)
+        host.copy_(flat.view(-1))
         return host
 
     def _sizes(self, tensor: torch.Tensor) -> list[int]:
@@ -211,12 +212,13 @@ class Communicator:
 
         if tensor.numel() == 0:
             return tensor if blocking else _completed(tensor)
-        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+        # Engines take any contiguous tensor; only a strided one needs a flat copy.
+        flat = tensor if tensor.is_contiguous() else tensor.reshape(-1).clone()
 
         def finish(buf):
             if op == "average":
                 buf.div_(self.size)
-            if buf.data_ptr() != tensor.data_ptr():
+            if buf is not tensor:
                 tensor.copy_(buf.view(tensor.shape))
             return tensor
 
@@ -310,10 +312,10 @@ class Communicator:
 
         if tensor.numel() == 0:
             return tensor if blocking else _completed(tensor)
-        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+        flat = tensor if tensor.is_contiguous() else tensor.reshape(-1).clone()
 
         def finish(buf):
-            if buf.data_ptr() != tensor.data_ptr():
+            if buf is not tensor:
                 tensor.copy_(buf.view(tensor.shape))
             return tensor
 

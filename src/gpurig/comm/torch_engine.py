@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from gpurig.comm.env import torch_launch_info
+from gpurig.launch.env import torch_launch_info
 
 # torch 2.13 renamed these; older releases only have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

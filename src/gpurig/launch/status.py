@@ -8,21 +8,6 @@ import signal
 import time
 from pathlib import Path
 
-RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-
-
-def rank_from_env(env=None) -> int | None:
-    """This process's rank as any launcher announced it.
-
-    >>> rank_from_env({"OMPI_COMM_WORLD_RANK": "3"})
-    3
-    """
-    env = os.environ if env is None else env
-    for name in RANK_VARIABLES:
-        if env.get(name, "").isdigit():
-            return int(env[name])
-    return None
-
 
 def describe_exit(returncode: int) -> str:
     """``'exited with code 3'`` or ``'was killed by SIGKILL'`` for a subprocess return code.

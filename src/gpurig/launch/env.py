@@ -2,7 +2,7 @@
 
 gpurig's own launcher, ``mpirun`` (Open MPI, MPICH), ``torchrun`` and SLURM's
 ``srun`` each name rank and size differently; this module reads them all, so
-the engines stay free of launcher details.
+the engines and the rank wrapper stay free of launcher details.
 """
 
 from __future__ import annotations
@@ -21,15 +21,36 @@ class LaunchInfo:
     local_size: int | None
 
 
+RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def slurm_count(value: str) -> int:
+    """The first count of a SLURM per-node list such as ``SLURM_TASKS_PER_NODE``.
+
+    >>> slurm_count("4(x2),2")
+    4
+    """
+    return int(value.split("(")[0].split(",")[0])
+
+
 def _first_int(env, names):
     for name in names:
         value = env.get(name)
         if value not in (None, ""):
             try:
-                return int(value.split("(")[0].split(",")[0])
+                return slurm_count(value)
             except ValueError:
                 continue
     return None
+
+
+def rank_from_env(env=None) -> int | None:
+    """This process's rank as any launcher announced it.
+
+    >>> rank_from_env({"OMPI_COMM_WORLD_RANK": "3"})
+    3
+    """
+    return _first_int(os.environ if env is None else env, RANK_VARIABLES)
 
 
 def torch_launch_info(env=None) -> LaunchInfo:
