@@ -249,6 +249,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
 
     for epoch in range(start_epoch, config.epochs):
         batches.set_epoch(epoch)
+        comm.barrier()  # start together, so rank 0's checkpoint write is not timed as the others' waiting
         split, loss_sum, steps = StepSplit(), 0.0, 0
         epoch_start = time.perf_counter()
         loading = time.perf_counter()
