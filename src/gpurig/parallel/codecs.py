@@ -1,0 +1,142 @@
+"""Gradient codecs: a pair of pure functions (encode, decode) per format.
+
+``encode(x)`` turns a flat float32 tensor into a tuple of tensors (the payload
+that travels); ``decode(payload, n)`` turns it back into n float32 values. Lossy
+codecs are used with error feedback (:func:`with_error_feedback`): what the
+codec lost this step is added to next step's gradient, so nothing is lost for
+good, only delayed.
+
+- ``fp16`` / ``bf16``: 16 bits per value.
+- ``int8``: blockwise absmax scaling, then 8-bit linear levels (-127..127).
+- ``int8-dynamic``: blockwise absmax scaling, then Dettmers' 8-bit dynamic data
+  type (ICLR 2016): a sign bit, an exponent in unary (leading zeros, then an
+  indicator bit) and the remaining bits as a linear "binary tree" fraction in
+  [0.1, 1] — fine steps near zero, coarse steps near one, 4 orders of magnitude.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+BLOCK = 1024  # values per absmax scale: 4 bytes of scale per KiB of int8 codes
+
+
+@dataclass(frozen=True)
+class Codec:
+    """A gradient format: how to encode, how to decode, and roughly how many bits a value costs."""
+
+    name: str
+    encode: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+    decode: Callable[[tuple[torch.Tensor, ...], int], torch.Tensor]
+    bits_per_value: float
+    lossy: bool = True
+
+
+def dynamic_map(exponent_bits: int = 7) -> torch.Tensor:
+    """The 256 values of the signed 8-bit dynamic data type, sorted, in [-1, 1].
+
+    For exponent ``e`` (0 ≤ e < 7: e leading zero bits, then the indicator bit),
+    the 6 − e bits left make 2^(6−e) fraction values: midpoints of equal bins in
+    [0.1, 1], times 10^−e. That is 127 magnitudes from 5.5e-7 to 0.993; with
+    both signs, zero and exactly 1.0 (the block's absmax), 256 codes.
+
+    >>> m = dynamic_map()
+    >>> len(m), m.max().item(), (m == 0).sum().item(), round(m[m > 0].min().item(), 9)
+    (256, 1.0, 1, 5.5e-07)
+    """
+    magnitudes = []
+    for e in range(exponent_bits):
+        edges = torch.linspace(0.1, 1.0, 2 ** (exponent_bits - 1 - e) + 1, dtype=torch.float64)
+        magnitudes.append((edges[:-1] + edges[1:]) / 2 * 10.0 ** (-e))
+    magnitudes = torch.cat(magnitudes)
+    values = torch.cat([-magnitudes, torch.zeros(1, dtype=torch.float64), magnitudes, torch.ones(1, dtype=torch.float64)])
+    return torch.sort(values).values.to(torch.float32)
+
+
+def _blocks(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    pad = (-x.numel()) % BLOCK
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad)])
+    return x.view(-1, BLOCK), pad
+
+
+def _absmax(blocks: torch.Tensor) -> torch.Tensor:
+    return blocks.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _encode_int8(x: torch.Tensor):
+    blocks, _ = _blocks(x)
+    scale = _absmax(blocks)
+    codes = torch.round(blocks / scale[:, None] * 127).to(torch.int8)
+    return codes.view(-1), scale
+
+
+def _decode_int8(payload, n: int) -> torch.Tensor:
+    codes, scale = payload
+    return (codes.view(-1, BLOCK).to(torch.float32) * (scale[:, None] / 127)).view(-1)[:n]
+
+
+_MAP: torch.Tensor | None = None
+
+
+def _map() -> torch.Tensor:
+    global _MAP
+    if _MAP is None:
+        _MAP = dynamic_map()
+    return _MAP
+
+
+def _encode_dynamic(x: torch.Tensor):
+    blocks, _ = _blocks(x)
+    scale = _absmax(blocks)
+    values = _map()
+    normalised = (blocks / scale[:, None]).clamp_(-1, 1).view(-1)
+    midpoints = (values[1:] + values[:-1]) / 2
+    codes = torch.bucketize(normalised, midpoints).to(torch.uint8)  # nearest of the 256 values
+    return codes, scale
+
+
+def _decode_dynamic(payload, n: int) -> torch.Tensor:
+    codes, scale = payload
+    values = _map()[codes.long()].view(-1, BLOCK)
+    return (values * scale[:, None]).view(-1)[:n]
+
+
+CODECS: dict[str, Codec] = {
+    "none": Codec("none", lambda x: (x,), lambda p, n: p[0], 32.0, lossy=False),
+    "fp16": Codec("fp16", lambda x: (x.to(torch.float16),), lambda p, n: p[0].to(torch.float32), 16.0),
+    "bf16": Codec("bf16", lambda x: (x.to(torch.bfloat16),), lambda p, n: p[0].to(torch.float32), 16.0),
+    "int8": Codec("int8", _encode_int8, _decode_int8, 8 + 32 / BLOCK),
+    "int8-dynamic": Codec("int8-dynamic", _encode_dynamic, _decode_dynamic, 8 + 32 / BLOCK),
+}
+
+
+def get(name: str) -> Codec:
+    """A codec by name.
+
+    >>> get("int8").bits_per_value
+    8.03125
+    """
+    if name not in CODECS:
+        raise ValueError(f"unknown compression {name!r}; choose one of: {', '.join(CODECS)}")
+    return CODECS[name]
+
+
+def with_error_feedback(codec: Codec, x: torch.Tensor, residual: torch.Tensor | None):
+    """Encode ``x`` plus last step's residual; return (payload, new residual).
+
+    The new residual is what this encoding lost; adding it back next step makes
+    the sum of decoded values track the sum of true values (EF-SGD, 1-bit SGD).
+
+    >>> payload, residual = with_error_feedback(get("int8"), torch.randn(3000), None)
+    >>> residual.shape
+    torch.Size([3000])
+    """
+    corrected = x if residual is None else x + residual
+    payload = codec.encode(corrected)
+    if not codec.lossy:
+        return payload, None
+    return payload, corrected - codec.decode(payload, corrected.numel())
