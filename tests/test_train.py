@@ -78,6 +78,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(default_run, tmp_path):
     (["-n", "0"], "-n must be at least 1"),
     (["--epochs", "0"], "--epochs"),
     (["--epochs", "three"], "invalid int value"),
+    (["--compression", "int4"], "unknown compression"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     done = gpurig("train", *args, "--checkpoint-dir", tmp_path / "none", timeout=60)
@@ -91,3 +92,31 @@ def test_help_explains_with_examples():
         done = gpurig(*args, timeout=30)
         assert done.returncode == 0 and "examples:" in done.stdout
     assert "gpurig train" in gpurig("--help").stdout
+
+
+@pytest.fixture(scope="module")
+def int8_run(tmp_path_factory):
+    ck = tmp_path_factory.mktemp("int8")
+    done = gpurig("train", "--compression", "int8", "--json", "--checkpoint-dir", ck, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_int8_training_matches_uncompressed_accuracy(default_run, int8_run):
+    assert abs(int8_run["test_accuracy"] - default_run["test_accuracy"]) <= 0.005
+    assert int8_run["bytes_sent_per_step"] < default_run["bytes_sent_per_step"] / 3.9  # 8 bits + scales vs 32
+
+
+def test_dynamic_8bit_training_matches_uncompressed_accuracy(default_run, tmp_path):
+    done = gpurig("train", "--compression", "int8-dynamic", "--json", "--checkpoint-dir", tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert abs(json.loads(done.stdout)["test_accuracy"] - default_run["test_accuracy"]) <= 0.005
+
+
+def test_error_feedback_state_resumes_exactly(int8_run, tmp_path):
+    first = gpurig("train", "--compression", "int8", "--epochs", 3, "--json", "--checkpoint-dir", tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("feedback-*")) == ["feedback-rank0-epoch3.pt", "feedback-rank1-epoch3.pt"]
+    resumed = gpurig("train", "--compression", "int8", "--resume", "--json", "--checkpoint-dir", tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["weights_digest"] == int8_run["weights_digest"]

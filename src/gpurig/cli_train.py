@@ -12,6 +12,7 @@ examples:
   gpurig train -n 4 --model cnn --epochs 3  # 4 ranks, the small CNN
   gpurig train --engine torch               # torch.distributed (Gloo on CPU, NCCL on GPU) instead of MPI
   gpurig train --epochs 8 --resume          # continue from the last checkpoint to epoch 8
+  gpurig train --compression int8           # 8-bit gradients with error feedback (slow networks)
   gpurig train --json | jq .test_accuracy   # machine-readable summary
 
 Each step is reported split into compute, communication not hidden under the
@@ -41,6 +42,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed for initial weights and data order")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MB (default 25)")
+    p.add_argument("--compression", default="none",
+                   help="gradient compression: none (default), fp16, bf16, int8, int8-dynamic "
+                        "(8-bit with error feedback: 4x fewer bytes on the wire)")
     p.add_argument("--checkpoint-dir", default="runs/train", help="where checkpoint.pt is written each epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")
@@ -53,6 +57,7 @@ def _config(args):
     return TrainConfig(model=args.model, data=args.data, epochs=args.epochs, global_batch=args.global_batch,
                        lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
+                       compression=args.compression,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume)
 
 

@@ -48,6 +48,7 @@ class TrainConfig:
     hosts: str | None = None
     mpi_args: str = ""
     bucket_mb: float = 25.0
+    compression: str = "none"
     checkpoint_dir: str = "runs/train"
     resume: bool = False
     events: str | None = None
@@ -55,6 +56,10 @@ class TrainConfig:
     @property
     def checkpoint_path(self) -> Path:
         return Path(self.checkpoint_dir) / "checkpoint.pt"
+
+    def feedback_path(self, rank: int, epoch: int) -> Path:
+        """Where a rank keeps its error-feedback residuals after ``epoch`` (they differ per rank)."""
+        return Path(self.checkpoint_dir) / f"feedback-rank{rank}-epoch{epoch}.pt"
 
 
 def validate(config: TrainConfig, nprocs: int) -> None:
@@ -84,6 +89,10 @@ def validate(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"--lr must be positive, got {config.lr}")
     if not 0 <= config.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
+    from gpurig.parallel import codecs
+
+    if config.compression not in codecs.CODECS:
+        raise UsageError(f"unknown compression {config.compression!r}; choose one of: {', '.join(codecs.CODECS)}")
     if not config.bucket_mb > 0:
         raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
     if config.resume and not config.checkpoint_path.is_file():
@@ -240,10 +249,12 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch, history = state["epoch"], list(state["history"])
-    dp = gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb)
+    dp = gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression)
+    if config.resume and dp.codec is not None:
+        dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
     batches = gpurig.shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed)
-    events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model,
+    events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model, compression=config.compression,
                 parameters=sum(p.numel() for p in model.parameters()), epochs=config.epochs,
                 first_epoch=start_epoch, steps_per_epoch=len(batches), global_batch=config.global_batch)
 
@@ -279,15 +290,22 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             **split_across_ranks(everyone, steps),
         }
         history.append(record)
+        if dp.codec is not None:  # every rank's residuals first, then the checkpoint that points at them
+            checkpoint.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
+            comm.barrier()
         if comm.rank == 0:
             checkpoint.save(config.checkpoint_path, {
                 "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
             })
+        if dp.codec is not None:  # the new checkpoint is on disk: the previous residuals are no longer needed
+            comm.barrier()
+            config.feedback_path(comm.rank, epoch).unlink(missing_ok=True)
         events.emit("epoch", **record)
 
     summary = {
         "model": config.model, "data": config.data, "ranks": comm.size, "engine": comm.engine_name,
+        "compression": config.compression, "bytes_sent_per_step": dp.stats.bytes_sent // max(dp.stats.steps, 1),
         "global_batch": config.global_batch, "per_rank_batch": config.global_batch // comm.size,
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
         "checkpoint": str(config.checkpoint_path),

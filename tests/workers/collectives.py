@@ -48,6 +48,14 @@ for dtype in DTYPES:
             full = total(n * 3, dtype).view(n, 3) if n else torch.empty(0, 3, dtype=dtype)
             assert torch.equal(out, torch.tensor_split(full, P)[R]), (out, full)
 
+        @case(f"alltoall[{dtype}-{n}]")
+        def _():
+            t = value(R, n * P * 2, dtype).view(n * P, 2) if n else torch.empty(0, 2, dtype=dtype)
+            out = comm.alltoall(t)
+            want = torch.cat([torch.tensor_split(value(r, n * P * 2, dtype).view(n * P, 2), P)[R] for r in range(P)]) \
+                if n else t
+            assert torch.equal(out, want), (out, want)
+
         @case(f"broadcast[{dtype}-{n}]")
         def _():
             root = P - 1
@@ -100,6 +108,19 @@ def _():
     for i, (t, h) in enumerate(zip(tensors, handles)):
         assert torch.equal(h.wait(), torch.full((1000,), float(sum(r * i for r in range(P)))))
     assert mixed.tolist() == list(range(P))
+
+
+@case("run_async_jobs_interleave_with_async_collectives")
+def _():
+    a = torch.full((100,), float(R))
+    first = comm.allreduce_async(a, op="sum")
+    job = comm.run_async(lambda: comm.allgather(comm.allreduce(torch.full((3,), 1.0), op="sum").view(1, 3)))
+    b = torch.full((100,), 2.0 * R)
+    second = comm.allreduce_async(b, op="sum")  # queued behind the job on every rank
+    total_r = float(sum(range(P)))
+    assert torch.equal(first.wait(), torch.full((100,), total_r))
+    assert torch.equal(job.wait(), torch.full((P, 3), float(P)))
+    assert torch.equal(second.wait(), torch.full((100,), 2 * total_r))
 
 
 @case("allgather_bytes")

@@ -74,6 +74,12 @@ class _Worker:
         self._last = future
         return future
 
+    def idle(self) -> bool:
+        return self._last is None or self._last.done()
+
+    def on_worker_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
     def drain(self) -> None:
         if self._last is not None:
             self._last.exception()  # waits; errors stay with their own handle
@@ -153,15 +159,29 @@ class Communicator:
 
     # -- plumbing ---------------------------------------------------------
     def _run(self, fn, blocking: bool):
-        if getattr(self.engine, "native_async", False):
-            # Issued in program order on this thread; only allreduce/broadcast overlap (below).
+        if self._worker.on_worker_thread():
+            # Inside a run_async job: already ordered behind earlier jobs, and holding the lock.
             result = fn()
             return result if blocking else _completed(result)
-        if blocking:
+        if blocking or getattr(self.engine, "native_async", False):
             self._worker.drain()
             with self._lock:
-                return fn()
+                result = fn()
+            return result if blocking else _completed(result)
         return Handle(self._worker.submit(fn))
+
+    def run_async(self, job) -> Handle:
+        """Run ``job()`` on the background thread, in order with other asynchronous collectives.
+
+        ``job`` may call this communicator's blocking collectives (a compressed
+        allreduce is an all-to-all, some arithmetic, then an allgather); the
+        handle's ``wait()`` returns what ``job`` returns.
+
+        >>> handle = comm.run_async(lambda: comm.allreduce(torch.ones(2)))   # doctest: +SKIP
+        >>> handle.wait()                                                     # doctest: +SKIP
+        tensor([1., 1.])
+        """
+        return Handle(self._worker.submit(job))
 
     def _check(self, tensor, what: str) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -172,7 +192,9 @@ class Communicator:
     def _native_async_for(self, flat: torch.Tensor) -> bool:
         """Whether the engine's own async operation can take ``flat`` as it is (no host staging)."""
         native = getattr(self.engine, "native_async", False)
-        return native and (not flat.is_cuda or self.engine.accepts_device_tensors)
+        # Only when no run_async job is queued: it would have to go first on every rank.
+        return (native and (not flat.is_cuda or self.engine.accepts_device_tensors)
+                and self._worker.idle() and not self._worker.on_worker_thread())
 
     def _to_engine(self, flat: torch.Tensor) -> torch.Tensor:
         """The tensor the engine can read: itself, or a pinned host copy of a GPU tensor."""
@@ -328,6 +350,24 @@ class Communicator:
             return finish(buf)
 
         return self._run(work, blocking)
+
+    def alltoall(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Send the r-th of ``size`` equal pieces (along dim 0) to rank r; return the pieces received, in rank order.
+
+        >>> comm.alltoall(torch.tensor([10 * comm.rank, 10 * comm.rank + 1]))   # doctest: +SKIP
+        tensor([0, 10])                                                        # rank 0 of 2
+        """
+        self._check(tensor, "alltoall")
+        if tensor.dim() == 0 or tensor.shape[0] % self.size:
+            raise ValueError(f"alltoall needs a first dimension divisible by {self.size} ranks, got {tuple(tensor.shape)}")
+
+        def work():
+            if tensor.numel() == 0:
+                return tensor.clone()
+            flat = self._to_engine(tensor.reshape(-1).contiguous())
+            return self.engine.alltoall(flat).to(tensor.device).view(tensor.shape)
+
+        return self._run(work, blocking=True)
 
     def barrier(self) -> None:
         """Wait until every rank has reached this point."""

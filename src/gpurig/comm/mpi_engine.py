@@ -142,6 +142,11 @@ class MPIEngine:
         self.comm.Reduce_scatter(self._buf(tensor), self._buf(out), list(counts), op=self._sum_op(tensor.dtype))
         return out
 
+    def alltoall(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(tensor)
+        self.comm.Alltoall(self._buf(tensor), self._buf(out))
+        return out
+
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self.comm.Bcast(self._buf(tensor), root=root)
 

@@ -83,6 +83,11 @@ class TorchEngine:
         _reduce_scatter(out, tensor)
         return out[: counts[self.rank]]
 
+    def alltoall(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(tensor)
+        dist.all_to_all_single(out, tensor)
+        return out
+
     def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool = False):
         return dist.broadcast(tensor, src=root, async_op=async_op)
 
