@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 BLOCK = 1024  # values per absmax scale: 4 bytes of scale per KiB of int8 codes
+EXPONENTS = 7  # decades the 8-bit dynamic type spans below each block's absmax
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _absmax(blocks: torch.Tensor) -> torch.Tensor:
 def _encode_int8(x: torch.Tensor):
     blocks, _ = _blocks(x)
     scale = _absmax(blocks)
-    codes = torch.round(blocks / scale[:, None] * 127).to(torch.int8)
+    codes = blocks.mul(127 / scale[:, None]).round_().to(torch.int8)
     return codes.view(-1), scale
 
 
@@ -90,13 +91,33 @@ def _map() -> torch.Tensor:
 
 
 def _encode_dynamic(x: torch.Tensor):
+    """Arithmetic, not search: the exponent counts the decades below 1, the fraction is a linear bin."""
     blocks, _ = _blocks(x)
     scale = _absmax(blocks)
-    values = _map()
-    normalised = (blocks / scale[:, None]).clamp_(-1, 1).view(-1)
-    midpoints = (values[1:] + values[:-1]) / 2
-    codes = torch.bucketize(normalised, midpoints).to(torch.uint8)  # nearest of the 256 values
-    return codes, scale
+    a = blocks.abs().div_(scale[:, None]).view(-1)
+    e = torch.zeros(a.shape, dtype=torch.uint8)
+    for decade in range(1, EXPONENTS):
+        e += a < 10.0 ** -decade
+    tables = _dynamic_tables()
+    e = e.long()
+    bins = tables["bins"][e]
+    index = (a * tables["decade"][e] - 0.1).mul_(bins / 0.9).floor_().clamp_(min=0)
+    index = torch.minimum(index, bins - 1)
+    # The bin's midpoint is its value; at a decade's edge the neighbour below or above can be nearer.
+    positive = _map()[128:]  # the 128 positive values, ascending (the last is 1.0)
+    best = (bins - 1 + index).long()
+    for neighbour in (best - 1, best + 1):
+        neighbour.clamp_(0, 127)
+        nearer = (positive[neighbour] - a).abs_() < (positive[best] - a).abs_()
+        best = torch.where(nearer, neighbour, best)
+    best[a < positive[0] / 2] = -1  # nearer to zero than to the smallest code
+    codes = torch.where(blocks.view(-1) >= 0, 128 + best, 126 - best).clamp_(0, 255)
+    return codes.to(torch.uint8), scale
+
+
+def _dynamic_tables() -> dict:
+    e = torch.arange(EXPONENTS, dtype=torch.float64)
+    return {"bins": torch.exp2(EXPONENTS - 1 - e).float(), "decade": torch.pow(10.0, e).float()}
 
 
 def _decode_dynamic(payload, n: int) -> torch.Tensor:
