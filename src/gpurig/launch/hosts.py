@@ -1,12 +1,13 @@
-"""Host lists: ``--hosts a:4,b:4``, SLURM's compressed node lists, and how many ranks to start."""
+"""Host lists: ``--hosts a:4,b:4``, and SLURM's compressed node and task-count lists."""
 
 from __future__ import annotations
 
 import re
+import socket
 
 from gpurig.errors import UsageError
 
-_HOST = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def parse_hosts(text: str) -> list[tuple[str, int]]:
@@ -21,47 +22,75 @@ def parse_hosts(text: str) -> list[tuple[str, int]]:
     """
     hosts = []
     for item in text.split(","):
-        name, _, slots = item.strip().partition(":")
-        if not _HOST.match(name) or (slots and not slots.isdigit()) or slots == "0":
+        name, colon, slots = item.strip().partition(":")
+        if not _HOST.fullmatch(name) or colon and not (slots.isdigit() and int(slots) > 0):
             raise UsageError(f"--hosts: {item.strip()!r} is not HOST or HOST:SLOTS with SLOTS a positive integer")
         hosts.append((name, int(slots) if slots else 1))
-    names = [h for h, _ in hosts]
+    names = [name for name, _ in hosts]
     if len(set(names)) != len(names):
         raise UsageError(f"--hosts: a host is named twice in {text!r}")
     return hosts
 
 
+def is_this_host(name: str) -> bool:
+    """Whether ``name`` is this machine.
+
+    >>> is_this_host("localhost"), is_this_host("surely-not-this-machine.example")
+    (True, False)
+    """
+    here = socket.gethostname()
+    return name in {"localhost", "127.0.0.1", "::1", here, here.split(".")[0]} or name == socket.getfqdn()
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets: ``"a[1,2],b"`` → ``["a[1,2]", "b"]``."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [part for part in parts if part]
+
+
+def _expand_ranges(ranges: str) -> list[str]:
+    """``"01-03,7"`` → ``["01", "02", "03", "7"]``, keeping zero padding."""
+    numbers = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        numbers += [f"{n:0{len(low)}d}" for n in range(int(low), int(high or low) + 1)]
+    return numbers
+
+
 def expand_hostlist(text: str) -> list[str]:
-    """Expand SLURM's compressed node list.
+    """Expand SLURM's compressed node list (``SLURM_JOB_NODELIST``) into host names, in order.
 
     >>> expand_hostlist("node[01-03,07],gpu5")
     ['node01', 'node02', 'node03', 'node07', 'gpu5']
+    >>> expand_hostlist("rack[1-2]-n[1-2]")
+    ['rack1-n1', 'rack1-n2', 'rack2-n1', 'rack2-n2']
     """
     hosts: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]*)\[([^\]]*)\]|([^,\[\]]+)", text):
-        if plain:
-            hosts.append(plain)
+    for item in _split_top_level(text.strip()):
+        match = re.match(r"([^\[]*)\[([^\]]*)\](.*)", item)
+        if not match:
+            hosts.append(item)
             continue
-        for part in ranges.split(","):
-            low, _, high = part.partition("-")
-            width = len(low)
-            for number in range(int(low), int(high or low) + 1):
-                hosts.append(f"{prefix}{number:0{width}d}")
+        prefix, ranges, rest = match.groups()
+        tails = expand_hostlist(rest) if rest else [""]
+        hosts += [prefix + number + tail for number in _expand_ranges(ranges) for tail in tails]
     return hosts
 
 
-def default_nprocs(hosts: str | None = None) -> int:
-    """Ranks to start when ``-n`` is not given: all slots of ``--hosts``, else one per GPU, else 2.
+def tasks_per_node(text: str) -> list[int]:
+    """Expand SLURM's task counts per node (``SLURM_TASKS_PER_NODE``): one count per node, in node order.
 
-    >>> default_nprocs("a:4,b:2")
-    6
+    >>> tasks_per_node("4(x2),1")
+    [4, 4, 1]
     """
-    if hosts:
-        return sum(slots for _, slots in parse_hosts(hosts))
-    try:
-        import torch
-
-        gpus = torch.cuda.device_count()
-    except ImportError:
-        gpus = 0
-    return gpus or 2
+    counts: list[int] = []
+    for item in text.split(","):
+        count, _, times = item.partition("(x")
+        counts += [int(count)] * int(times.rstrip(")") or 1)
+    return counts

@@ -1,52 +1,86 @@
 """What each launched rank really runs: the user's command as a child, reporting how it ended.
 
-``python -m gpurig.launch.rank_wrapper -- CMD ...``. The child dies with the
-wrapper (PR_SET_PDEATHSIG), so killing the job never leaves an orphan; when the
-child fails, one line names the rank, the host and the exit code or signal, and
-a status file tells the launcher which rank failed first.
+``python -m gpurig.launch.rank_wrapper -- CMD ...`` (see :func:`gpurig.launch.processes.wrap`)
+
+- The child dies with the wrapper (PR_SET_PDEATHSIG=SIGKILL), and the wrapper
+  stops its child when its own parent (mpirun, the launcher, srun) dies, so
+  killing a job at any level never leaves an orphan.
+- SIGTERM, SIGINT and SIGHUP are passed on to the child (each kind once, and
+  not a Ctrl-C typed at the terminal, which reached the child already); a child
+  still running 3 s after the first is killed.
+- When the child fails on its own (not because it was told to stop), one line
+  on stderr names the rank, the host and the exit code or signal, and a status
+  file tells the launcher which rank failed first.
+- The wrapper exits with the child's code, 128 + signal number for a signal.
 """
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 
+from gpurig.errors import RankFailed
 from gpurig.launch.env import rank_from_env
-from gpurig.launch.status import describe_exit, record_failure, shell_code
+from gpurig.launch.processes import GRACE_S, die_with_parent, in_terminal_foreground, say
+from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _die_with_parent() -> None:
+def _start(command: list[str], rank: int | None, host: str) -> subprocess.Popen | int:
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        return subprocess.Popen(command, preexec_fn=die_with_parent)
+    except OSError as error:
+        say(f"gpurig: rank {rank} on host {host} could not start {command[0]!r}: {error.strerror}")
+        return 127
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    if not argv:
+    """Run ``argv`` (after an optional ``--``) as this rank's command; return the exit code to exit with.
+
+    >>> main(["--", "python", "train.py"])   # as: python -m gpurig.launch.rank_wrapper -- python train.py  # doctest: +SKIP
+    0
+    """
+    command = argv[1:] if argv[:1] == ["--"] else argv
+    if not command:
         print("usage: python -m gpurig.launch.rank_wrapper -- CMD ...", file=sys.stderr)
         return 2
     rank, host = rank_from_env(), socket.gethostname()
-    stopping = []
-    child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
+    die_with_parent(signal.SIGTERM)
+    child = _start(command, rank, host)
+    if isinstance(child, int):
+        record_failure(os.environ.get(STATUS_DIR_VARIABLE), RankFailed(rank, host, child))
+        return child
+    told_to_stop: set[int] = set()
 
     def forward(signum, _frame):
-        stopping.append(signum)
-        child.send_signal(signum)
+        if signum in told_to_stop or child.poll() is not None:
+            return
+        if not told_to_stop:
+            timer = threading.Timer(GRACE_S, functools.partial(_kill_if_running, child))
+            timer.daemon = True
+            timer.start()
+        told_to_stop.add(signum)
+        if not (signum == signal.SIGINT and in_terminal_foreground()):  # else the child got this Ctrl-C itself
+            child.send_signal(signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in FORWARDED:
         signal.signal(signum, forward)
-    returncode = child.wait()
-    if returncode != 0 and not stopping:
-        print(f"gpurig: rank {rank} on {host} {describe_exit(returncode)}", file=sys.stderr, flush=True)
-        record_failure(os.environ.get("GPURIG_RUN_STATUS_DIR"), rank, host, returncode)
-    return shell_code(returncode)
+    ending = RankFailed(rank, host, child.wait())
+    if ending.returncode != 0 and not told_to_stop:
+        say(f"gpurig: {ending}")
+        record_failure(os.environ.get(STATUS_DIR_VARIABLE), ending)
+    return ending.exit_code
+
+
+def _kill_if_running(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.kill()
 
 
 if __name__ == "__main__":

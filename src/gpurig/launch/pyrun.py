@@ -1,0 +1,93 @@
+"""Run a Python program as one rank, so its failure is known the moment it happens.
+
+``python -m gpurig.launch.pyrun (SCRIPT | -m MODULE | -c CODE | -) [ARG ...]``
+runs the program as ``python`` would, and when it ends with an exception or a
+non-zero ``sys.exit``:
+
+- it leaves its status file *before* the interpreter tears down. Teardown closes
+  the rank's sockets, its peers then fail with "connection closed", and only
+  this early record shows which rank failed first;
+- under MPI it makes the exit an MPI_Abort (as ``python -m mpi4py`` does), so the
+  job ends instead of hanging in MPI_Finalize while the peers wait in a collective.
+
+The launcher runs a Python command under this module when the command's
+interpreter is gpurig's own (:func:`gpurig.launch.processes.as_rank_program`);
+other commands run as given.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import runpy
+import socket
+import sys
+import types
+from pathlib import Path
+
+from gpurig.errors import RankFailed
+from gpurig.launch.env import rank_from_env
+from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
+
+
+def _run(argv: list[str]) -> None:
+    """Run ``argv`` as ``python ARGV`` would, with ``__name__ == "__main__"``."""
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] in ("-c", "-"):
+        code = argv[1] if argv[0] == "-c" else sys.stdin.read()
+        sys.argv = ["-c", *argv[2:]] if argv[0] == "-c" else argv
+        main = types.ModuleType("__main__")
+        main.__builtins__ = builtins
+        sys.modules["__main__"] = main
+        exec(compile(code, "<string>" if argv[0] == "-c" else "<stdin>", "exec"), main.__dict__)
+    else:
+        sys.argv = argv
+        sys.path[0] = str(Path(argv[0]).resolve().parent)
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def _failed(status: int) -> None:
+    record_failure(os.environ.get(STATUS_DIR_VARIABLE), RankFailed(rank_from_env(), socket.gethostname(), status))
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py.run import set_abort_status
+
+        set_abort_status(status)
+
+
+def _user_frames(traceback):
+    """The traceback without this module's and runpy's frames, as ``python script.py`` would show it."""
+    ours = (__file__, runpy.run_path.__code__.co_filename)
+    while traceback is not None and traceback.tb_frame.f_code.co_filename in ours:
+        traceback = traceback.tb_next
+    return traceback
+
+
+def main(argv: list[str]) -> None:
+    """Run the program in ``argv``; on failure record it and, under MPI, abort the job.
+
+    >>> main(["train.py", "--epochs", "3"])   # as: python -m gpurig.launch.pyrun train.py --epochs 3  # doctest: +SKIP
+    """
+    if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
+        print("usage: python -m gpurig.launch.pyrun (SCRIPT | -m MODULE | -c CODE | -) [ARG ...]", file=sys.stderr)
+        sys.exit(2)
+    try:
+        _run(argv)
+    except SystemExit as done:
+        status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+        if status:
+            _failed(status)
+        raise
+    except KeyboardInterrupt:
+        _failed(130)
+        raise
+    except BaseException as error:
+        _failed(1)
+        error = error.with_traceback(_user_frames(error.__traceback__))
+        sys.excepthook(type(error), error, error.__traceback__)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,115 @@
+"""The environment gpurig's launcher gives each rank: the writing side of :mod:`gpurig.launch.env`.
+
+Every rank gets
+  GPURIG_ENGINE          ``mpi`` or ``torch``
+  OMP_NUM_THREADS        cores // ranks on the host (at least 1), unless already set
+  GPURIG_RUN_STATUS_DIR  where a failing rank leaves its status file (set by :func:`gpurig.launch.run_job`)
+  PATH                   this Python's directory first, so ``python`` means this Python
+torch ranks also get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT, as torchrun sets them; MPI ranks learn their rank from mpirun
+(OMPI_COMM_WORLD_RANK, PMIX_RANK, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from gpurig.launch.hosts import expand_hostlist, tasks_per_node
+
+
+def rank_path(env: dict) -> str:
+    """The PATH ranks get: this Python's directory first, so that ``python`` means this Python.
+
+    >>> rank_path({"PATH": "/usr/bin"}).endswith(os.pathsep + "/usr/bin")
+    True
+    """
+    return os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+
+
+def common_env(base: dict, engine: str, ranks_here: int) -> dict:
+    """``base`` plus what every rank gets, for ``ranks_here`` ranks sharing this host's cores.
+
+    >>> env = common_env({"PATH": "/usr/bin"}, "mpi", ranks_here=os.cpu_count())
+    >>> env["GPURIG_ENGINE"], env["OMP_NUM_THREADS"]
+    ('mpi', '1')
+    >>> common_env({"OMP_NUM_THREADS": "8"}, "torch", 2)["OMP_NUM_THREADS"]
+    '8'
+    """
+    env = dict(base)
+    env["GPURIG_ENGINE"] = engine
+    env["PATH"] = rank_path(base)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, ranks_here))))
+    return env
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (for the torch rendezvous).
+
+    >>> 0 < free_port() < 65536
+    True
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_torch_envs(base: dict, nprocs: int) -> list[dict]:
+    """One environment per rank for ``nprocs`` torch ranks on this machine, like torchrun's.
+
+    >>> [e["RANK"] + "/" + e["WORLD_SIZE"] for e in local_torch_envs({}, 2)]
+    ['0/2', '1/2']
+    """
+    shared = {**common_env(base, "torch", nprocs), "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    return [{**shared, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(nprocs)]
+
+
+def srun_step(env: dict) -> tuple[int, int] | None:
+    """``(rank, size)`` when this process is one task of an ``srun`` step of several tasks, else None.
+
+    A batch script's shell also has SLURM_PROCID and SLURM_NTASKS, but no step
+    variables: there ``gpurig run`` starts its ranks itself.
+
+    >>> srun_step({"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_ID": "0"})
+    (3, 8)
+    >>> srun_step({"SLURM_PROCID": "0", "SLURM_NTASKS": "8"}) is None   # sbatch's shell
+    True
+    """
+    in_step = any(name in env for name in ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS"))
+    size = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+    if not in_step or "SLURM_PROCID" not in env or int(size) < 2:
+        return None
+    return int(env["SLURM_PROCID"]), int(size)
+
+
+def srun_torch_env(base: dict) -> dict:
+    """The torch environment of the one rank this ``srun`` task runs; meet at the step's first node.
+
+    >>> env = srun_torch_env({"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_ID": "0",
+    ...     "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+    ...     "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "1234"})
+    >>> [env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")]
+    ['5', '8', '1', '4', 'gpu07', '21234']
+    """
+    rank, size = srun_step(base)
+    counts = tasks_per_node(_first(base, "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                                   "SLURM_TASKS_PER_NODE") or str(size))
+    local_size = counts[min(int(base.get("SLURM_NODEID", 0)), len(counts) - 1)]
+    nodes = expand_hostlist(_first(base, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") or "localhost")
+    return {**common_env(base, "torch", local_size), "RANK": str(rank), "WORLD_SIZE": str(size),
+            "LOCAL_RANK": base.get("SLURM_LOCALID", "0"), "LOCAL_WORLD_SIZE": str(local_size),
+            "MASTER_ADDR": base.get("MASTER_ADDR") or nodes[0], "MASTER_PORT": base.get("MASTER_PORT") or _slurm_port(base)}
+
+
+def _first(env: dict, *names: str) -> str | None:
+    return next((env[name] for name in names if env.get(name)), None)
+
+
+def _slurm_port(env: dict) -> str:
+    """The same port on every task of a step, different for other jobs and steps."""
+    step = env.get("SLURM_STEP_ID", "0")
+    offset = int(env.get("SLURM_JOB_ID", "0")) + (int(step) if step.isdigit() else 0)
+    return str(20000 + offset % 20000)

@@ -1,0 +1,228 @@
+"""``gpurig run`` end to end: real ranks over mpirun and the local torch spawn; a failure stops every rank.
+
+Every launch has a timeout: a misconfigured MPI launch hangs instead of failing. Ranks share one stdout,
+and with PYTHONUNBUFFERED print() writes piece by piece, so a rank here writes each line with one os.write.
+"""
+
+import json
+import os
+import pty
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+HOST = socket.gethostname()
+GPURIG = [sys.executable, "-m", "gpurig"]
+
+
+def gpurig_run(*args, timeout=60, env=None, unset=()) -> subprocess.CompletedProcess:
+    full_env = {name: value for name, value in {**os.environ, **(env or {})}.items() if name not in unset}
+    return subprocess.run([*GPURIG, "run", *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=full_env)
+
+
+def rank_script(marker: str, ready_dir, then: str = "", barrier: bool = False) -> str:
+    """A rank that says it is ready (a file per rank), does ``then``, and sleeps; ``marker`` names its processes."""
+    return "\n".join([
+        f"import os, signal, sys, time  # {marker}",
+        "rank = int(os.environ.get('RANK') or os.environ['OMPI_COMM_WORLD_RANK'])",
+        "if os.environ['GPURIG_ENGINE'] == 'mpi' and " + str(barrier) + ":",
+        "    from mpi4py import MPI; MPI.COMM_WORLD.Barrier()",
+        f"open(os.path.join({str(ready_dir)!r}, f'ready-{{rank}}'), 'w').close()",
+        then,
+        "if os.environ['GPURIG_ENGINE'] == 'mpi' and " + str(barrier) + ":",
+        "    MPI.COMM_WORLD.Barrier()",
+        "time.sleep(600)",
+    ])
+
+
+def leftovers(marker: str, wait: float = 10.0) -> list:
+    """Processes whose command line holds ``marker`` still alive after up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def start_job(engine: str, nprocs: int, marker: str, ready_dir) -> subprocess.Popen:
+    """Start ``gpurig run`` of sleeping ranks and return once every rank is running."""
+    job = subprocess.Popen([*GPURIG, "run", "-n", str(nprocs), "--engine", engine, "--", "python", "-c",
+                            rank_script(marker, ready_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(list(ready_dir.glob("ready-*"))) < nprocs:
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.05)
+    return job
+
+
+@pytest.fixture
+def marker():
+    tag = f"gpurig-test-{uuid.uuid4().hex[:12]}"
+    yield tag
+    for p in leftovers(tag, wait=0):
+        p.kill()
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_two_ranks_get_their_rank_size_and_engine(engine):
+    names = ["GPURIG_ENGINE", "OMP_NUM_THREADS", "GPURIG_RUN_STATUS_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+             "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"]
+    script = f"import json, os; os.write(1, (json.dumps({{k: os.environ.get(k) for k in {names}}}) + '\\n').encode())"
+    done = gpurig_run("-n", 2, "--engine", engine, "--", "python", "-c", script, unset=["OMP_NUM_THREADS"])
+    assert done.returncode == 0, done.stderr
+    envs = [json.loads(line) for line in done.stdout.splitlines()]
+    threads = str(max(1, os.cpu_count() // 2))
+    assert all(e["GPURIG_ENGINE"] == engine and e["OMP_NUM_THREADS"] == threads for e in envs)
+    assert len({e["GPURIG_RUN_STATUS_DIR"] for e in envs}) == 1
+    assert not os.path.exists(envs[0]["GPURIG_RUN_STATUS_DIR"])  # removed when the job ends
+    if engine == "mpi":
+        assert sorted((e["OMPI_COMM_WORLD_RANK"], e["OMPI_COMM_WORLD_SIZE"]) for e in envs) == [("0", "2"), ("1", "2")]
+    else:
+        assert sorted((e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs) == [
+            ("0", "2", "0", "2"), ("1", "2", "1", "2")]
+        assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"} and len({e["MASTER_PORT"] for e in envs}) == 1
+
+
+def test_a_users_omp_num_threads_is_kept():
+    done = gpurig_run("-n", 2, "--engine", "torch", "--", "python", "-c",
+                      "import os; os.write(1, os.environ['OMP_NUM_THREADS'].encode() + b'\\n')", env={"OMP_NUM_THREADS": "3"})
+    assert done.returncode == 0 and done.stdout.split() == ["3", "3"]
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_a_failing_rank_is_named_and_its_code_returned(engine, marker, tmp_path):
+    """Under MPI the ranks are in a barrier: without an abort, rank 1 would hang in MPI_Finalize for ever."""
+    script = rank_script(marker, tmp_path, then="if rank == 1: sys.exit(3)", barrier=True)
+    start = time.monotonic()
+    done = gpurig_run("-n", 3, "--engine", engine, "--", "python", "-c", script)
+    assert time.monotonic() - start < 30
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.splitlines()[-1] == f"gpurig run: rank 1 on host {HOST} exited with code 3; stopped the other 2 ranks"
+    assert done.stderr.count("gpurig run:") == 1
+    assert "MPI_ABORT" not in done.stderr and "prterun" not in done.stderr  # Open MPI's reports: read, not shown
+    assert leftovers(marker) == []
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_a_rank_killed_by_sigkill_stops_the_job_within_30_s(engine, marker, tmp_path):
+    script = rank_script(marker, tmp_path, then="if rank == 2: time.sleep(1); os.kill(os.getpid(), signal.SIGKILL)")
+    start = time.monotonic()
+    done = gpurig_run("-n", 3, "--engine", engine, "--", "python", "-c", script)
+    assert time.monotonic() - start < 30
+    assert done.returncode == 137, done.stderr
+    assert done.stderr.splitlines()[-1] == f"gpurig run: rank 2 on host {HOST} was killed by SIGKILL; stopped the other 2 ranks"
+    assert leftovers(marker) == []
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_a_killed_rank_wrapper_stops_the_job(engine, marker, tmp_path):
+    """No status file then (the wrapper is gone): the rank is named from what mpirun or the spawn saw."""
+    job = start_job(engine, 2, marker, tmp_path)
+    wrapper = next(p for p in leftovers(marker, wait=0) if "gpurig.launch.rank_wrapper" in " ".join(p.cmdline())
+                   and (p.environ().get("RANK") or p.environ().get("OMPI_COMM_WORLD_RANK")) == "1")
+    wrapper.kill()
+    _, err = job.communicate(timeout=30)
+    assert job.returncode == 137, err
+    assert err.splitlines()[-1] == f"gpurig run: rank 1 on host {HOST} was killed by SIGKILL; stopped the other 1 rank"
+    assert leftovers(marker) == []
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_ctrl_c_stops_every_rank(engine, marker, tmp_path):
+    job = start_job(engine, 2, marker, tmp_path)
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=30)
+    assert job.returncode == 130 and err.splitlines()[-1] == "gpurig: interrupted"
+    assert leftovers(marker) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "login_tty"), reason="os.login_tty needs Python 3.11")
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_ctrl_c_at_a_terminal_reaches_each_rank_once(engine, marker, tmp_path):
+    """Typed at a terminal, Ctrl-C reaches the whole foreground group: no rank may get it twice (torch: it
+    interrupts the rank's own clean-up), and mpirun must not get a second signal (it then forces its way out)."""
+    cleanup = "except KeyboardInterrupt:\n    time.sleep(1); os.write(1, f'rank {rank} cleaned up\\n'.encode()); sys.exit(1)"
+    script = rank_script(marker, tmp_path).replace("time.sleep(600)", f"try:\n    time.sleep(600)\n{cleanup}")
+    terminal, their_end = pty.openpty()
+    job = subprocess.Popen([*GPURIG, "run", "-n", "2", "--engine", engine, "--", "python", "-c", script],
+                           preexec_fn=lambda: os.login_tty(their_end), pass_fds=(their_end,))
+    os.close(their_end)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.write(terminal, b"\x03")
+        assert job.wait(timeout=30) == 130
+        shown = b""
+        while select.select([terminal], [], [], 0.2)[0]:
+            try:
+                shown += os.read(terminal, 65536)
+            except OSError:  # every process holding the terminal has ended
+                break
+    finally:
+        os.close(terminal)
+    shown = shown.decode()
+    assert "gpurig: interrupted" in shown and "Abort is in progress" not in shown
+    if engine == "torch":
+        assert "rank 0 cleaned up" in shown and "rank 1 cleaned up" in shown
+    assert leftovers(marker) == []
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_no_rank_outlives_a_killed_launcher(engine, marker, tmp_path):
+    job = start_job(engine, 2, marker, tmp_path)
+    job.kill()
+    job.communicate(timeout=30)
+    assert leftovers(marker) == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-n", "0", "--", "python", "-c", "1"], "gpurig: error: -n must be at least 1, got 0"),
+    (["-n", "-2", "--", "python", "-c", "1"], "gpurig: error: -n must be at least 1, got -2"),
+    (["-n", "two", "--", "true"], "gpurig: error: argument -n/--nprocs: invalid int value: 'two'"),
+    (["-n", "2"], "gpurig: error: no command to run"),
+    (["-n", "2", "--"], "gpurig: error: no command to run"),
+    (["--hosts", "a:x", "--", "true"], "gpurig: error: --hosts: 'a:x' is not HOST or HOST:SLOTS"),
+    (["--hosts", "a:4,,b", "--", "true"], "gpurig: error: --hosts: '' is not HOST or HOST:SLOTS"),
+    (["-n", "9", "--hosts", "a:4,b:4", "--", "true"], "gpurig: error: -n 9 needs 9 slots but --hosts a:4,b:4 has 8"),
+    (["--engine", "nccl", "--", "true"], "gpurig: error: argument --engine: invalid choice: 'nccl'"),
+    (["--engine", "torch", "--hosts", "a:2,b:2", "--", "true"],
+     "gpurig: error: multi-host runs with --engine torch need SLURM (srun gpurig run --engine torch -- ...) or --engine mpi"),
+    (["-n", "2", "--", "no-such-program-anywhere"], "gpurig: error: command not found: no-such-program-anywhere"),
+    (["-n", "2", "--mpi-args", "--mca 'x", "--", "true"], "gpurig: error: --mpi-args \"--mca 'x\": No closing quotation"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    done = gpurig_run(*args, timeout=30)
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(message), done.stderr
+    assert done.stdout == ""
+
+
+def test_version_and_help():
+    version = subprocess.run([*GPURIG, "--version"], capture_output=True, text=True, timeout=30)
+    assert version.returncode == 0 and version.stdout.startswith("gpurig ")
+    helped = subprocess.run([*GPURIG, "run", "--help"], capture_output=True, text=True, timeout=30)
+    assert helped.returncode == 0 and "gpurig run -n 4 -- python train.py" in helped.stdout
+
+
+def test_srun_tasks_become_torch_ranks_that_meet():
+    """What ``srun -n 2 gpurig run --engine torch -- ...`` does: one launcher per task, SLURM's variables each."""
+    script = ("import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); t = torch.ones(1); "
+              "dist.all_reduce(t); print(os.environ['RANK'], os.environ['LOCAL_WORLD_SIZE'], int(t.item()))")
+    step = {**os.environ, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0",
+            "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_ID": str(os.getpid())}
+    tasks = [subprocess.Popen([*GPURIG, "run", "--engine", "torch", "--", "python", "-c", script],
+                              env={**step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NODEID": "0"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outputs = [task.communicate(timeout=90) for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    assert [out.split() for out, _ in outputs] == [["0", "2", "2"], ["1", "2", "2"]]
