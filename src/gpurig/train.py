@@ -130,7 +130,14 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     ('done', 0)
     """
     from gpurig import launch
+    from gpurig.launch.env import detect_engine, in_launched_job
 
+    if in_launched_job():
+        # Started as one rank by gpurig run / gpurig emulate / mpirun / srun: train here, as that rank.
+        config = dataclasses.replace(config, engine=detect_engine())
+        validate(config, nprocs=1)
+        summary = train_on_this_rank(config)
+        return 0, ([{"event": "done", **summary}] if summary["rank"] == 0 else [])
     nprocs = config.nprocs if config.nprocs is not None else launch.default_nprocs(config.hosts)
     validate(config, nprocs)
     with tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
@@ -304,8 +311,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         events.emit("epoch", **record)
 
     summary = {
-        "model": config.model, "data": config.data, "ranks": comm.size, "engine": comm.engine_name,
-        "compression": config.compression, "bytes_sent_per_step": dp.stats.bytes_sent // max(dp.stats.steps, 1),
+        "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
+        "engine": comm.engine_name, "compression": config.compression, "bytes_sent_per_step": dp.stats.bytes_sent // max(dp.stats.steps, 1),
         "global_batch": config.global_batch, "per_rank_batch": config.global_batch // comm.size,
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
         "checkpoint": str(config.checkpoint_path),

@@ -78,6 +78,17 @@ def launched_by_mpi(env=None) -> bool:
     return any(name in env for name in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS"))
 
 
+def in_launched_job(env=None) -> bool:
+    """True when a launcher started this process as one rank of a job of several.
+
+    >>> in_launched_job({"OMPI_COMM_WORLD_SIZE": "4"}), in_launched_job({})
+    (True, False)
+    """
+    env = os.environ if env is None else env
+    size = _first_int(env, ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"])
+    return size is not None and size > 1 and (launched_by_mpi(env) or "RANK" in env)
+
+
 def detect_engine(env=None) -> str:
     """The engine to use when the caller names none: ``GPURIG_ENGINE``, else guessed from the launcher.
 

@@ -1,0 +1,224 @@
+"""Several "nodes" on one machine: network namespaces joined by rate-limited veth links.
+
+The source's central problem — between machines the network, not the GPU, is
+the bottleneck — is measured here, not assumed: each node is a Linux network
+namespace with its own hostname, nodes are joined by veth pairs (two nodes) or
+through a bridge in a hub namespace (three or more), and every link is limited
+with ``tc tbf`` to a chosen rate (real TCP through a real limit; this kernel has
+no netem, so no added latency). Ranks start inside the namespaces:
+
+- MPI: ``gpurig run`` runs inside the first node, mpirun reaching the others
+  through an rsh agent that enters their namespace (``python -m
+  gpurig.launch.emulator agent``), over TCP on the emulated subnet only;
+- torch.distributed: one rank per task, as under SLURM, rendezvous at the first
+  node, Gloo bound to the emulated interface.
+
+Everything is removed again on exit, also after a failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from gpurig.errors import UsageError
+
+IFACE = "eth1"  # the same name in every node, so one GLOO_SOCKET_IFNAME serves all
+MAP_VARIABLE = "GPURIG_EMULATOR_NODES"
+
+
+def parse_rate(text: str) -> int:
+    """A tc-style rate in bits per second: ``1gbit``, ``10gbit``, ``100mbit``.
+
+    >>> parse_rate("1gbit"), parse_rate("100mbit")
+    (1000000000, 100000000)
+    """
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?)bit", text.strip().lower())
+    if not match:
+        raise UsageError(f"--rate {text!r}: use a tc rate such as 1gbit, 10gbit or 100mbit")
+    return int(float(match.group(1)) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[match.group(2)])
+
+
+def unavailable() -> str | None:
+    """Why namespaces cannot be used here, or None when they can.
+
+    >>> unavailable() in (None,) or isinstance(unavailable(), str)
+    True
+    """
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (iproute2 / util-linux)"
+    probe = f"gpurig-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@dataclass
+class Cluster:
+    """``nodes`` namespaces on one subnet, every link limited to ``rate``. Use as a context manager.
+
+    >>> with Cluster(nodes=2, rate="1gbit") as cluster:     # doctest: +SKIP
+    ...     cluster.run(["python", "train.py"], engine="mpi")
+    0
+    """
+
+    nodes: int = 2
+    rate: str = "1gbit"
+    tag: int = field(default_factory=lambda: 20 + os.getpid() % 200)
+    namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def subnet(self) -> str:
+        return f"10.77.{self.tag}.0/24"
+
+    def address(self, k: int) -> str:
+        return f"10.77.{self.tag}.{k + 1}"
+
+    def namespace(self, k: int) -> str:
+        return f"gpurig{self.tag}n{k + 1}"
+
+    @property
+    def hub(self) -> str:
+        return f"gpurig{self.tag}hub"
+
+    def node_map(self) -> dict:
+        """address → (namespace, hostname), what the rsh agent needs to reach a node."""
+        return {self.address(k): [self.namespace(k), f"node{k + 1}"] for k in range(self.nodes)}
+
+    # -- bring up, tear down ------------------------------------------------------
+    def __enter__(self) -> "Cluster":
+        if self.nodes < 2:
+            raise UsageError(f"--nodes must be at least 2, got {self.nodes}")
+        reason = unavailable()
+        if reason:
+            raise UsageError(f"cannot emulate nodes here: {reason}")
+        try:
+            self._up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def _ip(self, *args: str) -> None:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+    def _limit(self, namespace: str, device: str) -> None:
+        bits = parse_rate(self.rate)
+        burst = max(256 * 1024, bits // 8 // 100)  # at least 10 ms of traffic, or tbf cannot reach the rate
+        self._ip("netns", "exec", namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate",
+                 str(bits), "burst", str(burst), "latency", "50ms")
+
+    def _up(self) -> None:
+        for k in range(self.nodes):
+            self._ip("netns", "add", self.namespace(k))
+            self.namespaces.append(self.namespace(k))
+            self._ip("-n", self.namespace(k), "link", "set", "lo", "up")
+        if self.nodes == 2:
+            a, b = self.namespace(0), self.namespace(1)
+            self._ip("link", "add", IFACE, "netns", a, "type", "veth", "peer", "name", IFACE, "netns", b)
+        else:
+            self._ip("netns", "add", self.hub)
+            self.namespaces.append(self.hub)
+            self._ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+            self._ip("-n", self.hub, "link", "set", "br0", "up")
+            for k in range(self.nodes):
+                port = f"v{k + 1}"
+                self._ip("link", "add", IFACE, "netns", self.namespace(k), "type", "veth", "peer", "name", port,
+                         "netns", self.hub)
+                self._ip("-n", self.hub, "link", "set", port, "master", "br0")
+                self._ip("-n", self.hub, "link", "set", port, "up")
+                self._limit(self.hub, port)  # traffic towards node k
+        for k in range(self.nodes):
+            ns = self.namespace(k)
+            self._ip("-n", ns, "addr", "add", f"{self.address(k)}/24", "dev", IFACE)
+            self._ip("-n", ns, "link", "set", IFACE, "up")
+            self._limit(ns, IFACE)  # traffic from node k
+
+    def down(self) -> None:
+        """Delete every namespace this cluster made (their links go with them)."""
+        for ns in reversed(self.namespaces):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.namespaces.clear()
+
+    # -- run a job ---------------------------------------------------------------------
+    def enter(self, k: int) -> list[str]:
+        """The command prefix that runs a program as node k (its namespace and hostname)."""
+        return [sys.executable, "-m", "gpurig.launch.emulator", "enter", self.namespace(k), f"node{k + 1}", "--"]
+
+    def run(self, command: list[str], engine: str = "mpi", ranks_per_node: int = 1, env: dict | None = None) -> int:
+        """Run ``command`` on every node (``ranks_per_node`` each); return the job's exit code."""
+        env = {**(os.environ if env is None else env), MAP_VARIABLE: json.dumps(self.node_map()),
+               "GLOO_SOCKET_IFNAME": IFACE}
+        nprocs = self.nodes * ranks_per_node
+        if engine == "mpi":
+            hosts = ",".join(f"{self.address(k)}:{ranks_per_node}" for k in range(self.nodes))
+            agent = f"{sys.executable} -m gpurig.launch.emulator agent"
+            mpi_args = (f"--mca plm_rsh_agent {shlex.quote(agent)} --mca btl tcp,self "
+                        f"--mca btl_tcp_if_include {self.subnet} --mca oob_tcp_if_include {self.subnet} "
+                        # Open MPI's default allreduce reaches 0.31 of a link on 3 nodes, its ring 0.85
+                        "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4")
+            line = self.enter(0) + [sys.executable, "-m", "gpurig", "run", "-n", str(nprocs), "--hosts", hosts,
+                                    "--mpi-args", mpi_args, "--", *command]
+            return subprocess.run(line, env=env).returncode
+        from gpurig.launch.local import run_local
+        from gpurig.launch.job import summary
+
+        task_envs = []
+        for rank in range(nprocs):
+            task_envs.append({**env, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(nprocs), "SLURM_STEP_ID": "0",
+                              "SLURM_STEP_NUM_TASKS": str(nprocs), "SLURM_NODEID": str(rank // ranks_per_node),
+                              "SLURM_LOCALID": str(rank % ranks_per_node), "SLURM_TASKS_PER_NODE": str(ranks_per_node),
+                              "SLURM_JOB_NODELIST": self.address(0), "SLURM_JOB_ID": str(self.tag),
+                              "MASTER_ADDR": self.address(0), "RANK": str(rank),
+                              "GPURIG_EMULATOR_NODE": str(rank // ranks_per_node)})
+        tasks = [sys.executable, "-m", "gpurig.launch.emulator", "task", "--", sys.executable, "-m", "gpurig", "run",
+                 "--engine", "torch", "--", *command]
+        failure = run_local(tasks, task_envs)
+        if failure is None:
+            return 0
+        print(summary(failure, nprocs - 1), file=sys.stderr, flush=True)
+        return failure.exit_code
+
+
+def _exec_in(namespace: str, hostname: str, command: list[str]) -> None:
+    inner = f"hostname {shlex.quote(hostname)} && exec \"$@\""
+    os.execvp("ip", ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c", inner, "sh", *command])
+
+
+def main(argv: list[str]) -> int:
+    """``enter NS HOST -- CMD`` · ``task -- CMD`` (node from the environment) · ``agent [opts] ADDRESS CMD`` (mpirun's rsh)."""
+    if argv[:1] == ["enter"] and len(argv) > 4 and argv[3] == "--":
+        _exec_in(argv[1], argv[2], argv[4:])
+    if argv[:2] == ["task", "--"]:
+        nodes = json.loads(os.environ[MAP_VARIABLE])
+        namespace, hostname = list(nodes.values())[int(os.environ["GPURIG_EMULATOR_NODE"])]
+        _exec_in(namespace, hostname, argv[2:])
+    if argv[:1] == ["agent"]:
+        args = argv[1:]
+        while args and args[0].startswith("-"):  # ssh options mpirun adds
+            args = args[1:]
+        address, remote = args[0], " ".join(args[1:])
+        namespace, hostname = json.loads(os.environ[MAP_VARIABLE])[address]
+        _exec_in(namespace, hostname, ["sh", "-c", remote])
+    print(main.__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

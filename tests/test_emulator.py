@@ -1,0 +1,72 @@
+"""Emulated nodes: namespaces, a real rate limit, both engines, clean teardown after failures."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import gpurig
+from gpurig.launch.emulator import unavailable
+
+REASON = unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
+
+# 8 MB allreduced between 2 nodes moves 8 MB each way: at 100 Mbit/s that takes at least 0.64 s.
+PROBE = """
+import socket, time, torch, gpurig
+c = gpurig.init()
+t = torch.ones(2_000_000)
+c.allreduce(t.clone())
+start = time.perf_counter(); c.allreduce(t, op="sum"); seconds = time.perf_counter() - start
+print(f"RESULT {c.rank} {socket.gethostname()} {t[0].item():.0f} {seconds:.3f}", flush=True)
+"""
+
+
+def our_namespaces() -> list[str]:
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in listing.splitlines() if line.startswith("gpurig")]
+
+
+def results(stdout: str) -> list[list[str]]:
+    return sorted(line.split()[1:] for line in stdout.splitlines() if line.startswith("RESULT"))
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_two_nodes_behind_a_100_mbit_link(engine):
+    done = gpurig("emulate", "--nodes", 2, "--rate", "100mbit", "--engine", engine, "--",
+                  sys.executable, "-c", PROBE, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = results(done.stdout)
+    assert [(r[0], r[1], r[2]) for r in rows] == [("0", "node1", "2"), ("1", "node2", "2")]
+    assert all(float(r[3]) >= 0.6 for r in rows), rows  # the link, not loopback (which takes ~10 ms)
+    assert our_namespaces() == []
+
+
+def test_three_nodes_through_a_bridge_two_ranks_each():
+    done = gpurig("emulate", "--nodes", 3, "--ranks-per-node", 2, "--rate", "1gbit", "--",
+                  sys.executable, "-c", PROBE, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = results(done.stdout)
+    assert [r[1] for r in rows] == ["node1", "node1", "node2", "node2", "node3", "node3"]
+    assert all(r[2] == "6" for r in rows)
+    assert our_namespaces() == []
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_a_failing_rank_ends_the_job_and_the_network_goes(engine):
+    script = "import gpurig, sys, time; c = gpurig.init(); c.barrier()\nif c.rank == 1: sys.exit(3)\nc.barrier(); time.sleep(600)"
+    done = gpurig("emulate", "--nodes", 2, "--engine", engine, "--", sys.executable, "-c", script, timeout=90)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "rank 1" in done.stderr.strip().splitlines()[-1]
+    assert our_namespaces() == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nodes", "1", "--", "true"], "--nodes must be at least 2"),
+    (["--rate", "fast", "--", "true"], "use a tc rate"),
+    (["--engine", "nccl", "--", "true"], "unknown engine"),
+    ([], "no command to run"),
+])
+def test_bad_input(args, message):
+    done = gpurig("emulate", *args, timeout=30)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
