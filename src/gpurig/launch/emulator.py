@@ -163,9 +163,11 @@ class Cluster:
 
     def run(self, command: list[str], engine: str = "mpi", ranks_per_node: int = 1, env: dict | None = None) -> int:
         """Run ``command`` on every node (``ranks_per_node`` each); return the job's exit code."""
+        nprocs = self.nodes * ranks_per_node
         env = {**(os.environ if env is None else env), MAP_VARIABLE: json.dumps(self.node_map()),
                "GLOO_SOCKET_IFNAME": IFACE}
-        nprocs = self.nodes * ranks_per_node
+        # All "nodes" share this machine's cores: more threads than cores makes OpenMP spin against itself.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
         if engine == "mpi":
             hosts = ",".join(f"{self.address(k)}:{ranks_per_node}" for k in range(self.nodes))
             agent = f"{sys.executable} -m gpurig.launch.emulator agent"

@@ -1,0 +1,79 @@
+"""Gradient compression over a slow network: step throughput per codec, on emulated nodes.
+
+Runs inside ``gpurig.launch.emulator.Cluster`` (network namespaces, links limited
+with tc): one rank per node, the source's 784-1200-1200-10 MLP, one
+``DataParallel`` per codec, one step of each per round in a rotating order.
+Bytes sent are read from the node's interface counters (what really left the
+namespace), not computed.
+
+    python benchmarks/run_all.py --only compression
+"""
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+import gpurig
+from gpurig import models
+
+CODECS = ["none", "fp16", "int8", "int8-dynamic"]
+
+
+def tx_bytes() -> int:
+    with open("/sys/class/net/eth1/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--per-rank-batch", type=int, default=64)
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    comm = gpurig.init()
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(comm.rank)
+    x = torch.randn(args.per_rank_batch, 784, generator=g)
+    y = torch.randint(0, 10, (args.per_rank_batch,), generator=g)
+    variants = {}
+    for name in CODECS:
+        torch.manual_seed(0)
+        model = gpurig.DataParallel(models.mlp(), compression=name, bucket_cap_mb=args.bucket_mb)
+        variants[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+    times = {name: [] for name in CODECS}
+    sent = {name: [] for name in CODECS}
+    for rnd in range(args.warmup + args.rounds):
+        order = CODECS[rnd % len(CODECS):] + CODECS[: rnd % len(CODECS)]
+        for name in order:
+            model, opt = variants[name]
+            comm.barrier()
+            before, start = tx_bytes(), time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            elapsed, after = time.perf_counter() - start, tx_bytes()
+            if rnd >= args.warmup:
+                times[name].append(elapsed)
+                sent[name].append(after - before)
+    slowest = comm.allreduce(torch.tensor([sorted(times[n])[len(times[n]) // 2] for n in CODECS],
+                                          dtype=torch.float64), op="sum") / comm.size
+    if comm.rank == 0:
+        result = {"ranks": comm.size, "per_rank_batch": args.per_rank_batch, "engine": comm.engine_name, "codecs": {}}
+        for i, name in enumerate(CODECS):
+            step = slowest[i].item()
+            result["codecs"][name] = {
+                "step_ms": 1000 * step, "samples_per_s": comm.size * args.per_rank_batch / step,
+                "bytes_sent_per_step": sorted(sent[name])[len(sent[name]) // 2],
+                "bytes_computed_per_step": variants[name][0].stats.bytes_sent // variants[name][0].stats.steps,
+            }
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
