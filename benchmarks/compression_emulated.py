@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import gpurig
 from gpurig import models
 
-CODECS = ["none", "fp16", "int8", "int8-dynamic"]
+CODECS = ["none", "fp16", "int8", "int8-dynamic", "auto"]
 
 
 def tx_bytes() -> int:
@@ -30,7 +30,7 @@ def tx_bytes() -> int:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=8)  # auto decides after 6 steps
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--out", required=True)
@@ -70,6 +70,7 @@ def main():
                 "step_ms": 1000 * step, "samples_per_s": comm.size * args.per_rank_batch / step,
                 "bytes_sent_per_step": sorted(sent[name])[len(sent[name]) // 2],
                 "bytes_computed_per_step": variants[name][0].stats.bytes_sent // variants[name][0].stats.steps,
+                "auto_choice": (variants[name][0].auto_choice or {}).get("codec"),
             }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

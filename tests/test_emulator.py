@@ -1,5 +1,6 @@
 """Emulated nodes: namespaces, a real rate limit, both engines, clean teardown after failures."""
 
+import json
 import subprocess
 import sys
 
@@ -70,3 +71,13 @@ def test_a_failing_rank_ends_the_job_and_the_network_goes(engine):
 def test_bad_input(args, message):
     done = gpurig("emulate", *args, timeout=30)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_auto_compression_turns_on_behind_a_slow_link(tmp_path):
+    done = gpurig("emulate", "--nodes", 2, "--rate", "100mbit", "--", sys.executable, "-m", "gpurig", "train",
+                  "--epochs", 1, "--json", "--checkpoint-dir", tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    choice = summary["compression_choice"]
+    assert choice["codec"] == "int8", choice  # a quarter of the bytes wins when the link is the bottleneck
+    assert summary["test_accuracy"] > 0.8

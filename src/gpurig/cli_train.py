@@ -42,9 +42,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed for initial weights and data order")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MB (default 25)")
-    p.add_argument("--compression", default="none",
-                   help="gradient compression: none (default), fp16, bf16, int8, int8-dynamic "
-                        "(8-bit with error feedback: 4x fewer bytes on the wire)")
+    p.add_argument("--compression", default="auto",
+                   help="gradient compression: auto (default: measure the first steps, compress only when the "
+                        "network is the bottleneck), none, fp16, bf16, int8, int8-dynamic (8 bits with error "
+                        "feedback: 4x fewer bytes on the wire)")
     p.add_argument("--checkpoint-dir", default="runs/train", help="where checkpoint.pt is written each epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")
@@ -71,7 +72,7 @@ def run(args) -> int:
         done = [e for e in events if e["event"] == "done"]
         if code == 0 and done:
             print(json.dumps({k: v for k, v in done[-1].items() if k != "event"}, indent=2))
-        return code or (0 if done else 1)
+        return code
     view = _TrainView()
     try:
         code, events = launch_training(config, on_event=view.update)

@@ -48,7 +48,7 @@ class TrainConfig:
     hosts: str | None = None
     mpi_args: str = ""
     bucket_mb: float = 25.0
-    compression: str = "none"
+    compression: str = "auto"
     checkpoint_dir: str = "runs/train"
     resume: bool = False
     events: str | None = None
@@ -91,8 +91,8 @@ def validate(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
     from gpurig.parallel import codecs
 
-    if config.compression not in codecs.CODECS:
-        raise UsageError(f"unknown compression {config.compression!r}; choose one of: {', '.join(codecs.CODECS)}")
+    if config.compression not in (*codecs.CODECS, "auto"):
+        raise UsageError(f"unknown compression {config.compression!r}; choose one of: auto, {', '.join(codecs.CODECS)}")
     if not config.bucket_mb > 0:
         raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
     if config.resume and not config.checkpoint_path.is_file():
@@ -257,7 +257,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         start_epoch, history = state["epoch"], list(state["history"])
     dp = gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression)
-    if config.resume and dp.codec is not None:
+    keeps_feedback = dp.codec is not None or dp.auto
+    if config.resume and keeps_feedback:
         dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
     batches = gpurig.shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed)
@@ -297,7 +298,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             **split_across_ranks(everyone, steps),
         }
         history.append(record)
-        if dp.codec is not None:  # every rank's residuals first, then the checkpoint that points at them
+        if dp.codec is not None or dp.auto:  # every rank's residuals first, then the checkpoint that points at them
             checkpoint.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
             comm.barrier()
         if comm.rank == 0:
@@ -305,14 +306,15 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                 "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
             })
-        if dp.codec is not None:  # the new checkpoint is on disk: the previous residuals are no longer needed
+        if dp.codec is not None or dp.auto:  # the new checkpoint is on disk: the previous residuals can go
             comm.barrier()
             config.feedback_path(comm.rank, epoch).unlink(missing_ok=True)
         events.emit("epoch", **record)
 
     summary = {
         "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
-        "engine": comm.engine_name, "compression": config.compression, "bytes_sent_per_step": dp.stats.bytes_sent // max(dp.stats.steps, 1),
+        "engine": comm.engine_name, "compression": config.compression, "compression_choice": dp.auto_choice,
+        "bytes_sent_per_step": dp.stats.bytes_sent // max(dp.stats.steps, 1),
         "global_batch": config.global_batch, "per_rank_batch": config.global_batch // comm.size,
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
         "checkpoint": str(config.checkpoint_path),

@@ -22,6 +22,9 @@ from gpurig.parallel import codecs
 from gpurig.parallel.compression import FeedbackState, compressed_average
 
 DEFAULT_BUCKET_MB = 25.0
+AUTO_CODECS = ("fp16", "int8")  # what compression="auto" chooses among, besides none
+AUTO_CALIBRATION_STEPS = 6      # uncompressed steps measured before choosing (the first is warm-up)
+AUTO_MARGIN = 0.8               # compress only when that is predicted to cut the exposed wait by 20 %
 FIRST_BUCKET_MB = 1.0  # the last layers' gradients leave early, as in PyTorch DDP
 
 
@@ -170,7 +173,9 @@ class DataParallel(torch.nn.Module):
 
     ``compression`` (``"none"``, ``"fp16"``, ``"bf16"``, ``"int8"``,
     ``"int8-dynamic"``) sends float32 gradients compressed, as a reduce-scatter
-    and allgather of compressed chunks with error feedback.
+    and allgather of compressed chunks with error feedback. ``"auto"`` measures
+    the first steps uncompressed, then compresses only if the measured wait for
+    the network outweighs what encoding costs on this CPU (see :meth:`_choose_codec`).
     """
 
     def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
@@ -179,8 +184,11 @@ class DataParallel(torch.nn.Module):
         super().__init__()
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-        codec = codecs.get(compression)
+        self.auto = compression == "auto"
+        self.auto_choice: dict | None = None
+        codec = codecs.get("none" if self.auto else compression)
         self.codec = codec if codec.name != "none" else None
+        self._calibration: list[float] = []
         self.module = module
         self.comm = comm or comm_mod.current()
         self.broadcast_buffers = broadcast_buffers
@@ -203,7 +211,7 @@ class DataParallel(torch.nn.Module):
             for p in params:
                 offsets.append(total)
                 total += p.numel()
-            if self.codec is not None and params[0].dtype != torch.float32:
+            if (self.codec is not None or self.auto) and params[0].dtype != torch.float32:
                 raise ValueError(f"compression {compression!r} needs float32 parameters, got {params[0].dtype}")
             feedback = FeedbackState() if self.codec is not None else None
             self.buckets.append(Bucket(params, params[0].new_zeros(total), offsets, feedback=feedback))
@@ -296,6 +304,43 @@ class DataParallel(torch.nn.Module):
         self.stats.steps += 1
         self.stats.exposed_s += waited
         self.stats.last_exposed_s = waited
+        if self.auto and self.auto_choice is None:
+            self._calibration.append(waited)
+            if len(self._calibration) == AUTO_CALIBRATION_STEPS:
+                self._choose_codec()
+
+    def _choose_codec(self) -> None:
+        """Pick the codec for the rest of the run from what the first steps measured.
+
+        The exposed wait E (median over the calibration steps, averaged over
+        ranks) is what the network costs now. A codec that sends a fraction f of
+        the bytes is predicted to cost f·E plus its encode and decode time on
+        this CPU (measured here, twice: the chunks and the average are both
+        compressed). The cheapest wins; no compression unless it saves 20 %.
+        """
+        exposed = sorted(self._calibration[1:])[len(self._calibration[1:]) // 2]
+        total = sum(b.flat.numel() for b in self.buckets)
+        sample = torch.randn(total)
+        costs = []
+        for name in AUTO_CODECS:
+            codec = codecs.get(name)
+            start = time.perf_counter()
+            codec.decode(codec.encode(sample), total)
+            costs.append(2 * (time.perf_counter() - start))
+        measured = self.comm.allreduce(torch.tensor([exposed, *costs], dtype=torch.float64))
+        exposed, costs = measured[0].item(), measured[1:].tolist()
+        predicted = {name: exposed * codecs.get(name).bits_per_value / 32 + cost
+                     for name, cost in zip(AUTO_CODECS, costs)}
+        best = min(predicted, key=predicted.get)
+        choice = best if predicted[best] < AUTO_MARGIN * exposed else "none"
+        self.auto_choice = {"codec": choice, "exposed_ms": 1000 * exposed,
+                            "predicted_ms": {k: 1000 * v for k, v in predicted.items()}}
+        self._use_codec(choice)
+
+    def _use_codec(self, name: str) -> None:
+        self.codec = None if name == "none" else codecs.get(name)
+        for bucket in self.buckets:
+            bucket.feedback = FeedbackState() if self.codec is not None else None
 
     # -- conveniences users of DDP expect ---------------------------------
     def state_dict(self, *args, **kwargs):
@@ -311,12 +356,18 @@ class DataParallel(torch.nn.Module):
         >>> torch.save(model.compression_state_dict(), f"ef-rank{comm.rank}.pt")   # doctest: +SKIP
         """
         if self.codec is None:
-            return {"codec": "none", "buckets": []}
-        return {"codec": self.codec.name, "ranks": self.comm.size,
+            return {"codec": "none", "ranks": self.comm.size, "buckets": [], "auto_choice": self.auto_choice}
+        return {"codec": self.codec.name, "ranks": self.comm.size, "auto_choice": self.auto_choice,
                 "buckets": [{"sent": b.feedback.sent, "owned": b.feedback.owned} for b in self.buckets]}
 
     def load_compression_state_dict(self, state: dict) -> None:
-        """Restore residuals saved by :meth:`compression_state_dict` (same codec, buckets and rank count)."""
+        """Restore residuals saved by :meth:`compression_state_dict` (same codec, buckets and rank count).
+
+        With ``compression="auto"`` the saved codec is adopted as the choice already made.
+        """
+        if self.auto and state.get("auto_choice"):
+            self.auto_choice = state["auto_choice"]
+            self._use_codec(state["codec"])
         expected = (self.codec.name if self.codec else "none", len(self.buckets) if self.codec else 0)
         found = (state["codec"], len(state["buckets"]))
         if found != expected or (self.codec and state.get("ranks") != self.comm.size):
