@@ -71,6 +71,7 @@ def main():
                 "bytes_sent_per_step": sorted(sent[name])[len(sent[name]) // 2],
                 "bytes_computed_per_step": variants[name][0].stats.bytes_sent // variants[name][0].stats.steps,
                 "auto_choice": (variants[name][0].auto_choice or {}).get("codec"),
+                "auto_reasoning": variants[name][0].auto_choice,
             }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
