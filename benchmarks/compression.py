@@ -36,6 +36,8 @@ def codec_table() -> None:
     for col in ("codec", "wire MB", "encode ms", "decode ms", "GB/s", "of memcpy"):
         table.add_column(col, justify="right")
     for name, row in result["codecs"].items():
+        if name == "none":
+            continue
         table.add_row(name, f"{row['wire_bytes'] / 1e6:.2f}", f"{row['encode_ms']:.1f}", f"{row['decode_ms']:.1f}",
                       f"{row['gb_per_s']:.2f}", f"{row['fraction_of_memcpy']:.1%}")
     console.print(table)
