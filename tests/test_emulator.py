@@ -81,3 +81,14 @@ def test_auto_compression_turns_on_behind_a_slow_link(tmp_path):
     choice = summary["compression_choice"]
     assert choice["codec"] == "int8", choice  # a quarter of the bytes wins when the link is the bottleneck
     assert summary["test_accuracy"] > 0.8
+
+
+def test_namespaces_of_a_killed_emulator_are_swept():
+    from gpurig.launch.emulator import Cluster, remove_orphans
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = Cluster(nodes=2, rate="1gbit", owner=int(dead.stdout))  # as if that process had been SIGKILLed
+    orphan._up()
+    assert len(our_namespaces()) == 2
+    assert sorted(remove_orphans()) == sorted(orphan.namespaces)
+    assert our_namespaces() == []

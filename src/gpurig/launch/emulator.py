@@ -10,8 +10,9 @@ no netem, so no added latency). Ranks start inside the namespaces:
 - MPI: ``gpurig run`` runs inside the first node, mpirun reaching the others
   through an rsh agent that enters their namespace (``python -m
   gpurig.launch.emulator agent``), over TCP on the emulated subnet only;
-- torch.distributed: one rank per task, as under SLURM, rendezvous at the first
-  node, Gloo bound to the emulated interface.
+- torch.distributed: ranks spawned and watched here (as ``gpurig run`` does),
+  each entering its node; rendezvous at the first node, Gloo bound to the
+  emulated interface.
 
 Everything is removed again on exit, also after a failure or Ctrl-C.
 """
@@ -25,6 +26,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 from gpurig.errors import UsageError
@@ -75,8 +77,12 @@ class Cluster:
 
     nodes: int = 2
     rate: str = "1gbit"
-    tag: int = field(default_factory=lambda: 20 + os.getpid() % 200)
+    owner: int = field(default_factory=os.getpid)
     namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def tag(self) -> int:
+        return 20 + self.owner % 200
 
     @property
     def subnet(self) -> str:
@@ -86,11 +92,11 @@ class Cluster:
         return f"10.77.{self.tag}.{k + 1}"
 
     def namespace(self, k: int) -> str:
-        return f"gpurig{self.tag}n{k + 1}"
+        return f"gpurig{self.owner}n{k + 1}"
 
     @property
     def hub(self) -> str:
-        return f"gpurig{self.tag}hub"
+        return f"gpurig{self.owner}hub"
 
     def node_map(self) -> dict:
         """address → (namespace, hostname), what the rsh agent needs to reach a node."""
@@ -103,6 +109,7 @@ class Cluster:
         reason = unavailable()
         if reason:
             raise UsageError(f"cannot emulate nodes here: {reason}")
+        remove_orphans()
         try:
             self._up()
         except BaseException:
@@ -178,24 +185,46 @@ class Cluster:
             line = self.enter(0) + [sys.executable, "-m", "gpurig", "run", "-n", str(nprocs), "--hosts", hosts,
                                     "--mpi-args", mpi_args, "--", *command]
             return subprocess.run(line, env=env).returncode
-        from gpurig.launch.local import run_local
-        from gpurig.launch.job import summary
+        return self._run_torch(command, nprocs, ranks_per_node, env)
 
-        task_envs = []
-        for rank in range(nprocs):
-            task_envs.append({**env, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(nprocs), "SLURM_STEP_ID": "0",
-                              "SLURM_STEP_NUM_TASKS": str(nprocs), "SLURM_NODEID": str(rank // ranks_per_node),
-                              "SLURM_LOCALID": str(rank % ranks_per_node), "SLURM_TASKS_PER_NODE": str(ranks_per_node),
-                              "SLURM_JOB_NODELIST": self.address(0), "SLURM_JOB_ID": str(self.tag),
-                              "MASTER_ADDR": self.address(0), "RANK": str(rank),
-                              "GPURIG_EMULATOR_NODE": str(rank // ranks_per_node)})
-        tasks = [sys.executable, "-m", "gpurig.launch.emulator", "task", "--", sys.executable, "-m", "gpurig", "run",
-                 "--engine", "torch", "--", *command]
-        failure = run_local(tasks, task_envs)
-        if failure is None:
-            return 0
+    def _run_torch(self, command: list[str], nprocs: int, ranks_per_node: int, env: dict) -> int:
+        """torch ranks, spawned and watched here, each entering its node; the first failure is named."""
+        from gpurig.launch.job import summary
+        from gpurig.launch.local import run_local
+        from gpurig.launch.processes import as_rank_program
+        from gpurig.launch.rank_env import rank_path
+        from gpurig.launch.status import STATUS_DIR_VARIABLE, first_failure
+
+        program = [sys.executable, "-m", "gpurig.launch.emulator", "task", "--",
+                   *as_rank_program(command, rank_path(env))]
+        with tempfile.TemporaryDirectory(prefix="gpurig-emulate-") as status_dir:  # one filesystem for all nodes
+            rank_envs = [{**env, "GPURIG_ENGINE": "torch", "RANK": str(rank), "WORLD_SIZE": str(nprocs),
+                          "LOCAL_RANK": str(rank % ranks_per_node), "LOCAL_WORLD_SIZE": str(ranks_per_node),
+                          "MASTER_ADDR": self.address(0), "MASTER_PORT": "29500", "PATH": rank_path(env),
+                          STATUS_DIR_VARIABLE: status_dir, "GPURIG_EMULATOR_NODE": str(rank // ranks_per_node)}
+                         for rank in range(nprocs)]
+            failure = run_local(program, rank_envs)
+            if failure is None:
+                return 0
+            failure = first_failure(status_dir) or failure
         print(summary(failure, nprocs - 1), file=sys.stderr, flush=True)
         return failure.exit_code
+
+
+def remove_orphans() -> list[str]:
+    """Delete namespaces left by emulators that were killed before they could clean up; return their names.
+
+    >>> isinstance(remove_orphans(), list)     # doctest: +SKIP
+    True
+    """
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    removed = []
+    for name in (line.split()[0] for line in listing.splitlines() if line.strip()):
+        match = re.fullmatch(r"gpurig(\d+)(n\d+|hub)", name)
+        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            removed.append(name)
+    return removed
 
 
 def _exec_in(namespace: str, hostname: str, command: list[str]) -> None:
