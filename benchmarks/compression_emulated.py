@@ -32,7 +32,7 @@ def main():
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--warmup", type=int, default=8)  # auto decides after 6 steps
     p.add_argument("--per-rank-batch", type=int, default=64)
-    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--bucket-mb", type=float, default=None, help="default: DataParallel's (25 MB, 4 MB compressed)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     comm = gpurig.init()

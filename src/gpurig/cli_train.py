@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed for initial weights and data order")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MB (default 25)")
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help="gradient bucket size in MB (default 25; 4 when gradients are compressed)")
     p.add_argument("--compression", default="auto",
                    help="gradient compression: auto (default: measure the first steps, compress only when the "
                         "network is the bottleneck), none, fp16, bf16, int8, int8-dynamic (8 bits with error "

@@ -47,7 +47,7 @@ class TrainConfig:
     engine: str = "mpi"
     hosts: str | None = None
     mpi_args: str = ""
-    bucket_mb: float = 25.0
+    bucket_mb: float | None = None
     compression: str = "auto"
     checkpoint_dir: str = "runs/train"
     resume: bool = False
@@ -93,7 +93,7 @@ def validate(config: TrainConfig, nprocs: int) -> None:
 
     if config.compression not in (*codecs.CODECS, "auto"):
         raise UsageError(f"unknown compression {config.compression!r}; choose one of: auto, {', '.join(codecs.CODECS)}")
-    if not config.bucket_mb > 0:
+    if config.bucket_mb is not None and not config.bucket_mb > 0:
         raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
     if config.resume and not config.checkpoint_path.is_file():
         raise UsageError(f"--resume: no checkpoint at {config.checkpoint_path}")

@@ -22,6 +22,7 @@ from gpurig.parallel import codecs
 from gpurig.parallel.compression import FeedbackState, compressed_average
 
 DEFAULT_BUCKET_MB = 25.0
+COMPRESSED_BUCKET_MB = 4.0  # compressed buckets are cheap to send: smaller ones start travelling during backward
 AUTO_CODECS = ("fp16", "int8")  # what compression="auto" chooses among, besides none
 AUTO_CALIBRATION_STEPS = 6      # uncompressed steps measured before choosing (the first is warm-up)
 AUTO_MARGIN = 0.8               # compress only when that is predicted to cut the exposed wait by 20 %
@@ -179,10 +180,10 @@ class DataParallel(torch.nn.Module):
     """
 
     def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, broadcast_buffers: bool = True,
+                 bucket_cap_mb: float | None = None, broadcast_buffers: bool = True,
                  compression: str = "none"):
         super().__init__()
-        if bucket_cap_mb <= 0:
+        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         self.auto = compression == "auto"
         self.auto_choice: dict | None = None
@@ -202,22 +203,28 @@ class DataParallel(torch.nn.Module):
             _broadcast_tensors(self.comm, [p.data for p in module.parameters()] + list(module.buffers()))
 
         self._params = [p for p in module.parameters() if p.requires_grad]
+        if (self.codec is not None or self.auto) and any(p.dtype != torch.float32 for p in self._params):
+            raise ValueError(f"compression {compression!r} needs float32 parameters")
+        self._bucket_cap_mb = bucket_cap_mb
+        self._build_buckets()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
+
+    def _build_buckets(self) -> None:
+        """Group the parameters into buckets: ``bucket_cap_mb``, else 25 MB, or 4 MB when compressing."""
+        cap_mb = self._bucket_cap_mb or (DEFAULT_BUCKET_MB if self.codec is None else COMPRESSED_BUCKET_MB)
         self.buckets: list[Bucket] = []
         self._bucket_of: dict[int, int] = {}
-        caps = int(bucket_cap_mb * 2**20), int(FIRST_BUCKET_MB * 2**20)
+        caps = int(cap_mb * 2**20), int(FIRST_BUCKET_MB * 2**20)
         for b, indices in enumerate(assign_buckets(self._params, *caps)):
             params = [self._params[i] for i in indices]
             offsets, total = [], 0
             for p in params:
                 offsets.append(total)
                 total += p.numel()
-            if (self.codec is not None or self.auto) and params[0].dtype != torch.float32:
-                raise ValueError(f"compression {compression!r} needs float32 parameters, got {params[0].dtype}")
             feedback = FeedbackState() if self.codec is not None else None
             self.buckets.append(Bucket(params, params[0].new_zeros(total), offsets, feedback=feedback))
             for p in params:
                 self._bucket_of[id(p)] = b
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
 
     # -- the training-step machinery ----------------------------------------
     def forward(self, *args, **kwargs):
@@ -341,9 +348,9 @@ class DataParallel(torch.nn.Module):
         self._use_codec(choice)
 
     def _use_codec(self, name: str) -> None:
+        """Switch codec between steps; buckets are rebuilt for it (gradients stay where they are)."""
         self.codec = None if name == "none" else codecs.get(name)
-        for bucket in self.buckets:
-            bucket.feedback = FeedbackState() if self.codec is not None else None
+        self._build_buckets()
 
     # -- conveniences users of DDP expect ---------------------------------
     def state_dict(self, *args, **kwargs):
