@@ -319,8 +319,8 @@ class DataParallel(torch.nn.Module):
     def _choose_codec(self) -> None:
         """Pick the codec for the rest of the run from what the first steps measured.
 
-        The exposed wait E (median over the calibration steps, averaged over
-        ranks) is what the network costs now. A codec that sends a fraction f of
+        The exposed wait E (median over the calibration steps, least over the
+        ranks: the others also waited for the slowest) is what the network costs now. A codec that sends a fraction f of
         the bytes is predicted to cost f·E plus its encode and decode time on
         this CPU (measured here, twice: the chunks and the average are both
         compressed). The cheapest wins; no compression unless it saves 20 %.
@@ -337,8 +337,10 @@ class DataParallel(torch.nn.Module):
                 codec.decode(codec.encode(sample), total)
                 runs.append(time.perf_counter() - start)
             costs.append(2 * min(runs))
-        measured = self.comm.allreduce(torch.tensor([exposed, *costs], dtype=torch.float64))
-        exposed, costs = measured[0].item(), measured[1:].tolist()
+        # The rank that finished backward last waited only for the network; the others also waited
+        # for it. So the least wait over the ranks is the network's share.
+        everyone = self.comm.allgather(torch.tensor([[exposed, *costs]], dtype=torch.float64))
+        exposed, costs = everyone[:, 0].min().item(), everyone[:, 1:].mean(dim=0).tolist()
         predicted = {name: exposed * codecs.get(name).bits_per_value / 32 + cost
                      for name, cost in zip(AUTO_CODECS, costs)}
         best = min(predicted, key=predicted.get)
