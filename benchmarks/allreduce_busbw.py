@@ -1,71 +1,102 @@
 """Allreduce bandwidth of gpurig's Communicator vs the raw engine call, nccl-tests style.
 
-For each message size and each engine (MPI via mpi4py, Gloo via torch.distributed)
-the raw call and ``comm.allreduce(t, op="sum")`` alternate, iteration by
-iteration, so noise hits both alike. Reported: median time, algbw = bytes /
-time, busbw = algbw × 2(n−1)/n (nccl-tests' definitions), and gpurig/raw.
+For each message size (1 KB to 256 MB, fp32, powers of 4) and each engine, the
+raw call and ``comm.allreduce(t, op="sum")`` alternate call by call (the order
+flipping every iteration) on the same tensor, so noise hits both alike:
 
-    gpurig run -n 2 -- python benchmarks/allreduce_busbw.py --out /tmp/busbw.json
+- MPI: ``MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, [t.numpy(), MPI.FLOAT])``, the
+  numpy view made once, outside the timing (the leanest mpi4py call there is);
+- Gloo: ``torch.distributed.all_reduce(t)``.
+
+Reported per size: median time of each, algbw = bytes / time, busbw = algbw ×
+2(n−1)/n (nccl-tests' definitions; for a ring that is what each link carries),
+and gpurig/raw of busbw. Each call is timed on every rank and the slower rank's
+time counts.
+
+    gpurig run -n 2 -- python benchmarks/allreduce_busbw.py --max-mb 16 --out /tmp/busbw.json
 """
 
 import argparse
-import json
+import time
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from engines import both_engines, median, timed
+from common import both_engines, median, slowest_rank, spread, write_result
 
 KB = 1024
 
 
-def iterations(nbytes: int) -> int:
-    """Enough repetitions for a stable median, few for the largest messages."""
-    return max(5, min(200, int(2e8 // max(nbytes, 1))))
+def sizes(max_bytes: int) -> list[int]:
+    """1 KB, 4 KB, … up to ``max_bytes``.
+
+    >>> sizes(64 * 1024)
+    [1024, 4096, 16384, 65536]
+    """
+    out, size = [], KB
+    while size <= max_bytes:
+        out.append(size)
+        size *= 4
+    return out
+
+
+def iterations(nbytes: int, budget_bytes: float) -> int:
+    """Pairs of calls to time: about ``budget_bytes`` of traffic per size, 10 to 400 of them.
+
+    >>> iterations(1024, 2**29), iterations(2**20, 2**29), iterations(256 * 2**20, 2**29)
+    (400, 400, 10)
+    """
+    return max(10, min(400, int(budget_bytes // nbytes)))
+
+
+def timed_pairs(raw, ours, n: int) -> tuple[list[float], list[float]]:
+    """``n`` timings of each function, back to back, alternating which goes first.
+
+    No barrier between calls: the calls themselves keep the ranks in step, and an
+    idle pause before a call (a barrier on the other engine, a sleep) makes the
+    next Gloo call pay for waking its threads, milliseconds on this VM.
+    """
+    times = {raw: [], ours: []}
+    for i in range(n):
+        for fn in ((raw, ours) if i % 2 == 0 else (ours, raw)):
+            start = time.perf_counter()
+            fn()
+            times[fn].append(time.perf_counter() - start)
+    return times[raw], times[ours]
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-mb", type=int, default=256)
+    p.add_argument("--budget-mb", type=float, default=512, help="traffic per size and variant (sets iterations)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     mpi, gloo = both_engines()
-    raw_mpi = MPI.COMM_WORLD
-    sizes = []
-    size = KB
-    while size <= args.max_mb * KB * KB:
-        sizes.append(size)
-        size *= 4
+    world = MPI.COMM_WORLD
+    busbw_factor = 2 * (mpi.size - 1) / mpi.size
+
     rows = []
-    for nbytes in sizes:
-        t = torch.ones(nbytes // 4)
-        raw = {
-            "mpi": lambda: raw_mpi.Allreduce(MPI.IN_PLACE, [t.numpy(), MPI.FLOAT], op=MPI.SUM),
-            "gloo": lambda: dist.all_reduce(t),
+    for nbytes in sizes(args.max_mb * 2**20):
+        t = torch.zeros(nbytes // 4)
+        view = [t.numpy(), MPI.FLOAT]
+        calls = {
+            "mpi": (lambda: world.Allreduce(MPI.IN_PLACE, view, op=MPI.SUM), lambda: mpi.allreduce(t, op="sum")),
+            "gloo": (lambda: dist.all_reduce(t), lambda: gloo.allreduce(t, op="sum")),
         }
-        ours = {"mpi": lambda: mpi.allreduce(t, op="sum"), "gloo": lambda: gloo.allreduce(t, op="sum")}
-        for engine in ("mpi", "gloo"):
-            n = iterations(nbytes)
-            timed(raw[engine], 2)
-            timed(ours[engine], 2)
-            raw_times, our_times = [], []
-            for i in range(n):
-                first, second = (raw, ours) if i % 2 == 0 else (ours, raw)
-                a, b = timed(first[engine], 1)[0], timed(second[engine], 1)[0]
-                raw_times.append(a if first is raw else b)
-                our_times.append(b if first is raw else a)
-            factor = 2 * (mpi.size - 1) / mpi.size
-            row = {"engine": engine, "bytes": nbytes, "iterations": n}
-            for name, times in (("raw", raw_times), ("gpurig", our_times)):
-                seconds = median(times)
-                row[f"{name}_us"] = 1e6 * seconds
-                row[f"{name}_busbw_gbps"] = nbytes / seconds * factor / 1e9
-            row["ratio"] = row["gpurig_busbw_gbps"] / row["raw_busbw_gbps"]
-            rows.append(row)
-    if mpi.rank == 0:
-        with open(args.out, "w") as f:
-            json.dump({"ranks": mpi.size, "rows": rows}, f, indent=2)
+        n = iterations(nbytes, args.budget_mb * 2**20)
+        for engine, (raw, ours) in calls.items():
+            timed_pairs(raw, ours, 3)  # warm-up
+            raw_t, our_t = timed_pairs(raw, ours, n)
+            raw_t, our_t = slowest_rank(mpi, raw_t), slowest_rank(mpi, our_t)
+            raw_s, our_s = median(raw_t), median(our_t)
+            rows.append({"engine": engine, "bytes": nbytes, "iterations": n,
+                         "raw_spread": spread(raw_t), "gpurig_spread": spread(our_t),
+                         "raw_us": 1e6 * raw_s, "gpurig_us": 1e6 * our_s,
+                         "raw_busbw_gbps": nbytes / raw_s * busbw_factor / 1e9,
+                         "gpurig_busbw_gbps": nbytes / our_s * busbw_factor / 1e9,
+                         "ratio": raw_s / our_s})
+    write_result(mpi, args.out, {"ranks": mpi.size, "dtype": "float32", "rows": rows})
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ for name in LOSSY:
 
         g = torch.Generator().manual_seed(7)
         batches = [(torch.randn(24 * P, 20, generator=g), torch.randint(0, 5, (24 * P,), generator=g)) for _ in range(5)]
-        reference, dp = mlp(), gpurig.DataParallel(mlp(), compression=name, bucket_cap_mb=0.004)
+        reference, dp = mlp(), gpurig.DataParallel(mlp(), compression=name, bucket_cap_mb=0.001)
         opt_ref, opt = torch.optim.SGD(reference.parameters(), lr=0.1), torch.optim.SGD(dp.parameters(), lr=0.1)
         for x, y in batches:
             opt_ref.zero_grad()

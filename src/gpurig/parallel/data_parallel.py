@@ -26,7 +26,7 @@ COMPRESSED_BUCKET_MB = 4.0  # compressed buckets are cheap to send: smaller ones
 AUTO_CODECS = ("fp16", "int8")  # what compression="auto" chooses among, besides none
 AUTO_CALIBRATION_STEPS = 6      # uncompressed steps measured before choosing (the first is warm-up)
 AUTO_MARGIN = 0.8               # compress only when that is predicted to cut the exposed wait by 20 %
-FIRST_BUCKET_MB = 1.0  # the last layers' gradients leave early, as in PyTorch DDP
+FIRST_BUCKET_MB = 1.0  # the last layers' gradients leave early (DDP's first bucket)
 
 
 class ModelMismatchError(ValueError):
@@ -64,13 +64,14 @@ class CommStats:
 
 
 def assign_buckets(params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: int | None = None) -> list[list[int]]:
-    """Group parameter indices into buckets of at most ``cap_bytes``, in reverse order.
+    """Group parameter indices into buckets of about ``cap_bytes``, in reverse order.
 
     Backward produces the last layer's gradients first, so buckets start from the
-    end of the parameter list, and the first bucket is capped at
-    ``first_cap_bytes`` so that communication starts early (as PyTorch DDP does).
-    A bucket never mixes dtypes or devices; a parameter larger than the cap gets
-    a bucket of its own.
+    end of the parameter list. As in PyTorch DDP, a parameter joins the open
+    bucket and the bucket closes once it holds ``cap_bytes`` or more (the first
+    one at ``first_cap_bytes``), so small biases ride along with their weights
+    instead of costing a collective of their own. A bucket never mixes dtypes or
+    devices.
 
     >>> ps = [torch.zeros(10), torch.zeros(10), torch.zeros(1000)]
     >>> assign_buckets(ps, cap_bytes=100)
@@ -83,14 +84,15 @@ def assign_buckets(params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: 
     size = 0
     for index in reversed(range(len(params))):
         p = params[index]
-        nbytes = p.numel() * p.element_size()
-        cap = cap_bytes if buckets or first_cap_bytes is None else min(cap_bytes, first_cap_bytes)
-        same_kind = not current or (params[current[0]].dtype, params[current[0]].device) == (p.dtype, p.device)
-        if current and (size + nbytes > cap or not same_kind):
+        if current and (params[current[0]].dtype, params[current[0]].device) != (p.dtype, p.device):
             buckets.append(current)
             current, size = [], 0
         current.append(index)
-        size += nbytes
+        size += p.numel() * p.element_size()
+        cap = cap_bytes if buckets or first_cap_bytes is None else min(cap_bytes, first_cap_bytes)
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
     if current:
         buckets.append(current)
     return buckets
