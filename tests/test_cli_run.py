@@ -217,7 +217,9 @@ def test_version_and_help():
 def test_srun_tasks_become_torch_ranks_that_meet():
     """What ``srun -n 2 gpurig run --engine torch -- ...`` does: one launcher per task, SLURM's variables each."""
     script = ("import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); t = torch.ones(1); "
-              "dist.all_reduce(t); print(os.environ['RANK'], os.environ['LOCAL_WORLD_SIZE'], int(t.item()))")
+              "dist.all_reduce(t); print(os.environ['RANK'], os.environ['LOCAL_WORLD_SIZE'], int(t.item())); "
+              # without it, Gloo's threads may free tensors while Python finalizes, and abort (a torch issue)
+              "dist.destroy_process_group()")
     step = {**os.environ, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0",
             "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_ID": str(os.getpid())}
     tasks = [subprocess.Popen([*GPURIG, "run", "--engine", "torch", "--", "python", "-c", script],

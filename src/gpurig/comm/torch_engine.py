@@ -7,6 +7,7 @@ pieces are padded to the largest and trimmed afterwards.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 
 import torch
@@ -97,3 +98,7 @@ class TorchEngine:
     def shutdown(self) -> None:
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+            # Drop the last references to the group and its finished work now: Gloo's worker threads
+            # release tensors on their own, and one that does so while Python is finalizing aborts
+            # the process ("terminate called without an active exception").
+            gc.collect()
