@@ -12,6 +12,7 @@ hits all of them alike, and lets rank 0 write its JSON with :func:`write_result`
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import os
@@ -21,8 +22,10 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 import gpurig
+from gpurig import models
 from gpurig.comm import Communicator
 from gpurig.comm.torch_engine import TorchEngine
 
@@ -134,3 +137,34 @@ def write_result(comm: Communicator, path: str, result: dict) -> None:
     if comm.rank == 0:
         with open(path, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def step_benchmark_args(doc: str, block_help: str = "steps per block") -> argparse.ArgumentParser:
+    """The flags every training-step benchmark takes: model, batch, blocks, rounds, warm-up, output."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=list(models.MODELS), default="mlp")
+    p.add_argument("--per-rank-batch", type=int, default=64)
+    p.add_argument("--block", type=int, default=5, help=block_help)
+    p.add_argument("--rounds", type=int, default=20, help="measured rounds (one block of every variant each)")
+    p.add_argument("--warmup", type=int, default=2, help="rounds dropped at the start")
+    p.add_argument("--out", required=True)
+    return p
+
+
+def batches(count: int, per_rank: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``count`` random MNIST-shaped batches, different on each rank, the same for every variant."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [(torch.randn(per_rank, 784, generator=g), torch.randint(0, 10, (per_rank,), generator=g))
+            for _ in range(count)]
+
+
+def training_block(model: torch.nn.Module, data) -> Callable[[], None]:
+    """A function that runs one SGD step (momentum 0.9) per batch of ``data``."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def block():
+        for x, y in data:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    return block

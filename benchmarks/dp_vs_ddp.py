@@ -14,45 +14,19 @@ buckets, where per-bucket overhead shows.
     gpurig run -n 2 -- python benchmarks/dp_vs_ddp.py --model mlp --out /tmp/dp.json
 """
 
-import argparse
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gpurig
 from gpurig import models
-from common import both_engines, interleave, median, paired_ratio, slowest_rank, spread, write_result
-
-
-def batches(count: int, per_rank: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``count`` random MNIST-shaped batches, different on each rank, the same for every variant."""
-    g = torch.Generator().manual_seed(1000 + rank)
-    return [(torch.randn(per_rank, 784, generator=g), torch.randint(0, 10, (per_rank,), generator=g))
-            for _ in range(count)]
-
-
-def training_block(model: torch.nn.Module, data) -> callable:
-    """A function that runs one SGD step (momentum 0.9) per batch of ``data``."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def block():
-        for x, y in data:
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-    return block
+from common import (batches, both_engines, interleave, median, paired_ratio, slowest_rank, spread,
+                    step_benchmark_args, training_block, write_result)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=list(models.MODELS), default="mlp")
-    p.add_argument("--per-rank-batch", type=int, default=64)
-    p.add_argument("--block", type=int, default=5, help="steps per block")
-    p.add_argument("--rounds", type=int, default=20, help="measured rounds (one block of every variant each)")
-    p.add_argument("--warmup", type=int, default=2, help="rounds dropped at the start")
-    p.add_argument("--out", required=True)
+    p = step_benchmark_args(__doc__)
     args = p.parse_args()
 
     mpi, gloo = both_engines()

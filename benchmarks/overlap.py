@@ -23,15 +23,14 @@ computation (shared-memory copies, loopback TCP), so ``exposed`` can exceed
     gpurig run -n 2 -- python benchmarks/overlap.py --model mlp --out /tmp/overlap.json
 """
 
-import argparse
 import copy
 
 import torch
 
 import gpurig
 from gpurig import models
-from common import both_engines, interleave, median, per_rank, slowest_rank, write_result
-from dp_vs_ddp import batches, training_block
+from common import (batches, both_engines, interleave, median, per_rank, slowest_rank, step_benchmark_args,
+                    training_block, write_result)
 
 
 def allreduce_alone(dp: gpurig.DataParallel) -> callable:
@@ -46,13 +45,7 @@ def allreduce_alone(dp: gpurig.DataParallel) -> callable:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=list(models.MODELS), default="mlp")
-    p.add_argument("--per-rank-batch", type=int, default=64)
-    p.add_argument("--block", type=int, default=5, help="steps (and allreduce rounds) per block")
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", required=True)
+    p = step_benchmark_args(__doc__, block_help="steps (and allreduce rounds) per block")
     args = p.parse_args()
 
     mpi, gloo = both_engines()

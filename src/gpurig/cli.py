@@ -58,12 +58,22 @@ def _add_run(subparsers) -> None:
     p.set_defaults(handler=_run)
 
 
+def command_after_dashes(words: list[str], example: str) -> list[str]:
+    """The command a verb runs on its ranks: what follows ``--`` (refused as one line when empty).
+
+    >>> command_after_dashes(["--", "python", "x.py"], "gpurig run -n 2 -- python x.py")
+    ['python', 'x.py']
+    """
+    command = words[1:] if words[:1] == ["--"] else words
+    if not command:
+        raise UsageError(f"no command to run: {example}")
+    return command
+
+
 def _run(args) -> int:
     from gpurig import launch
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        raise UsageError("no command to run: gpurig run -n N -- python script.py")
+    command = command_after_dashes(args.command, "gpurig run -n N -- python script.py")
     nprocs = args.nprocs if args.nprocs is not None else launch.default_nprocs(args.hosts)
     return launch.run_job(command, nprocs, engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args)
 

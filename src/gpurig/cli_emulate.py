@@ -34,12 +34,11 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     """Run ``gpurig emulate``; return the job's exit code."""
+    from gpurig.cli import command_after_dashes
     from gpurig.errors import UsageError
     from gpurig.launch.emulator import Cluster, parse_rate
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        raise UsageError("no command to run: gpurig emulate --nodes 2 -- python script.py")
+    command = command_after_dashes(args.command, "gpurig emulate --nodes 2 -- python script.py")
     if args.ranks_per_node < 1:
         raise UsageError(f"--ranks-per-node must be at least 1, got {args.ranks_per_node}")
     if args.engine not in ("mpi", "torch"):
