@@ -57,8 +57,8 @@ def emulated_table(rate: str, rounds: int, engine: str) -> None:
     for col in ("codec", "step ms", "samples/s", "vs none", "vs fp16", "MB sent per step (measured)"):
         table.add_column(col, justify="right")
     for name, row in rows.items():
-        if row.get("auto_choice"):
-            name = f"auto (chose {row['auto_choice']})"
+        if name == "auto":
+            name = f"auto (chose {', '.join(row['methods'])})"
         table.add_row(name, f"{row['step_ms']:.1f}", f"{row['samples_per_s']:.0f}",
                       f"{rows['none']['step_ms'] / row['step_ms']:.2f}x",
                       f"{rows['fp16']['step_ms'] / row['step_ms']:.2f}x", f"{row['bytes_sent_per_step'] / 1e6:.2f}")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import gpurig
 from gpurig import models
 
-CODECS = ["none", "fp16", "int8", "int8-dynamic", "auto"]
+CODECS = ["none", "fp16", "int8", "int8-dynamic", "powersgd", "auto"]
 
 
 def tx_bytes() -> int:
@@ -70,7 +70,7 @@ def main():
                 "step_ms": 1000 * step, "samples_per_s": comm.size * args.per_rank_batch / step,
                 "bytes_sent_per_step": sorted(sent[name])[len(sent[name]) // 2],
                 "bytes_computed_per_step": variants[name][0].stats.bytes_sent // variants[name][0].stats.steps,
-                "auto_choice": (variants[name][0].auto_choice or {}).get("codec"),
+                "methods": variants[name][0].methods,
                 "auto_reasoning": variants[name][0].auto_choice,
             }
         with open(args.out, "w") as f:

@@ -15,7 +15,11 @@ import gpurig.launch.hosts
 import gpurig.launch.job
 import gpurig.launch.status
 import gpurig.models
+import gpurig.parallel.auto
+import gpurig.parallel.codecs
+import gpurig.parallel.compression
 import gpurig.parallel.data_parallel
+import gpurig.parallel.powersgd
 import gpurig.parallel.sharding
 import gpurig.train
 from gpurig.checkpoint import CheckpointError
@@ -29,7 +33,9 @@ from gpurig.train import TrainConfig, split_across_ranks, validate
 
 @pytest.mark.parametrize("module", [gpurig.comm.communicator, gpurig.launch.env, gpurig.parallel.data_parallel,
                                     gpurig.parallel.sharding, gpurig.models, gpurig.train, gpurig.checkpoint,
-                                    gpurig.launch.hosts, gpurig.launch.job, gpurig.launch.status])
+                                    gpurig.launch.hosts, gpurig.launch.job, gpurig.launch.status,
+                                    gpurig.parallel.auto, gpurig.parallel.codecs, gpurig.parallel.compression,
+                                    gpurig.parallel.powersgd])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0

@@ -44,9 +44,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--bucket-mb", type=float, default=None,
                    help="gradient bucket size in MB (default 25; 4 when gradients are compressed)")
     p.add_argument("--compression", default="auto",
-                   help="gradient compression: auto (default: measure the first steps, compress only when the "
-                        "network is the bottleneck), none, fp16, bf16, int8, int8-dynamic (8 bits with error "
-                        "feedback: 4x fewer bytes on the wire)")
+                   help="gradient compression: auto (default: measure the first steps, then per bucket compress "
+                        "only where the network is the bottleneck), none, fp16, bf16, int8, int8-dynamic (8 bits: "
+                        "4x fewer bytes), powersgd or powersgd:R (rank-R factors, default 4); all with error feedback")
     p.add_argument("--checkpoint-dir", default="runs/train", help="where checkpoint.pt is written each epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")

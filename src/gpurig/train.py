@@ -89,10 +89,13 @@ def validate(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"--lr must be positive, got {config.lr}")
     if not 0 <= config.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
-    from gpurig.parallel import codecs
+    from gpurig.parallel.compression import parse_method
 
-    if config.compression not in (*codecs.CODECS, "auto"):
-        raise UsageError(f"unknown compression {config.compression!r}; choose one of: auto, {', '.join(codecs.CODECS)}")
+    if config.compression != "auto":
+        try:
+            parse_method(config.compression)
+        except ValueError as e:
+            raise UsageError(f"{e} (or auto)") from None
     if config.bucket_mb is not None and not config.bucket_mb > 0:
         raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
     if config.resume and not config.checkpoint_path.is_file():
@@ -257,8 +260,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         start_epoch, history = state["epoch"], list(state["history"])
     dp = gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression)
-    keeps_feedback = dp.codec is not None or dp.auto
-    if config.resume and keeps_feedback:
+    if config.resume and dp.compresses:
         dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
     batches = gpurig.shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed)
@@ -298,7 +300,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             **split_across_ranks(everyone, steps),
         }
         history.append(record)
-        if dp.codec is not None or dp.auto:  # every rank's residuals first, then the checkpoint that points at them
+        if dp.compresses:  # every rank's residuals first, then the checkpoint that points at them
             checkpoint.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
             comm.barrier()
         if comm.rank == 0:
@@ -306,7 +308,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                 "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
             })
-        if dp.codec is not None or dp.auto:  # the new checkpoint is on disk: the previous residuals can go
+        if dp.compresses:  # the new checkpoint is on disk: the previous residuals can go
             comm.barrier()
             config.feedback_path(comm.rank, epoch).unlink(missing_ok=True)
         events.emit("epoch", **record)

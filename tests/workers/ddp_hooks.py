@@ -12,7 +12,7 @@ from casekit import case, write
 
 comm = gpurig.init("torch")
 
-for name in ("fp16", "bf16", "int8", "int8_dynamic"):
+for name in ("fp16", "bf16", "int8", "int8_dynamic", "powersgd"):
     @case(f"ddp_hook[{name}]")
     def _():
         torch.manual_seed(0)
@@ -29,7 +29,10 @@ for name in ("fp16", "bf16", "int8", "int8_dynamic"):
                 F.cross_entropy(model(x), y).backward()
                 opt.step()
         worst = max((p - q).abs().max().item() for p, q in zip(plain.parameters(), hooked.parameters()))
-        assert worst < 0.01, worst
+        assert worst < (0.05 if name == "powersgd" else 0.01), worst
         assert state.feedback and all(f.sent is not None for f in state.feedback.values())  # residuals kept
+        restored = gpurig.hooks.State()
+        restored.load_state_dict(state.state_dict())
+        assert all(torch.equal(restored.feedback[i].sent, f.sent) for i, f in state.feedback.items())
 
 write(comm.rank)

@@ -254,25 +254,31 @@ class Communicator:
 
         return self._run(work, blocking)
 
-    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def allgather(self, tensor: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
         """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ), as Horovod does.
+
+        ``sizes``, every rank's first dimension when the caller knows them,
+        saves the small collective that otherwise finds them out.
 
         >>> comm.allgather(torch.tensor([comm.rank]))   # doctest: +SKIP
         tensor([0, 1])
         """
-        return self._allgather(tensor, blocking=True)
+        return self._allgather(tensor, sizes, blocking=True)
 
-    def allgather_async(self, tensor: torch.Tensor) -> Handle:
+    def allgather_async(self, tensor: torch.Tensor, sizes: list[int] | None = None) -> Handle:
         """Start :meth:`allgather`."""
-        return self._allgather(tensor, blocking=False)
+        return self._allgather(tensor, sizes, blocking=False)
 
-    def _allgather(self, tensor, blocking):
+    def _allgather(self, tensor, sizes, blocking):
         self._check(tensor, "allgather")
         if tensor.dim() == 0:
             tensor = tensor.view(1)
+        if sizes is not None and (len(sizes) != self.size or sizes[self.rank] != tensor.shape[0]):
+            raise ValueError(f"allgather sizes {sizes} do not fit {self.size} ranks and this rank's "
+                             f"{tensor.shape[0]} rows")
 
         def work():
-            rows = self._sizes(tensor)
+            rows = list(sizes) if sizes is not None else self._sizes(tensor)
             row = math.prod(tensor.shape[1:])
             flat = self._to_engine(tensor.reshape(-1).contiguous())
             out = self.engine.allgather(flat, [r * row for r in rows])

@@ -10,23 +10,24 @@ of backward every rank waits for its buckets and finds the averaged gradient in
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from gpurig import comm as comm_mod
-from gpurig.parallel import codecs
-from gpurig.parallel.compression import FeedbackState, compressed_average
+from gpurig.parallel import auto, codecs, powersgd
+from gpurig.parallel.compression import (POWERSGD, FeedbackState, average, padded_bucket_length, parse_method,
+                                         switch_method, wire_bytes)
 
 DEFAULT_BUCKET_MB = 25.0
 COMPRESSED_BUCKET_MB = 4.0  # compressed buckets are cheap to send: smaller ones start travelling during backward
-AUTO_CODECS = ("fp16", "int8")  # what compression="auto" chooses among, besides none
-AUTO_CALIBRATION_STEPS = 6      # uncompressed steps measured before choosing (the first is warm-up)
-AUTO_MARGIN = 0.8               # compress only when that is predicted to cut the exposed wait by 20 %
 FIRST_BUCKET_MB = 1.0  # the last layers' gradients leave early (DDP's first bucket)
+AUTO_CALIBRATION_STEPS = 6  # uncompressed steps measured before the first choice (the first is warm-up)
+AUTO_REVIEW_STEPS = 200     # compression="auto" looks again this often, from the last steps' measurements
 
 
 class ModelMismatchError(ValueError):
@@ -35,14 +36,28 @@ class ModelMismatchError(ValueError):
 
 @dataclass
 class Bucket:
-    """Parameters whose gradients travel together in one allreduce."""
+    """Parameters whose gradients travel together, and how they travel (``method``, per bucket).
+
+    ``flat`` holds the gradients back to back, padded so that compressed
+    chunks need no copy; ``state`` keeps the method's residuals between steps.
+    """
 
     params: list[torch.nn.Parameter]
     flat: torch.Tensor
     offsets: list[int]
+    method: str = "none"
+    state: FeedbackState = field(default_factory=FeedbackState)
     ready: int = 0
     handle: comm_mod.Handle | None = None
-    feedback: FeedbackState | None = None
+    launched_at: float = 0.0
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    @property
+    def shapes(self) -> list[torch.Size]:
+        return [p.shape for p in self.params]
 
 
 @dataclass
@@ -174,11 +189,12 @@ class DataParallel(torch.nn.Module):
     >>> with model.no_sync():                          # accumulate locally, no communication
     ...     model(torch.ones(8, 4)).sum().backward()
 
-    ``compression`` (``"none"``, ``"fp16"``, ``"bf16"``, ``"int8"``,
-    ``"int8-dynamic"``) sends float32 gradients compressed, as a reduce-scatter
-    and allgather of compressed chunks with error feedback. ``"auto"`` measures
-    the first steps uncompressed, then compresses only if the measured wait for
-    the network outweighs what encoding costs on this CPU (see :meth:`_choose_codec`).
+    ``compression`` sends float32 gradients compressed, with error feedback:
+    ``"fp16"``, ``"bf16"``, ``"int8"``, ``"int8-dynamic"`` as a reduce-scatter
+    and allgather of compressed chunks, ``"powersgd"`` (or ``"powersgd:R"``) as
+    rank-R factors. ``"auto"`` measures the first steps uncompressed, then
+    picks each bucket's method from the measured network and codec costs, and
+    looks again every few hundred steps (:mod:`gpurig.parallel.auto`).
     """
 
     def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
@@ -187,11 +203,11 @@ class DataParallel(torch.nn.Module):
         super().__init__()
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        if compression != "auto":
+            parse_method(compression)  # ValueError naming the choices
+        self.compression = compression
         self.auto = compression == "auto"
         self.auto_choice: dict | None = None
-        codec = codecs.get("none" if self.auto else compression)
-        self.codec = codec if codec.name != "none" else None
-        self._calibration: list[float] = []
         self.module = module
         self.comm = comm or comm_mod.current()
         self.broadcast_buffers = broadcast_buffers
@@ -199,32 +215,50 @@ class DataParallel(torch.nn.Module):
         self._sync = True
         self._finalize_queued = False
         self._next_bucket = 0
+        self._recent: collections.deque = collections.deque(maxlen=AUTO_CALIBRATION_STEPS)
+        self._method_costs: list[dict] | None = None
 
         if self.comm.size > 1:
             check_same_model(self.comm, module)
             _broadcast_tensors(self.comm, [p.data for p in module.parameters()] + list(module.buffers()))
 
         self._params = [p for p in module.parameters() if p.requires_grad]
-        if (self.codec is not None or self.auto) and any(p.dtype != torch.float32 for p in self._params):
+        if self.compresses and any(p.dtype != torch.float32 for p in self._params):
             raise ValueError(f"compression {compression!r} needs float32 parameters")
         self._bucket_cap_mb = bucket_cap_mb
         self._build_buckets()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
 
+    @property
+    def compresses(self) -> bool:
+        """Whether gradients may travel compressed (and per-rank residuals need saving with checkpoints)."""
+        return self.compression != "none"
+
+    @property
+    def methods(self) -> list[str]:
+        """How each bucket travels now, in bucket order.
+
+        >>> gpurig.DataParallel(torch.nn.Linear(4, 2), compression="int8").methods   # doctest: +SKIP
+        ['int8']
+        """
+        return [b.method for b in self.buckets]
+
     def _build_buckets(self) -> None:
         """Group the parameters into buckets: ``bucket_cap_mb``, else 25 MB, or 4 MB when compressing."""
-        cap_mb = self._bucket_cap_mb or (DEFAULT_BUCKET_MB if self.codec is None else COMPRESSED_BUCKET_MB)
+        cap_mb = self._bucket_cap_mb or (COMPRESSED_BUCKET_MB if self.compresses else DEFAULT_BUCKET_MB)
         self.buckets: list[Bucket] = []
         self._bucket_of: dict[int, int] = {}
         caps = int(cap_mb * 2**20), int(FIRST_BUCKET_MB * 2**20)
+        method = "none" if self.auto else self.compression
         for b, indices in enumerate(assign_buckets(self._params, *caps)):
             params = [self._params[i] for i in indices]
             offsets, total = [], 0
             for p in params:
                 offsets.append(total)
                 total += p.numel()
-            feedback = FeedbackState() if self.codec is not None else None
-            self.buckets.append(Bucket(params, params[0].new_zeros(total), offsets, feedback=feedback))
+            # Padded to whole compressed chunks, so no method needs a copy (a few KB of zeros at most).
+            length = padded_bucket_length(total, self.comm.size, "int8") if self.compresses else total
+            self.buckets.append(Bucket(params, params[0].new_zeros(length), offsets, method=method))
             for p in params:
                 self._bucket_of[id(p)] = b
 
@@ -271,7 +305,8 @@ class DataParallel(torch.nn.Module):
     def _launch(self, bucket: Bucket) -> None:
         # Launch order is the bucket order on every rank, whatever order autograd finished in.
         # Uncompressed, dividing by the rank count while copying in saves a pass (DDP does the same).
-        scale = 1.0 / self.comm.size if self.codec is None else 1.0
+        plain = bucket.method == "none"
+        scale = 1.0 / self.comm.size if plain else 1.0
         with torch.no_grad():
             for p, start in zip(bucket.params, bucket.offsets):
                 piece = bucket.flat[start: start + p.numel()]
@@ -279,18 +314,20 @@ class DataParallel(torch.nn.Module):
                     piece.zero_()
                 else:
                     torch.mul(p.grad.reshape(-1), scale, out=piece)
-        if self.codec is None:
-            bucket.handle = self.comm.allreduce_async(bucket.flat, op="sum")
-            self.stats.bytes_sent += 2 * (self.comm.size - 1) * bucket.flat.numel() * bucket.flat.element_size() \
-                // self.comm.size
+            if plain and bucket.state.sent is not None:  # what an earlier lossy method still owes, paid once
+                bucket.flat.add_(bucket.state.sent, alpha=scale)
+                bucket.state = FeedbackState()
+        bucket.launched_at = time.perf_counter()
+        if plain:
+            bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum")
+            self.stats.bytes_sent += wire_bytes("none", bucket.shapes, self.comm.size)
         else:
             bucket.handle = self.comm.run_async(lambda: self._compressed_average(bucket))
         self._next_bucket += 1
 
     def _compressed_average(self, bucket: Bucket) -> torch.Tensor:
-        average, sent = compressed_average(self.comm, bucket.flat, self.codec, bucket.feedback)
-        bucket.flat.copy_(average)
-        self.stats.bytes_sent += sent
+        self.stats.bytes_sent += average(self.comm, bucket.flat, bucket.method, bucket.state,
+                                                     bucket.shapes)
         return bucket.flat
 
     def _finish_backward(self) -> None:
@@ -313,48 +350,76 @@ class DataParallel(torch.nn.Module):
         self.stats.steps += 1
         self.stats.exposed_s += waited
         self.stats.last_exposed_s = waited
-        if self.auto and self.auto_choice is None:
-            self._calibration.append(waited)
-            if len(self._calibration) == AUTO_CALIBRATION_STEPS:
-                self._choose_codec()
+        if self.auto:
+            self._recent.append([waited] + [start - b.launched_at for b in self.buckets])
+            due = AUTO_CALIBRATION_STEPS if self.auto_choice is None else AUTO_REVIEW_STEPS
+            if self.stats.steps - (self.auto_choice or {}).get("step", 0) >= due:
+                self._choose_methods()
 
-    def _choose_codec(self) -> None:
-        """Pick the codec for the rest of the run from what the first steps measured.
-
-        The exposed wait E (median over the calibration steps, least over the
-        ranks: the others also waited for the slowest) is what the network costs now. A codec that sends a fraction f of
-        the bytes is predicted to cost f·E plus its encode and decode time on
-        this CPU (measured here, twice: the chunks and the average are both
-        compressed). The cheapest wins; no compression unless it saves 20 %.
-        """
-        exposed = sorted(self._calibration[1:])[len(self._calibration[1:]) // 2]
-        total = sum(b.flat.numel() for b in self.buckets)
-        sample = torch.randn(total)
+    # -- compression="auto" ---------------------------------------------------
+    def _measure_method_costs(self) -> list[dict]:
+        """Seconds of codec arithmetic each candidate method costs each bucket on this device (timed once)."""
         costs = []
-        for name in AUTO_CODECS:
-            codec = codecs.get(name)
-            runs = []
-            for _ in range(3):  # the first run pays for allocation; take the best
-                start = time.perf_counter()
-                codec.decode(codec.encode(sample), total)
-                runs.append(time.perf_counter() - start)
-            costs.append(2 * min(runs))
-        # The rank that finished backward last waited only for the network; the others also waited
-        # for it. So the least wait over the ranks is the network's share.
-        everyone = self.comm.allgather(torch.tensor([[exposed, *costs]], dtype=torch.float64))
-        exposed, costs = everyone[:, 0].min().item(), everyone[:, 1:].mean(dim=0).tolist()
-        predicted = {name: exposed * codecs.get(name).bits_per_value / 32 + cost
-                     for name, cost in zip(AUTO_CODECS, costs)}
-        best = min(predicted, key=predicted.get)
-        choice = best if predicted[best] < AUTO_MARGIN * exposed else "none"
-        self.auto_choice = {"codec": choice, "exposed_ms": 1000 * exposed,
-                            "predicted_ms": {k: 1000 * v for k, v in predicted.items()}}
-        self._use_codec(choice)
+        for bucket in self.buckets:
+            row = {"none": 0.0}
+            for method in auto.CANDIDATES[1:]:
+                kind, rank = parse_method(method)
+                if kind == POWERSGD:
+                    if powersgd.split(bucket.shapes, rank)[0]:
+                        row[method] = powersgd.local_seconds(bucket.shapes, rank, bucket.flat.device)
+                else:
+                    row[method] = codecs.cost_seconds(codecs.get(kind), bucket.flat.numel(), self.comm.size,
+                                                      bucket.flat.device)
+            costs.append(row)
+        return costs
 
-    def _use_codec(self, name: str) -> None:
-        """Switch codec between steps; buckets are rebuilt for it (gradients stay where they are)."""
-        self.codec = None if name == "none" else codecs.get(name)
-        self._build_buckets()
+    def _collective_latency(self) -> float:
+        """Seconds one tiny allreduce takes here (the median of a few)."""
+        probe, times = torch.zeros(2), []
+        for _ in range(5):
+            begin = time.perf_counter()
+            self.comm.allreduce(probe, op="sum")
+            times.append(time.perf_counter() - begin)
+        return sorted(times)[len(times) // 2]
+
+    def _choose_methods(self) -> None:
+        """Pick each bucket's method from the last steps' measurements (every rank reaches the same choice).
+
+        The wait at the end of backward is the median over the recent steps and
+        the least over the ranks (the rank that finished backward last waited
+        only for the network; the others also waited for it).
+        """
+        if self._method_costs is None:
+            self._method_costs = self._measure_method_costs()
+        recent = torch.tensor(list(self._recent)[1:] if self.auto_choice is None else list(self._recent),
+                              dtype=torch.float64)
+        methods = [m for m in auto.CANDIDATES]
+        mine = torch.cat([recent.median(dim=0).values, torch.tensor([self._collective_latency()], dtype=torch.float64),
+                          torch.tensor([[c.get(m, float("nan")) for m in methods] for c in self._method_costs],
+                                       dtype=torch.float64).view(-1)])
+        everyone = self.comm.allgather(mine.view(1, -1))
+        buckets_n = len(self.buckets)
+        exposed = everyone[:, 0].min().item()
+        leads = everyone[:, 1: 1 + buckets_n].mean(dim=0).tolist()
+        latency = everyone[:, 1 + buckets_n].mean().item()
+        costs = everyone[:, 2 + buckets_n:].mean(dim=0).view(buckets_n, len(methods))
+        model = []
+        for bucket, lead, cost in zip(self.buckets, leads, costs.tolist()):
+            usable = [m for m, c in zip(methods, cost) if c == c]  # NaN: not possible for this bucket
+            model.append(auto.Bucket(
+                lead_s=max(lead, 0.0),
+                wire_bytes={m: wire_bytes(m, bucket.shapes, self.comm.size) for m in usable},
+                collectives={m: 1 if m == "none" else 2 for m in usable},
+                compute_s={m: c for m, c in zip(methods, cost) if m in usable}))
+        on_cores = self.buckets[0].flat.device.type == "cpu"
+        bandwidth = auto.fit_bandwidth(model, self.methods, latency, exposed, on_cores)
+        chosen, predictions = auto.choose(model, auto.Network(latency, bandwidth), on_cores)
+        for bucket, method in zip(self.buckets, chosen):
+            switch_method(bucket.state, bucket.method, method, self.comm.rank, self.comm.size)
+            bucket.method = method
+        self.auto_choice = {"codec": _summary(chosen, self.buckets), "methods": chosen, "step": self.stats.steps,
+                            "exposed_ms": 1000 * exposed, "latency_us": 1e6 * latency,
+                            "bandwidth_gbit_s": 8 * bandwidth / 1e9, **predictions}
 
     # -- conveniences users of DDP expect ---------------------------------
     def state_dict(self, *args, **kwargs):
@@ -365,33 +430,37 @@ class DataParallel(torch.nn.Module):
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def compression_state_dict(self) -> dict:
-        """This rank's error-feedback residuals (they differ per rank), for checkpoints.
+        """This rank's compression state — each bucket's method and residuals (they differ per rank) — for checkpoints.
 
         >>> torch.save(model.compression_state_dict(), f"ef-rank{comm.rank}.pt")   # doctest: +SKIP
         """
-        if self.codec is None:
-            return {"codec": "none", "ranks": self.comm.size, "buckets": [], "auto_choice": self.auto_choice}
-        return {"codec": self.codec.name, "ranks": self.comm.size, "auto_choice": self.auto_choice,
-                "buckets": [{"sent": b.feedback.sent, "owned": b.feedback.owned} for b in self.buckets]}
+        return {"compression": self.compression, "ranks": self.comm.size, "auto_choice": self.auto_choice,
+                "steps": self.stats.steps, "methods": self.methods,
+                "buckets": [b.state.saved() for b in self.buckets]}
 
     def load_compression_state_dict(self, state: dict) -> None:
-        """Restore residuals saved by :meth:`compression_state_dict` (same codec, buckets and rank count).
-
-        With ``compression="auto"`` the saved codec is adopted as the choice already made.
-        """
-        if self.auto and state.get("auto_choice"):
-            self.auto_choice = state["auto_choice"]
-            self._use_codec(state["codec"])
-        expected = (self.codec.name if self.codec else "none", len(self.buckets) if self.codec else 0)
-        found = (state["codec"], len(state["buckets"]))
-        if found != expected or (self.codec and state.get("ranks") != self.comm.size):
-            raise ValueError(f"compression state for {found[0]} with {found[1]} buckets on {state.get('ranks')} ranks "
-                             f"does not fit {expected[0]} with {expected[1]} buckets on {self.comm.size} ranks")
-        for bucket, saved in zip(self.buckets, state["buckets"]):
-            bucket.feedback.sent, bucket.feedback.owned = saved["sent"], saved["owned"]
+        """Restore what :meth:`compression_state_dict` saved (same compression, buckets and rank count)."""
+        expected = (self.compression, len(self.buckets), self.comm.size)
+        found = (state.get("compression"), len(state.get("buckets", [])), state.get("ranks"))
+        if found != expected:
+            raise ValueError(f"compression state for {found[0]} with {found[1]} buckets on {found[2]} ranks "
+                             f"does not fit {expected[0]} with {expected[1]} buckets on {expected[2]} ranks")
+        self.auto_choice = state.get("auto_choice")
+        self.stats.steps = state.get("steps", 0)
+        for bucket, method, saved in zip(self.buckets, state["methods"], state["buckets"]):
+            bucket.method = method
+            bucket.state.restore(saved)
 
     def remove_hooks(self) -> None:
         """Detach from the module: later backwards no longer communicate."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+def _summary(methods: list[str], buckets: list[Bucket]) -> str:
+    """One word for a per-bucket choice: the method that carries most of the gradients."""
+    carried: dict = {}
+    for method, bucket in zip(methods, buckets):
+        carried[method] = carried.get(method, 0) + bucket.numel
+    return max(carried, key=carried.get)
