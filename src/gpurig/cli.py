@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpurig import __version__, cli_emulate, cli_plan, cli_train
+from gpurig import __version__, cli_doctor, cli_emulate, cli_plan, cli_train
 from gpurig.errors import UsageError
 
 RUN_EPILOG = """\
@@ -78,7 +78,7 @@ def _run(args) -> int:
     return launch.run_job(command, nprocs, engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args)
 
 
-SUBCOMMANDS = [cli_train.add_parser, _add_run, cli_emulate.add_parser, cli_plan.add_parser]
+SUBCOMMANDS = [cli_train.add_parser, _add_run, cli_emulate.add_parser, cli_plan.add_parser, cli_doctor.add_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:
