@@ -120,7 +120,8 @@ def summarize_engine(rows: list[dict]) -> dict:
         entry: dict = {"rows": clean, "busbw_gbs": clean[-1]["busbw_gbs"]}
         if len(mine) >= 2:
             fit = fit_alpha_beta([r["bytes"] for r in mine], [r["seconds"] for r in mine])
-            entry.update(alpha_s=fit.alpha, beta_s_per_byte=fit.beta, fitted_gbs=fit.bytes_per_s / 1e9)
+            entry.update(alpha_s=fit.alpha, beta_s_per_byte=fit.beta,  # beta <= 0: noise swamped the sizes
+                         fitted_gbs=fit.bytes_per_s / 1e9 if fit.beta > 0 else None)
         out[collective] = entry
     return out
 

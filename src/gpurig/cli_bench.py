@@ -135,7 +135,8 @@ def show(profile: dict, out, plots: list[str]) -> None:
                 table.add_row(name, _size(row["bytes"]), f"{1e6 * row['seconds']:.1f}", f"{row['algbw_gbs']:.3f}",
                               f"{row['busbw_gbs']:.3f}", raw)
         console.print(table)
-        fits = "; ".join(f"{name}: alpha {1e6 * e['alpha_s']:.1f} µs, 1/beta {e['fitted_gbs']:.2f} GB/s"
+        fits = "; ".join(f"{name}: alpha {1e6 * e['alpha_s']:.1f} µs, 1/beta "
+                         + (f"{e['fitted_gbs']:.2f} GB/s" if e["fitted_gbs"] else "- (too noisy)")
                          for name, e in collectives.items() if "alpha_s" in e)
         console.print(f"fitted time = alpha + bytes × beta: {fits}")
     if "gemm" in profile:

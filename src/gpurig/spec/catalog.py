@@ -153,7 +153,7 @@ def gpu(name: str) -> GPU:
     >>> gpu("RTX 2090")
     Traceback (most recent call last):
     ...
-    gpurig.spec.fields.SpecError: unknown GPU 'RTX 2090'; closest: GeForce RTX 2080, GeForce RTX 2060, GeForce RTX 3090
+    gpurig.spec.fields.SpecError: unknown GPU 'RTX 2090'; closest: GeForce RTX 5090, GeForce RTX 4090, GeForce RTX 3090
     """
     return _gpu_lookup().find(name)
 
