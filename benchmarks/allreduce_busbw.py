@@ -9,7 +9,7 @@ flipping every iteration) on the same tensor, so noise hits both alike:
 - Gloo: ``torch.distributed.all_reduce(t)``.
 
 Reported per size: median time of each, algbw = bytes / time, busbw = algbw ×
-2(n−1)/n (nccl-tests' definitions; for a ring that is what each link carries),
+2(n−1)/n (nccl-tests' definitions, from gpurig.perf.busbw; for a ring that is what each link carries),
 and gpurig/raw of busbw. Each call is timed on every rank and the slower rank's
 time counts.
 
@@ -24,6 +24,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from common import both_engines, median, slowest_rank, spread, write_result
+from gpurig.perf.busbw import busbw
 
 KB = 1024
 
@@ -74,7 +75,6 @@ def main():
     args = p.parse_args()
     mpi, gloo = both_engines()
     world = MPI.COMM_WORLD
-    busbw_factor = 2 * (mpi.size - 1) / mpi.size
 
     rows = []
     for nbytes in sizes(args.max_mb * 2**20):
@@ -93,8 +93,8 @@ def main():
             rows.append({"engine": engine, "bytes": nbytes, "iterations": n,
                          "raw_spread": spread(raw_t), "gpurig_spread": spread(our_t),
                          "raw_us": 1e6 * raw_s, "gpurig_us": 1e6 * our_s,
-                         "raw_busbw_gbps": nbytes / raw_s * busbw_factor / 1e9,
-                         "gpurig_busbw_gbps": nbytes / our_s * busbw_factor / 1e9,
+                         "raw_busbw_gbps": busbw("allreduce", nbytes, raw_s, mpi.size) / 1e9,
+                         "gpurig_busbw_gbps": busbw("allreduce", nbytes, our_s, mpi.size) / 1e9,
                          "ratio": raw_s / our_s})
     write_result(mpi, args.out, {"ranks": mpi.size, "dtype": "float32", "rows": rows})
 

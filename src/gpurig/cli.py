@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpurig import __version__, cli_emulate, cli_train
+from gpurig import __version__, cli_bench, cli_doctor, cli_emulate, cli_plan, cli_train
 from gpurig.errors import UsageError
 
 RUN_EPILOG = """\
@@ -78,7 +78,8 @@ def _run(args) -> int:
     return launch.run_job(command, nprocs, engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args)
 
 
-SUBCOMMANDS = [cli_train.add_parser, _add_run, cli_emulate.add_parser]
+SUBCOMMANDS = [cli_train.add_parser, _add_run, cli_emulate.add_parser, cli_plan.add_parser, cli_doctor.add_parser,
+               cli_bench.add_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  gpurig train                      # the main job: data-parallel training on this machine\n"
                "  gpurig run -n 4 -- python my.py   # your own script on 4 ranks\n"
+               "  gpurig plan --gpu 4x2080ti        # check a build against the hardware guide\n"
+               "  gpurig doctor                     # what this machine is, and what is wrong with it\n"
+               "  gpurig bench --quick              # measure links, GEMMs, loading, disk\n"
                "  gpurig <command> --help           # each command's flags",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"gpurig {__version__}")

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from gpurig import checkpoint
 from gpurig.errors import UsageError
+from gpurig.launch.events import follow_jsonl as _follow
 
 CHECKPOINT_FORMAT = "gpurig-train/1"
 ENGINES = ("mpi", "torch")
@@ -103,24 +104,6 @@ def validate(config: TrainConfig, nprocs: int) -> None:
 
 
 # -- the launching side ------------------------------------------------------
-
-def _follow(path: Path, on_event, stop: threading.Event) -> None:
-    """Hand every JSON line appended to ``path`` to ``on_event`` until ``stop`` is set."""
-    position = 0
-    while True:
-        finished = stop.is_set()
-        if path.exists():
-            with open(path) as f:
-                f.seek(position)
-                for line in f:
-                    if not line.endswith("\n"):
-                        break
-                    position += len(line)
-                    on_event(json.loads(line))
-        if finished:
-            return
-        stop.wait(0.1)
-
 
 def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[int, list[dict]]:
     """Start ``config.nprocs`` ranks of :func:`train_on_this_rank`; return (exit code, rank 0's events).

@@ -1,0 +1,181 @@
+"""``gpurig bench``: measure this machine and save a machine profile (JSON) for ``gpurig predict``.
+
+Parts (``--parts``): ``comm`` — allreduce, allgather and broadcast by message
+size on N ranks of a real job (:mod:`gpurig.measure.comm`), per engine, as
+nccl-tests' algbw and busbw, with latency and bandwidth (alpha, beta) fitted;
+``p2p`` — rank 0 ↔ rank 1 bandwidth; ``gemm`` — matrix-multiply throughput by
+batch size (the tile effect); ``copy`` — host↔device, pinned vs pageable (GPU
+only); ``loading`` — blocking vs prefetching data loading; ``disk`` —
+sequential read speed. The profile's schema is in docs/hardware.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import sys
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from gpurig.errors import UsageError
+from gpurig.perf.fit import fit_alpha_beta
+
+SCHEMA = "gpurig-profile/1"
+PARTS = ("comm", "p2p", "gemm", "copy", "loading", "disk")
+ENGINES = ("mpi", "torch")
+
+
+@dataclass
+class BenchConfig:
+    """What to measure and how much; :meth:`quick` is the small version (seconds, for tests and a first look)."""
+
+    nprocs: int = 2
+    engines: tuple[str, ...] = ("mpi",)
+    parts: tuple[str, ...] = PARTS
+    collectives: tuple[str, ...] = ("allreduce", "allgather", "broadcast")
+    min_bytes: int = 1 << 10
+    max_bytes: int = 64 << 20
+    budget_bytes: float = 256 << 20
+    min_iterations: int = 5
+    max_iterations: int = 200
+    warmup: int = 3
+    gemm_batches: tuple[int, ...] = (16, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129, 192, 255, 256)
+    gemm_k: int = 1024
+    copy_sizes: tuple[int, ...] = (1 << 20, 16 << 20, 256 << 20)
+    loading_batch_bytes: int = 16 << 20
+    loading_steps: int = 20
+    disk_bytes: int = 256 << 20
+    directory: str | None = None
+    mpi_args: str = ""
+    quick: bool = False
+
+    @classmethod
+    def quick_config(cls, **overrides) -> "BenchConfig":
+        """Small sizes and few iterations: a whole run in well under a minute on 2 cores."""
+        small = dict(max_bytes=1 << 20, budget_bytes=8 << 20, min_iterations=5, max_iterations=30, warmup=2,
+                     gemm_batches=(31, 32, 33, 63, 64, 65, 128), gemm_k=256, copy_sizes=(1 << 20, 16 << 20),
+                     loading_batch_bytes=4 << 20, loading_steps=8, disk_bytes=32 << 20, quick=True)
+        return cls(**{**small, **overrides})
+
+
+def validate(config: BenchConfig) -> None:
+    """Refuse an impossible configuration as one line."""
+    if config.nprocs < 2 and ("comm" in config.parts or "p2p" in config.parts):
+        raise UsageError(f"-n must be at least 2 to measure communication, got {config.nprocs}")
+    for engine in config.engines:
+        if engine not in ENGINES:
+            raise UsageError(f"unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
+    for part in config.parts:
+        if part not in PARTS:
+            raise UsageError(f"unknown part {part!r}: choose from {', '.join(PARTS)}")
+    if not 4 <= config.min_bytes <= config.max_bytes:
+        raise UsageError(f"message sizes must satisfy 4 <= min <= max, got {config.min_bytes}..{config.max_bytes}")
+
+
+def _comm_job(config: BenchConfig, engine: str, on_event) -> list[dict]:
+    """Run :mod:`gpurig.measure.comm` on ``config.nprocs`` ranks of ``engine``; return its rows."""
+    from gpurig import launch
+    from gpurig.launch.events import follow_jsonl
+
+    with tempfile.TemporaryDirectory(prefix="gpurig-bench-") as tmp:
+        events = Path(tmp) / "events.jsonl"
+        rank_config = {"events": str(events), "collectives": list(config.collectives) if "comm" in config.parts else [],
+                       "p2p": "p2p" in config.parts, "min_bytes": config.min_bytes, "max_bytes": config.max_bytes,
+                       "budget_bytes": config.budget_bytes, "min_iterations": config.min_iterations,
+                       "max_iterations": config.max_iterations, "warmup": config.warmup}
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps(rank_config))
+        rows: list[dict] = []
+
+        def relay(event):
+            if event["event"] == "row":
+                rows.append(event)
+            on_event(event)
+
+        stop = threading.Event()
+        follower = threading.Thread(target=follow_jsonl, args=(events, relay, stop), daemon=True)
+        follower.start()
+        try:
+            code = launch.run_job([sys.executable, "-m", "gpurig.measure.comm", str(path)], config.nprocs,
+                                  engine=engine, mpi_args=config.mpi_args)
+        finally:
+            stop.set()
+            follower.join()
+    if code != 0:
+        raise UsageError(f"the {engine} benchmark job failed (exit code {code})")
+    return rows
+
+
+def summarize_engine(rows: list[dict]) -> dict:
+    """Per collective: the rows, alpha and beta fitted to them, and the largest size's busbw."""
+    out: dict = {}
+    for collective in dict.fromkeys(r["collective"] for r in rows):
+        mine = [r for r in rows if r["collective"] == collective]
+        clean = [{k: v for k, v in r.items() if k not in ("event", "engine", "ranks")} for r in mine]
+        entry: dict = {"rows": clean, "busbw_gbs": clean[-1]["busbw_gbs"]}
+        if len(mine) >= 2:
+            fit = fit_alpha_beta([r["bytes"] for r in mine], [r["seconds"] for r in mine])
+            entry.update(alpha_s=fit.alpha, beta_s_per_byte=fit.beta,  # beta <= 0: noise swamped the sizes
+                         fitted_gbs=fit.bytes_per_s / 1e9 if fit.beta > 0 else None)
+        out[collective] = entry
+    return out
+
+
+def _cpu_name() -> str:
+    from gpurig.probe.system import cpu
+
+    return cpu()["model"] or platform.processor()
+
+
+def bench(config: BenchConfig, on_event=lambda event: None) -> dict:
+    """Run every part of ``config``; return the machine profile. ``on_event`` sees progress events."""
+    validate(config)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    profile: dict = {
+        "schema": SCHEMA, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "cpu": _cpu_name(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "quick": config.quick, "config": {k: v for k, v in asdict(config).items()},
+    }
+    from gpurig.measure import local
+
+    if "comm" in config.parts or "p2p" in config.parts:
+        engines = {}
+        for engine in config.engines:
+            on_event({"event": "part", "part": f"comm ({engine})"})
+            rows = _comm_job(config, engine, on_event)
+            name = rows[0]["engine"] if rows else engine
+            engines[name] = summarize_engine(rows)
+        profile["comm"] = {"ranks": config.nprocs, "engines": engines}
+    if "gemm" in config.parts:
+        on_event({"event": "part", "part": "gemm"})
+        profile["gemm"] = {"device": profile["device"], "dtype": "float32",
+                           "rows": local.gemm(list(config.gemm_batches), config.gemm_k, config.gemm_k, device)}
+    if "copy" in config.parts:
+        on_event({"event": "part", "part": "copy"})
+        profile["host_device"] = local.host_device(list(config.copy_sizes))
+    if "loading" in config.parts:
+        on_event({"event": "part", "part": "loading"})
+        profile["loading"] = local.loading(config.loading_batch_bytes, config.loading_steps, directory=config.directory)
+    if "disk" in config.parts:
+        on_event({"event": "part", "part": "disk"})
+        profile["disk"] = local.disk_read(config.disk_bytes, config.directory)
+    return profile
+
+
+def load_profile(path: str | Path) -> dict:
+    """A machine profile written by ``gpurig bench --out`` (checked for its schema)."""
+    try:
+        profile = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{path}: not a gpurig profile: {error}") from None
+    if not isinstance(profile, dict) or profile.get("schema") != SCHEMA:
+        raise UsageError(f"{path}: not a gpurig profile (schema {SCHEMA} expected)")
+    return profile

@@ -1,0 +1,32 @@
+"""Rank 0's progress as JSON lines in a file, followed by the launching process (train, bench)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+
+def follow_jsonl(path: Path, on_event, stop: threading.Event) -> None:
+    """Hand every JSON line appended to ``path`` to ``on_event`` until ``stop`` is set.
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "e.jsonl"; _ = p.write_text('{"event": "done"}\\n')
+    >>> stop = threading.Event(); stop.set(); seen = []
+    >>> follow_jsonl(p, seen.append, stop); seen
+    [{'event': 'done'}]
+    """
+    position = 0
+    while True:
+        finished = stop.is_set()
+        if path.exists():
+            with open(path) as f:
+                f.seek(position)
+                for line in f:
+                    if not line.endswith("\n"):
+                        break
+                    position += len(line)
+                    on_event(json.loads(line))
+        if finished:
+            return
+        stop.wait(0.1)

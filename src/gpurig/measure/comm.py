@@ -1,0 +1,173 @@
+"""Collectives by message size on every rank: gpurig's Communicator and the raw engine call, interleaved.
+
+Run by ``gpurig bench`` as ``python -m gpurig.measure.comm CONFIG.json`` on
+each rank of a job started by :func:`gpurig.launch.run_job`. For each
+collective (allreduce, allgather, broadcast) and size, every iteration calls
+the Communicator and the engine's own call (mpi4py ``Allreduce`` /
+``Allgather`` / ``Bcast`` on the same buffers, or ``torch.distributed``'s
+``all_reduce`` / ``all_gather_single`` / ``broadcast``) back to back,
+alternating which goes first, so the noise of a shared machine hits both. An
+iteration lasts as long as its slowest rank; the median over iterations is
+reported. Point-to-point: rank 0 and rank 1 ping-pong through the engine.
+
+Sizes are nccl-tests': for allgather, the gathered output (each rank gives 1/n of it).
+Rank 0 appends one JSON line per measurement to ``CONFIG["events"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import gpurig
+from gpurig.perf.busbw import algbw, busbw
+
+COLLECTIVES = ("allreduce", "allgather", "broadcast")
+
+
+def sizes(min_bytes: int, max_bytes: int, step: int = 4) -> list[int]:
+    """Message sizes from ``min_bytes`` to ``max_bytes``, multiplying by ``step``.
+
+    >>> sizes(1024, 65536)
+    [1024, 4096, 16384, 65536]
+    """
+    out, size = [], min_bytes
+    while size <= max_bytes:
+        out.append(size)
+        size *= step
+    return out
+
+
+def iterations(nbytes: int, budget_bytes: float, low: int, high: int) -> int:
+    """Iterations for a size: about ``budget_bytes`` of traffic, between ``low`` and ``high``.
+
+    >>> iterations(1024, 2**26, 5, 200), iterations(2**26, 2**26, 5, 200)
+    (200, 5)
+    """
+    return max(low, min(high, int(budget_bytes // nbytes)))
+
+
+def raw_calls(comm, collective: str, buf: torch.Tensor, out: torch.Tensor):
+    """The engine's own call for ``collective`` on ``buf`` (``out`` for allgather), bypassing gpurig."""
+    if comm.engine.name == "mpi":
+        from mpi4py import MPI
+
+        world = comm.engine.comm
+        send, recv = [buf.numpy(), MPI.FLOAT], [out.numpy(), MPI.FLOAT]
+        return {"allreduce": lambda: world.Allreduce(MPI.IN_PLACE, send, op=MPI.SUM),
+                "allgather": lambda: world.Allgather(send, recv),
+                "broadcast": lambda: world.Bcast(send, root=0)}[collective]
+    import torch.distributed as dist
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+    return {"allreduce": lambda: dist.all_reduce(buf),
+            "allgather": lambda: gather(out, buf),
+            "broadcast": lambda: dist.broadcast(buf, src=0)}[collective]
+
+
+def gpurig_call(comm, collective: str, buf: torch.Tensor):
+    """The Communicator's call for ``collective`` on ``buf``."""
+    return {"allreduce": lambda: comm.allreduce(buf, op="sum"),
+            "allgather": lambda: comm.allgather(buf),
+            "broadcast": lambda: comm.broadcast(buf, root=0)}[collective]
+
+
+def timed_pairs(a, b, n: int) -> tuple[list[float], list[float]]:
+    """``n`` timings of ``a`` and of ``b``, called back to back, alternating which goes first."""
+    times: dict = {a: [], b: []}
+    for i in range(n):
+        for fn in ((a, b) if i % 2 == 0 else (b, a)):
+            start = time.perf_counter()
+            fn()
+            times[fn].append(time.perf_counter() - start)
+    return times[a], times[b]
+
+
+def slowest(comm, values: list[float]) -> list[float]:
+    """Per iteration, the slowest rank's time."""
+    gathered = comm.allgather(torch.tensor(values, dtype=torch.float64)).view(comm.size, -1)
+    return gathered.max(dim=0).values.tolist()
+
+
+def measure_collective(comm, collective: str, nbytes: int, n: int, warmup: int) -> dict:
+    """One size of one collective: gpurig's and the engine's median times, algbw and busbw (GB/s)."""
+    count = nbytes // 4
+    per_rank = count // comm.size if collective == "allgather" else count
+    buf = torch.zeros(max(per_rank, 1))
+    out = torch.zeros(max(per_rank, 1) * comm.size)
+    ours, raw = gpurig_call(comm, collective, buf), raw_calls(comm, collective, buf, out)
+    timed_pairs(ours, raw, warmup)
+    ours_t, raw_t = timed_pairs(ours, raw, n)
+    ours_t, raw_t = slowest(comm, ours_t), slowest(comm, raw_t)
+    total = max(per_rank, 1) * 4 * (comm.size if collective == "allgather" else 1)
+    ours_s, raw_s = statistics.median(ours_t), statistics.median(raw_t)
+    paired = statistics.median(r / o for r, o in zip(raw_t, ours_t))
+    return {"collective": collective, "bytes": total, "iterations": n, "seconds": ours_s, "raw_seconds": raw_s,
+            "algbw_gbs": algbw(total, ours_s) / 1e9, "busbw_gbs": busbw(collective, total, ours_s, comm.size) / 1e9,
+            "raw_busbw_gbs": busbw(collective, total, raw_s, comm.size) / 1e9, "raw_over_gpurig": paired}
+
+
+def measure_p2p(comm, nbytes: int, n: int, warmup: int) -> dict | None:
+    """Rank 0 ↔ rank 1 ping-pong through the engine: one-way time and bandwidth; other ranks wait."""
+    buf = torch.zeros(max(nbytes // 4, 1))
+    if comm.engine.name == "mpi":
+        from mpi4py import MPI
+
+        world, msg = comm.engine.comm, [buf.numpy(), MPI.FLOAT]
+        send, recv = (lambda peer: world.Send(msg, dest=peer)), (lambda peer: world.Recv(msg, source=peer))
+    else:
+        import torch.distributed as dist
+
+        send, recv = (lambda peer: dist.send(buf, dst=peer)), (lambda peer: dist.recv(buf, src=peer))
+    times = []
+    for i in range(warmup + n):
+        start = time.perf_counter()
+        if comm.rank == 0:
+            send(1)
+            recv(1)
+        elif comm.rank == 1:
+            recv(0)
+            send(0)
+        if i >= warmup:
+            times.append((time.perf_counter() - start) / 2)
+    comm.barrier()
+    one_way = statistics.median(times)
+    return {"collective": "sendrecv", "bytes": buf.numel() * 4, "iterations": n, "seconds": one_way,
+            "algbw_gbs": algbw(buf.numel() * 4, one_way) / 1e9,
+            "busbw_gbs": busbw("sendrecv", buf.numel() * 4, one_way, 2) / 1e9}
+
+
+def run(config: dict) -> None:
+    """Every measurement the config asks for; rank 0 appends each result to ``config["events"]``."""
+    comm = gpurig.init()
+    torch.set_num_threads(1)
+    events = open(config["events"], "a") if comm.rank == 0 else None
+
+    def emit(**fields):
+        if events is not None:
+            events.write(json.dumps(fields) + "\n")
+            events.flush()
+
+    emit(event="start", ranks=comm.size, engine=comm.engine_name)
+    plan = [(c, s) for c in config["collectives"] for s in sizes(config["min_bytes"], config["max_bytes"])]
+    if config.get("p2p") and comm.size >= 2:
+        plan += [("sendrecv", s) for s in sizes(config["min_bytes"], config["max_bytes"])]
+    for collective, nbytes in plan:
+        n = iterations(nbytes, config["budget_bytes"], config["min_iterations"], config["max_iterations"])
+        if collective == "sendrecv":
+            row = measure_p2p(comm, nbytes, n, config["warmup"])
+        else:
+            row = measure_collective(comm, collective, nbytes, n, config["warmup"])
+        emit(event="row", engine=comm.engine_name, ranks=comm.size, **row)
+    emit(event="done")
+    if events is not None:
+        events.close()
+
+
+if __name__ == "__main__":
+    run(json.loads(Path(sys.argv[1]).read_text()))

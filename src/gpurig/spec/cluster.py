@@ -1,0 +1,247 @@
+"""The cluster spec: nodes (GPUs, PCIe, CPU, RAM, disks, NICs) and the network between them, in TOML.
+
+One description of the hardware for ``plan``, ``predict`` and ``run``: written
+by ``gpurig doctor --write-spec``, by hand, or parsed from a one-line catalog
+description (:mod:`gpurig.spec.describe`). Example::
+
+    name = "2 nodes x 4 RTX 2080 Ti"
+    gpudirect_rdma = false
+
+    [network]
+    name = "InfiniBand FDR"          # a catalog name, or give gbit_per_s (and data_gbit_per_s)
+
+    [[nodes]]
+    count = 2                        # nodes like this one
+    gpu = "RTX 2080 Ti"              # a catalog name, or a [nodes.gpu] table
+    gpus = 4
+    pcie_gen = "3.0"
+    pcie_lanes = 8                   # per GPU
+    ram_gb = 64
+    [nodes.cpu]
+    cores = 8
+    threads = 16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpurig.spec import catalog
+from gpurig.spec.fields import SpecError, flag, from_mapping, number, text, to_mapping
+from gpurig.spec.hardware import GPU, Network, PCIE_GENERATIONS
+from gpurig.spec.tomlio import read_toml, write_toml
+
+
+@dataclass(frozen=True)
+class CPU:
+    """The processor(s) of a node."""
+
+    cores: int = number("cores", 1, 4096, integer=True)
+    model: str | None = text(default=None)
+    threads: int | None = number("threads", 1, 8192, integer=True, default=None)
+    ghz: float | None = number("GHz", 0.2, 10, default=None)
+    tdp_w: float | None = number("W", 1, 2000, default=None)
+    pcie_lanes: int | None = number("lanes", 1, 512, integer=True, default=None)
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A block device: SSD or HDD, its size, and optionally its measured read rate."""
+
+    name: str = text()
+    kind: str = text(choices=("ssd", "hdd"))
+    size_gb: float | None = number("GB", 0.001, 1e6, default=None)
+    read_mb_s: float | None = number("MB/s", 0.1, 1e6, default=None)
+
+
+@dataclass(frozen=True)
+class NIC:
+    """A network interface and its link speed (None when the link reports none)."""
+
+    name: str = text()
+    gbit_per_s: float | None = number("Gbit/s", 0.001, 10000, default=None)
+    kind: str | None = text(default=None)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """``count`` identical machines, each with ``gpus`` GPUs of one model (``gpu`` None when there are none)."""
+
+    gpus: int = number("GPUs", 0, 1024, integer=True)
+    gpu: GPU | None = None
+    count: int = number("nodes", 1, 100000, integer=True, default=1)
+    pcie_gen: str | None = text(choices=PCIE_GENERATIONS, default=None)
+    pcie_lanes: int | None = number("lanes per GPU", 1, 16, integer=True, default=None)
+    ram_gb: float | None = number("GB", 0.1, 1e6, default=None)
+    hostname: str | None = text(default=None)
+    peer_to_peer: bool | None = flag(default=None)
+    mpi: str | None = text(default=None)
+    mpi_cuda_aware: bool | None = flag(default=None)
+    cpu: CPU | None = None
+    disks: tuple[Disk, ...] = ()
+    nics: tuple[NIC, ...] = ()
+
+    def __post_init__(self):
+        if self.gpus and self.gpu is None:
+            raise SpecError(f"node with {self.gpus} GPUs names no GPU model")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Nodes and the network joining them.
+
+    >>> spec = ClusterSpec(nodes=(NodeSpec(gpus=4, gpu=catalog.gpu("2080ti"), count=2),))
+    >>> spec.total_gpus, spec.node_count
+    (8, 2)
+    """
+
+    nodes: tuple[NodeSpec, ...]
+    network: Network | None = None
+    gpudirect_rdma: bool = False
+    name: str | None = None
+
+    @property
+    def node_count(self) -> int:
+        return sum(n.count for n in self.nodes)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.count * n.gpus for n in self.nodes)
+
+
+# -- reading ------------------------------------------------------------------
+
+_NODE_TABLES = ("gpu", "cpu", "disks", "nics")
+
+
+def gpu_from(value, where: str) -> GPU:
+    """A GPU from a spec value: a catalog name, or a table (a catalog name plus overrides, or a full description).
+
+    >>> gpu_from("2080ti", "x").memory_gb
+    11.0
+    >>> gpu_from({"name": "2080ti", "memory_gb": 22}, "x").memory_gb
+    22
+    """
+    if isinstance(value, str):
+        try:
+            return catalog.gpu(value)
+        except SpecError as error:
+            raise SpecError(f"{where}: {error}") from None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise SpecError(f"{where}: expected a GPU name or a table with a name, got {value!r}")
+    try:
+        base = catalog.gpu(value["name"])
+    except SpecError:
+        return from_mapping(GPU, value, where)
+    checked = from_mapping(GPU, {**to_mapping(base), **value}, where)
+    return dataclasses.replace(checked, name=base.name)
+
+
+def network_from(value, where: str) -> Network:
+    """A network from a spec value: a catalog name, or a table with ``gbit_per_s``.
+
+    >>> network_from("EDR", "x").gbit_per_s, network_from({"name": "lab", "gbit_per_s": 25}, "x").data_gbit_per_s
+    (100.0, 25)
+    """
+    if isinstance(value, str):
+        try:
+            return catalog.network(value)
+        except SpecError as error:
+            raise SpecError(f"{where}: {error}") from None
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a network name or table, got {value!r}")
+    if "gbit_per_s" not in value and isinstance(value.get("name"), str):
+        try:
+            return catalog.network(value["name"])
+        except SpecError as error:
+            raise SpecError(f"{where}: {error}") from None
+    value = {"name": "network", "kind": "other", **value}
+    value.setdefault("data_gbit_per_s", value.get("gbit_per_s"))
+    return from_mapping(Network, value, where)
+
+
+def _list_of(cls, values, where: str) -> tuple:
+    if not isinstance(values, list):
+        raise SpecError(f"{where}: expected a list of tables, got {values!r}")
+    return tuple(from_mapping(cls, item, f"{where}[{i}]") for i, item in enumerate(values))
+
+
+def node_from(table, where: str) -> NodeSpec:
+    """One ``[[nodes]]`` table as a :class:`NodeSpec`."""
+    if not isinstance(table, dict):
+        raise SpecError(f"{where}: expected a table, got {table!r}")
+    gpu = gpu_from(table["gpu"], f"{where}.gpu") if "gpu" in table else None
+    if gpu is None and isinstance(table.get("gpus"), int) and table["gpus"] > 0:
+        raise SpecError(f"{where}: gpu: missing (the node has {table['gpus']} GPUs)")
+    given = {"gpu": gpu,
+             "cpu": from_mapping(CPU, table["cpu"], f"{where}.cpu") if "cpu" in table else None,
+             "disks": _list_of(Disk, table.get("disks", []), f"{where}.disks"),
+             "nics": _list_of(NIC, table.get("nics", []), f"{where}.nics")}
+    return from_mapping(NodeSpec, table, where, extra=_NODE_TABLES, given=given)
+
+
+def spec_from(data: dict, where: str) -> ClusterSpec:
+    """A :class:`ClusterSpec` from parsed TOML; ``where`` names the file in errors."""
+    from gpurig.spec.fields import unknown_keys
+
+    unknown_keys(data, ["name", "gpudirect_rdma", "network", "nodes"], where)
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise SpecError(f"{where}: nodes: missing (at least one [[nodes]] table)")
+    gpudirect = data.get("gpudirect_rdma", False)
+    if not isinstance(gpudirect, bool):
+        raise SpecError(f"{where}: gpudirect_rdma: expected true or false, got {gpudirect!r}")
+    name = data.get("name")
+    if name is not None and not isinstance(name, str):
+        raise SpecError(f"{where}: name: expected text, got {name!r}")
+    network = network_from(data["network"], f"{where}: network") if "network" in data else None
+    return ClusterSpec(nodes=tuple(node_from(n, f"{where}: nodes[{i}]") for i, n in enumerate(nodes)),
+                       network=network, gpudirect_rdma=gpudirect, name=name)
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    """Read and check the cluster spec at ``path`` (one-line :class:`SpecError` on any problem)."""
+    return spec_from(read_toml(path), str(path))
+
+
+# -- writing ------------------------------------------------------------------
+
+def gpu_to_toml(gpu: GPU):
+    """The catalog name when the GPU is the catalog's, else its fields as a table."""
+    try:
+        if catalog.gpu(gpu.name) == gpu:
+            return gpu.name
+    except SpecError:
+        pass
+    return to_mapping(gpu)
+
+
+def spec_to_dict(spec: ClusterSpec) -> dict:
+    """The TOML structure of ``spec`` (what :func:`spec_from` reads back)."""
+    out: dict = {}
+    if spec.name:
+        out["name"] = spec.name
+    out["gpudirect_rdma"] = spec.gpudirect_rdma
+    if spec.network is not None:
+        out["network"] = to_mapping(spec.network)
+    nodes = []
+    for node in spec.nodes:
+        table = to_mapping(node)
+        if node.gpu is not None:
+            table["gpu"] = gpu_to_toml(node.gpu)
+        if node.cpu is not None:
+            table["cpu"] = to_mapping(node.cpu)
+        if node.disks:
+            table["disks"] = [to_mapping(d) for d in node.disks]
+        if node.nics:
+            table["nics"] = [to_mapping(n) for n in node.nics]
+        nodes.append(table)
+    out["nodes"] = nodes
+    return out
+
+
+def save_spec(spec: ClusterSpec, path: str | Path, header: str = "") -> None:
+    """Write ``spec`` as TOML to ``path``; :func:`load_spec` reads it back equal."""
+    write_toml(path, spec_to_dict(spec), header or "gpurig cluster spec (see docs/hardware.md)")

@@ -1,0 +1,81 @@
+"""A cluster from one line: "2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand, no GPUDirect".
+
+Comma-separated parts, in any order:
+
+- GPUs: ``[N node(s) ×] [M ×] GPU name`` — "4 RTX 2080 Ti", "2 nodes x 8 A100", "V100"
+- PCIe: ``PCIe 3.0 x8`` (the generation and the lanes each GPU gets)
+- network: a catalog name ("InfiniBand FDR", "10GbE", "EDR") or a rate and a kind
+  ("40 Gbit/s InfiniBand", "1 Gbit/s Ethernet"); the stated rate is used as it is
+- GPUDirect RDMA: ``GPUDirect`` / ``GPUDirect RDMA`` or ``no GPUDirect``
+- RAM: ``64 GB RAM``
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpurig.spec import catalog
+from gpurig.spec.cluster import ClusterSpec, NodeSpec
+from gpurig.spec.fields import SpecError
+from gpurig.spec.hardware import Network
+from gpurig.units import gbit_per_s
+
+_TIMES = r"\s*(?:×|x|\*)\s*"
+_GPUS = re.compile(rf"^(?:(?P<nodes>\d+)\s*nodes?{_TIMES})?(?:(?P<gpus>\d+){_TIMES}|(?P<gpus2>\d+)\s+)?(?P<name>.+)$", re.I)
+_PCIE = re.compile(r"^pcie\s*(?:gen\s*)?(?P<gen>\d(?:\.\d)?)?\s*(?:x\s*(?P<lanes>\d+))?$", re.I)
+_RATE = re.compile(r"^(?P<rate>[0-9.]+\s*[kMGT]?(?:bit|b)/s|[0-9.]+\s*[kMGT]bps)\s*(?P<kind>.*)$", re.I)
+_RAM = re.compile(r"^(?P<gb>[0-9.]+)\s*(?:GB|GiB)\s+(?:of\s+)?RAM$", re.I)
+
+
+def _network(part: str) -> Network | None:
+    match = _RATE.match(part)
+    if match:
+        gbit = gbit_per_s(match["rate"])
+        words = match["kind"].lower()
+        kind = "infiniband" if ("infiniband" in words or re.search(r"\bib\b", words)) else \
+            "ethernet" if ("ethernet" in words or "gbe" in words) else "other"
+        return Network(name=part, kind=kind, gbit_per_s=gbit, data_gbit_per_s=gbit, source="cluster description")
+    try:
+        return catalog.network(part)
+    except SpecError:
+        return None
+
+
+def parse_description(text: str) -> ClusterSpec:
+    """The :class:`ClusterSpec` a one-line description names.
+
+    >>> spec = parse_description("2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand, no GPUDirect")
+    >>> spec.node_count, spec.total_gpus, spec.nodes[0].gpu.name, spec.nodes[0].pcie_lanes, spec.network.gbit_per_s
+    (2, 8, 'GeForce RTX 2080 Ti', 8, 40.0)
+    """
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise SpecError("empty cluster description: e.g. '2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand'")
+    node: dict = {}
+    network, gpudirect = None, False
+    for part in parts:
+        low = part.lower()
+        if (match := _PCIE.match(part)) and low.startswith("pcie"):
+            if match["gen"]:
+                node["pcie_gen"] = catalog.pcie_generation(match["gen"]).generation
+            if match["lanes"]:
+                node["pcie_lanes"] = int(match["lanes"])
+        elif "gpudirect" in low:
+            gpudirect = not low.startswith("no")
+        elif match := _RAM.match(part):
+            node["ram_gb"] = float(match["gb"])
+        elif (found := _network(part)) is not None:
+            network = found
+        elif "gpu" not in node and (match := _GPUS.match(part)):
+            try:
+                node["gpu"] = catalog.gpu(match["name"])
+            except SpecError as error:
+                raise SpecError(f"in {part!r}: {error}") from None
+            node["gpus"] = int(match["gpus"] or match["gpus2"] or 1)
+            node["count"] = int(match["nodes"] or 1)
+        else:
+            raise SpecError(f"cannot read {part!r} in the cluster description (expected GPUs, 'PCIe 3.0 x8', "
+                            "a network such as '40 Gbit/s InfiniBand', 'no GPUDirect' or '64 GB RAM')")
+    if "gpu" not in node:
+        raise SpecError(f"the cluster description {text!r} names no GPU (e.g. '4 RTX 2080 Ti')")
+    return ClusterSpec(nodes=(NodeSpec(**node),), network=network, gpudirect_rdma=gpudirect, name=text)

@@ -1,0 +1,134 @@
+"""What the catalog holds: GPUs, PCIe generations, GPU-to-GPU links and networks, one dataclass each.
+
+Units are in the field names (``_gb``, ``_gbs`` = GB/s, ``_w``, ``_tflops``) and
+declared with their valid range, which both the catalog's data files and
+cluster specs are checked against (:mod:`gpurig.spec.fields`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpurig.spec.fields import SpecError, number, text
+
+SEGMENTS = ("consumer", "workstation", "datacenter")
+FORM_FACTORS = ("pcie", "sxm", "oam")
+COOLERS = ("blower", "open", "passive", "water")
+PCIE_GENERATIONS = ("1.0", "2.0", "3.0", "4.0", "5.0", "6.0")
+CONNECTOR_KINDS = ("6", "8", "12", "16", "8cpu")
+CATALOG_REQUIRED = ("vendor", "architecture", "year", "segment", "form_factor", "memory_bandwidth_gbs", "fp32_tflops",
+                    "tdp_w", "pcie_gen", "pcie_lanes", "cooler")
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU model as its vendor specifies it (peak numbers at the boost clock).
+
+    ``tensor_tflops`` is dense FP16/BF16 matrix throughput with FP32 accumulation
+    (what mixed-precision training uses; GeForce cards run it at half their
+    FP16-accumulate rate), without sparsity. ``gpu_link_gbs`` is the GPU's total
+    NVLink / Infinity Fabric bandwidth, both directions. ``power_connectors`` is
+    ``1x6+1x8``, ``2x8``, ``1x12``, ``1x16`` (12VHPWR / 12V-2x6), ``1x8cpu``
+    (EPS-12V), ``none`` (slot power only) or ``board`` (SXM/OAM module).
+
+    Only name, memory and source are needed to describe a GPU the catalog lacks
+    (``gpurig doctor`` writes what NVML reports); every catalog row has
+    :data:`CATALOG_REQUIRED` too.
+    """
+
+    name: str = text()
+    memory_gb: float = number("GB", 0.5, 1024)
+    source: str = text()
+    vendor: str | None = text(choices=("NVIDIA", "AMD"), default=None)
+    architecture: str | None = text(default=None)
+    year: int | None = number("year", 2008, 2030, integer=True, default=None)
+    segment: str | None = text(choices=SEGMENTS, default=None)
+    form_factor: str | None = text(choices=FORM_FACTORS, default=None)
+    memory_bandwidth_gbs: float | None = number("GB/s", 50, 50000, default=None)
+    fp32_tflops: float | None = number("TFLOPS", 0.1, 1000, default=None)
+    tdp_w: float | None = number("W", 10, 3000, default=None)
+    pcie_gen: str | None = text(choices=PCIE_GENERATIONS, default=None)
+    pcie_lanes: int | None = number("lanes", 1, 16, integer=True, default=None)
+    fp16_tflops: float | None = number("TFLOPS", 0.01, 5000, default=None)
+    tensor_tflops: float | None = number("TFLOPS", 1, 20000, default=None)
+    gpu_link: str | None = text(default=None)
+    gpu_link_gbs: float | None = number("GB/s", 1, 10000, default=None)
+    slot_width: int | None = number("slots", 1, 4, integer=True, default=None)
+    power_connectors: str | None = text(default=None)
+    cooler: str | None = text(choices=COOLERS, default=None)
+    aliases: str | None = text(default=None)
+
+    def __post_init__(self):
+        if self.power_connectors is not None:
+            connector_counts(self.power_connectors, self.name)
+
+
+def connector_counts(connectors: str, gpu: str = "GPU") -> dict[str, int]:
+    """The PCIe power connectors a card needs, by kind.
+
+    >>> connector_counts("1x6+1x8"), connector_counts("board")
+    ({'6': 1, '8': 1}, {})
+    """
+    if connectors in ("none", "board"):
+        return {}
+    counts: dict[str, int] = {}
+    for part in connectors.split("+"):
+        match = re.fullmatch(r"(\d+)x(6|8|12|16|8cpu)", part.strip())
+        if not match:
+            raise SpecError(f"{gpu}: power_connectors: {connectors!r} is not like '2x8', '1x6+1x8', '1x16', "
+                            "'1x8cpu', 'none' or 'board'")
+        counts[match[2]] = counts.get(match[2], 0) + int(match[1])
+    return counts
+
+
+@dataclass(frozen=True)
+class PCIeGeneration:
+    """One PCIe generation: transfer rate per lane and line-code efficiency.
+
+    >>> PCIeGeneration("3.0", 2010, 8, "128b/130b", "PCI-SIG").encoding
+    0.9846153846153847
+    """
+
+    generation: str = text(choices=PCIE_GENERATIONS)
+    year: int = number("year", 2000, 2030, integer=True)
+    gigatransfers_per_s: float = number("GT/s", 1, 256)
+    line_code: str = text()
+    source: str = text()
+
+    @property
+    def encoding(self) -> float:
+        """Fraction of the raw bits that carry data: 8b/10b → 0.8, 128b/130b → 0.985."""
+        match = re.fullmatch(r"(\d+)[bB]/(\d+)[bB]", self.line_code)
+        if not match:
+            raise SpecError(f"PCIe {self.generation}: encoding {self.line_code!r} is not like '128b/130b'")
+        return int(match[1]) / int(match[2])
+
+
+@dataclass(frozen=True)
+class GPULink:
+    """A GPU-to-GPU link generation (NVLink, Infinity Fabric): bandwidth per link, each direction."""
+
+    name: str = text()
+    vendor: str = text(choices=("NVIDIA", "AMD"))
+    year: int = number("year", 2010, 2030, integer=True)
+    link_gbytes_per_s: float = number("GB/s", 1, 1000)
+    max_links: int = number("links", 1, 64, integer=True)
+    source: str = text()
+
+
+@dataclass(frozen=True)
+class Network:
+    """A node-to-node network: nominal rate (what it is sold as) and data rate after line coding.
+
+    >>> Network("InfiniBand QDR", "infiniband", 40, 32, source="IBTA").data_gbit_per_s
+    32
+    """
+
+    name: str = text()
+    kind: str = text(choices=("ethernet", "infiniband", "other"))
+    gbit_per_s: float = number("Gbit/s", 0.001, 10000)
+    data_gbit_per_s: float = number("Gbit/s", 0.001, 10000)
+    year: int | None = number("year", 1980, 2030, integer=True, default=None)
+    aliases: str | None = text(default=None)
+    source: str | None = text(default=None)

@@ -1,0 +1,81 @@
+"""gpurig bench on 2 ranks over MPI and Gloo: nccl-tests' busbw, agreeing with the raw engine's call."""
+
+import doctest
+import json
+
+import pytest
+import torch
+
+import gpurig.bench
+import gpurig.errors
+import gpurig.measure.comm
+import gpurig.measure.local
+from conftest import gpurig as gpurig_cli
+from gpurig.measure import local
+
+
+def test_docstring_examples():
+    for module in (gpurig.measure.comm, gpurig.measure.local):
+        assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def nccl_tests_busbw(collective, nbytes, seconds, n):
+    """nccl-tests' definitions, written out here independently of gpurig.perf.busbw."""
+    factor = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n, "broadcast": 1.0, "sendrecv": 1.0}[collective]
+    return nbytes / seconds * factor / 1e9
+
+
+@pytest.mark.slow
+def test_bench_comm_over_mpi_and_gloo(tmp_path):
+    profile_path = tmp_path / "profile.json"
+    done = gpurig_cli("bench", "--quick", "--engine", "mpi,torch", "--parts", "comm,p2p", "--min-kb", "16",
+                      "--max-mb", "1", "--out", profile_path, "--plot", tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    profile = json.loads(profile_path.read_text())
+    assert profile["schema"] == "gpurig-profile/1" and profile["comm"]["ranks"] == 2
+    assert set(profile["comm"]["engines"]) == {"mpi", "torch/gloo"}
+    for engine, collectives in profile["comm"]["engines"].items():
+        assert set(collectives) == {"allreduce", "allgather", "broadcast", "sendrecv"}
+        for name, entry in collectives.items():
+            assert [r["bytes"] for r in entry["rows"]] == [16384, 65536, 262144, 1048576]
+            for row in entry["rows"]:
+                assert row["busbw_gbs"] == pytest.approx(nccl_tests_busbw(name, row["bytes"], row["seconds"], 2))
+            assert entry["alpha_s"] >= 0 and "beta_s_per_byte" in entry   # beta can be swamped by noise here
+        # gpurig's allreduce and the raw engine call, timed interleaved: same bandwidth within noise
+        largest = collectives["allreduce"]["rows"][-1]
+        raw = nccl_tests_busbw("allreduce", largest["bytes"], largest["raw_seconds"], 2)
+        assert 1 / 3 < largest["busbw_gbs"] / raw < 3, (engine, largest)
+        assert 1 / 3 < largest["raw_over_gpurig"] < 3, (engine, largest)
+    assert (tmp_path / "busbw.png").stat().st_size > 1000
+
+
+def test_bench_local_parts_and_table(tmp_path):
+    done = gpurig_cli("bench", "--quick", "--parts", "gemm,copy,loading,disk", "--dir", tmp_path, "--out",
+                      tmp_path / "p.json", timeout=180, env={"COLUMNS": "160"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "GEMM" in done.stdout and "disk read" in done.stdout
+    profile = json.loads((tmp_path / "p.json").read_text())
+    assert [r["batch"] for r in profile["gemm"]["rows"]] == [31, 32, 33, 63, 64, 65, 128]
+    assert profile["host_device"]["available"] == torch.cuda.is_available()
+    assert profile["disk"]["mb_per_s"] > 0 and profile["loading"]["blocking_ms"] > 0
+
+
+def test_prefetching_hides_the_smaller_of_loading_and_compute(tmp_path):
+    r = local.loading(2 << 20, steps=6, directory=str(tmp_path))
+    # blocking pays both; prefetching at most both (it cannot be slower than doing them in turn, up to noise)
+    assert r["blocking_ms"] >= 0.8 * max(r["load_ms"], r["compute_ms"])
+    assert r["prefetch_ms"] <= 1.5 * r["blocking_ms"]
+
+
+def test_bad_bench_requests_are_one_line():
+    for args, expected in ((["-n", "1", "--parts", "comm"], "at least 2"), (["--engine", "nccl2"], "unknown engine"),
+                           (["--parts", "gpu"], "unknown part")):
+        done = gpurig_cli("bench", *args, timeout=60)
+        assert done.returncode == 2 and expected in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_profile_loader_refuses_other_files(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("{}")
+    with pytest.raises(gpurig.errors.UsageError, match="not a gpurig profile"):
+        gpurig.bench.load_profile(path)

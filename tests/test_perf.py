@@ -1,0 +1,110 @@
+"""SEEDS.md's hardware numbers, each from gpurig's general formulas (never a hard-coded answer path)."""
+
+import doctest
+
+import pytest
+
+import gpurig.perf.busbw
+import gpurig.perf.fit
+import gpurig.perf.power
+import gpurig.perf.transfer
+import gpurig.units
+from gpurig.perf import power, transfer
+from gpurig.perf.busbw import bus_factor, busbw
+from gpurig.perf.fit import fit_alpha_beta
+from gpurig.units import BINARY, DECIMAL, bytes_per_second, tensor_bytes
+
+IMAGENET_BATCH = tensor_bytes((32, 225, 225, 3))     # fp32
+TWO_WEEKS_H = 14 * 24
+
+
+@pytest.mark.parametrize("module", [gpurig.units, gpurig.perf.transfer, gpurig.perf.power, gpurig.perf.busbw,
+                                    gpurig.perf.fit])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+@pytest.mark.parametrize("lanes,ms", [(16, 1.15), (8, 2.30), (4, 4.60)])
+def test_imagenet_batch_over_pcie3_at_15_75_gib_per_s(lanes, ms):
+    # The PCIe 3.0 rate comes from the catalog's generation table (8 GT/s, 128b/130b); the source reads its
+    # "GB/s" as 2^30 bytes.
+    rate = transfer.quoted_rate_bytes_per_s(transfer.pcie_gbytes_per_s("3.0", lanes), "GB/s", base=BINARY)
+    assert round(1e3 * transfer.transfer_seconds(IMAGENET_BATCH, rate), 2) == ms
+
+
+def test_pcie3_x16_is_the_sources_15_75():
+    assert round(transfer.pcie_gbytes_per_s(3, 16), 2) == 15.75
+    assert round(transfer.pcie_gbytes_per_s(2, 16), 2) == 8.0          # 8b/10b
+    assert transfer.pcie_gbytes_per_s(4, 16) == pytest.approx(2 * transfer.pcie_gbytes_per_s(3, 16))
+
+
+def test_pageable_copies_are_the_sources_twice_as_slow():
+    rate = bytes_per_second(15.75, "GB/s", base=BINARY)
+    pinned = transfer.transfer_seconds(IMAGENET_BATCH, rate, efficiency=transfer.host_copy_efficiency(True))
+    pageable = transfer.transfer_seconds(IMAGENET_BATCH, rate, efficiency=transfer.host_copy_efficiency(False))
+    assert pageable == pytest.approx(2 * pinned)
+
+
+@pytest.mark.parametrize("base,ms", [(BINARY, 185), (DECIMAL, 194)])
+def test_imagenet_batch_from_a_100_mb_per_s_disk(base, ms):
+    assert round(1e3 * transfer.transfer_seconds(IMAGENET_BATCH, bytes_per_second(100, "MB/s", base=base))) == ms
+
+
+@pytest.mark.parametrize("base,ms", [(BINARY, 0.745), (DECIMAL, 0.80)])
+def test_1000x1000_gradient_over_40_gbit(base, ms):
+    seconds = transfer.transfer_seconds(tensor_bytes((1000, 1000)), bytes_per_second(40, "Gbit/s", base=base))
+    assert round(1e3 * seconds, 3) == pytest.approx(ms)
+
+
+@pytest.mark.parametrize("gpus,quoted", [(6, 1.6), (12, 0.72), (24, 0.35), (48, 0.17)])
+def test_infiniband_shared_by_the_other_gpus(gpus, quoted):
+    # 8 GB/s shared by N - 1 peers; the post truncates 8/11 = 0.727 to 0.72, the others it rounds
+    assert transfer.shared_rate(8.0, gpus - 1) == pytest.approx(quoted, abs=0.01)
+
+
+def test_psu_three_versions_from_one_formula():
+    gpus, cpu = [250] * 4, 150
+    assert power.psu_watts(gpus, cpu) == pytest.approx(1265)                           # gpurig: the summary rule
+    assert power.psu_size(power.psu_watts(gpus, cpu)) == 1300
+    assert power.psu_watts(gpus, cpu, other_w=100, headroom=0) == pytest.approx(1250)  # example, first step
+    example = power.psu_watts(gpus, cpu, other_w=100)
+    assert example == pytest.approx(1375)                                              # example + 10 %
+    assert power.psu_size(example, step_w=100) == 1400 == power.psu_size(example)
+
+
+def test_energy_two_weeks_and_the_corrected_psu_surcharge():
+    low, high = power.energy_kwh(1000, TWO_WEEKS_H), power.energy_kwh(1500, TWO_WEEKS_H)
+    assert (low, high) == (336, 504)
+    assert round(power.energy_cost(low, 0.20)) == 67 and round(power.energy_cost(high, 0.20)) == 101
+    extra = [power.efficiency_surcharge(w, TWO_WEEKS_H, 0.20, 0.8) for w in (1000, 1500)]
+    assert [round(e, 1) for e in extra] == [16.8, 25.2]                # the post says 18–26 €
+    # An 80 % PSU multiplies the bill by 1.25; on the post's rounded 60–100 € that is 15–25 € extra.
+    assert [round(0.25 * c) for c in (60, 100)] == [15, 25]
+    assert power.wall_energy_kwh(1000, 1, 0.8) == pytest.approx(1.25 * power.energy_kwh(1000, 1))
+
+
+def test_busbw_factors_are_nccl_tests():
+    for n in (2, 4, 8):
+        assert bus_factor("allreduce", n) == pytest.approx(2 * (n - 1) / n)
+        assert bus_factor("allgather", n) == bus_factor("reduce_scatter", n) == pytest.approx((n - 1) / n)
+        assert bus_factor("broadcast", n) == 1
+    assert busbw("allreduce", 1e9, 1.0, 4) == pytest.approx(1.5e9)
+    with pytest.raises(ValueError):
+        bus_factor("allscatter", 2)
+
+
+def test_alpha_beta_fit_recovers_a_known_line():
+    alpha, beta = 20e-6, 1 / 5e9
+    sizes = [2 ** k for k in range(10, 27, 2)]
+    fit = fit_alpha_beta(sizes, [alpha + s * beta for s in sizes])
+    assert fit.alpha == pytest.approx(alpha, rel=1e-6) and fit.beta == pytest.approx(beta, rel=1e-6)
+    noisy = fit_alpha_beta(sizes, [(alpha + s * beta) * (1.1 if i % 2 else 0.9) for i, s in enumerate(sizes)])
+    assert noisy.bytes_per_s == pytest.approx(5e9, rel=0.25)
+
+
+def test_units_refuse_nonsense():
+    with pytest.raises(ValueError):
+        bytes_per_second(1, "GB")          # a size, not a rate
+    with pytest.raises(ValueError):
+        bytes_per_second(1, "parsecs/s")
+    assert gpurig.units.gbit_per_s("56Gbps") == 56

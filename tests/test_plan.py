@@ -1,0 +1,145 @@
+"""gpurig plan: the hardware guide's rules and numbers through the command line and the library."""
+
+import doctest
+import json
+
+import pytest
+
+import gpurig.plan
+import gpurig.rules
+from conftest import gpurig as gpurig_cli
+from gpurig.perf import power
+from gpurig.plan import inputs, plan
+from gpurig.spec import catalog
+
+EXAMPLES = "examples"
+
+
+@pytest.mark.parametrize("module", [gpurig.plan, gpurig.rules])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def verdicts(report):
+    return {v["rule"]: v for v in report["verdicts"]}
+
+
+def run_plan(**flags):
+    return verdicts(plan(inputs(flags=flags)))
+
+
+def test_guide_example_psu_and_energy_through_the_cli():
+    done = gpurig_cli("plan", "--build", f"{EXAMPLES}/build-guide-example.toml", "--json", timeout=60)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["psu"] == {"gpurig_w": 1265.0, "gpurig_psu_w": 1300, "guide_example_w": 1250.0,
+                             "guide_example_margin_w": 1375.0, "guide_example_psu_w": 1400}
+    v = verdicts(report)
+    assert v["PSU watts"]["verdict"] == "info" and "1300" in v["PSU watts"]["number"]
+    kwh = power.wall_energy_kwh(4 * catalog.gpu("1080 ti").tdp_w + 150, 336, 0.8)
+    assert v["energy"]["number"] == f"{kwh:.0f} kWh, {kwh * 0.2:.2f} €"
+
+
+def test_guide_energy_example_with_its_draw():
+    # 4 GPUs "at full power (1000-1500 watts)" for two weeks at 0.20 €/kWh behind an 80 % PSU
+    for draw, kwh, extra in ((1000, 336, 16.8), (1500, 504, 25.2)):
+        v = run_plan(gpus=[{"model": "2080ti", "count": 4}], psu={"efficiency": 0.8},
+                     usage={"hours": 336, "price_per_kwh": 0.2, "draw_w": draw})
+        assert v["energy"]["number"].startswith(f"{kwh / 0.8:.0f} kWh")
+        assert f"+{extra:.2f} €" in v["PSU efficiency"]["number"]
+        lossless = run_plan(gpus=[{"model": "2080ti", "count": 4}], usage={"hours": 336, "price_per_kwh": 0.2,
+                                                                            "draw_w": draw})
+        assert lossless["energy"]["number"] == f"{kwh} kWh, {kwh * 0.2:.2f} €"
+
+
+@pytest.mark.parametrize("watts,verdict", [(1300, "ok"), (1200, "warning"), (1000, "problem")])
+def test_psu_verdicts(watts, verdict):
+    v = run_plan(gpus=[{"model": "2080ti", "count": 4}], cpu={"cores": 8, "tdp_w": 150}, psu={"watts": watts})
+    assert v["PSU watts"]["verdict"] == verdict
+
+
+def test_ram_at_least_the_largest_gpu():
+    # the guide: a Titan RTX with 24 GB wants at least 24 GB of RAM; more GPUs need no more
+    assert run_plan(gpus=[{"model": "Titan RTX", "count": 1}], ram_gb=16)["RAM size"]["verdict"] == "warning"
+    assert run_plan(gpus=[{"model": "Titan RTX", "count": 4}], ram_gb=24)["RAM size"]["verdict"] == "ok"
+
+
+@pytest.mark.parametrize("preprocessing,threads,verdict", [
+    ("during", 16, "ok"), ("during", 8, "warning"), ("before", 8, "ok"), ("before", 2, "problem")])
+def test_cpu_threads_per_gpu(preprocessing, threads, verdict):
+    v = run_plan(gpus=[{"model": "2080ti", "count": 4}], cpu={"cores": threads, "threads": threads},
+                 usage={"preprocessing": preprocessing})
+    assert v["CPU threads"]["verdict"] == verdict
+    assert f"need ≥ {4 * (4 if preprocessing == 'during' else 2)}" in v["CPU threads"]["number"]
+
+
+def test_pcie_lanes_eight_per_gpu_at_four_gpus():
+    ok = run_plan(gpus=[{"model": "2080ti", "count": 4}], board={"lanes": [16, 8, 8, 8]})["PCIe lanes"]
+    assert ok["verdict"] == "ok" and "2.30 ms" in ok["number"]       # the guide's x8 batch time
+    narrow = run_plan(gpus=[{"model": "2080ti", "count": 4}], board={"lanes": [8, 8, 4, 4]})["PCIe lanes"]
+    assert narrow["verdict"] == "warning" and "4.60 ms" in narrow["number"]
+    few = run_plan(gpus=[{"model": "2080ti", "count": 2}], board={"lanes": [4, 4]})["PCIe lanes"]
+    assert few["verdict"] == "ok"                                     # hardly matters for 1–3 GPUs
+    from_cpu = run_plan(gpus=[{"model": "2080ti", "count": 4}], cpu={"cores": 4, "pcie_lanes": 16})["PCIe lanes"]
+    assert from_cpu["number"].startswith("4/4/4/4")
+
+
+def test_cooling_rules():
+    adjacent = {"gpu_slots": 4, "slot_pitch": 2}
+    assert run_plan(gpus=[{"model": "2080ti", "count": 4}], board=adjacent)["cooling"]["verdict"] == "problem"
+    blower = run_plan(gpus=[{"model": "2080ti", "count": 4, "cooler": "blower"}], board=adjacent)["cooling"]
+    assert blower["verdict"] == "ok" and "10–15 %" in blower["number"]
+    water = run_plan(gpus=[{"model": "2080ti", "count": 4, "cooler": "water"}])["cooling"]
+    assert "$450" in water["reason"]                                   # $100 per GPU + $50
+    spaced = run_plan(gpus=[{"model": "2080ti", "count": 2}], board={"gpu_slots": 4})["cooling"]
+    assert spaced["verdict"] == "ok"
+
+
+def test_slots_connectors_memory_network_and_mixed_models():
+    v = run_plan(gpus=[{"model": "4090", "count": 4}], board={"gpu_slots": 4, "slot_pitch": 2})
+    assert v["board slots"]["verdict"] == "problem"                  # 3-slot cards 2 slots apart
+    v = run_plan(gpus=[{"model": "2080ti", "count": 4}], psu={"pcie_8pin": 6})
+    assert v["power connectors"]["verdict"] == "problem" and "8 × 8-pin" in v["power connectors"]["number"]
+    v = run_plan(gpus=[{"model": "1080 ti", "count": 2}], psu={"pcie_6pin": 0, "pcie_8pin": 4})
+    assert v["power connectors"]["verdict"] == "ok"                   # 6+2 plugs feed the 6-pin sockets
+    v = run_plan(gpus=[{"model": "GTX 980"}], usage={"use_case": "kaggle"})
+    assert v["GPU memory"]["verdict"] == "ok"
+    v = run_plan(gpus=[{"model": "GTX 980"}], usage={"use_case": "sota-research"})
+    assert v["GPU memory"]["verdict"] == "problem"
+    v = run_plan(gpus=[{"model": "2070"}], usage={"use_case": "sota-research", "fp16": True})
+    assert v["GPU memory"]["verdict"] == "ok"                         # 16-bit doubles the 8 GB
+    v = run_plan(gpus=[{"model": "2080ti", "count": 4}], cluster={"nodes": 2, "network": "1GbE"})
+    assert v["network"]["verdict"] == "problem"
+    v = run_plan(gpus=[{"model": "2080ti", "count": 4}], cluster={"nodes": 2, "network": "FDR"})
+    assert v["network"]["verdict"] == "ok"
+    v = run_plan(gpus=[{"model": "2080ti"}, {"model": "1080 ti"}])
+    assert v["GPU models"]["verdict"] == "warning"
+
+
+def test_flags_override_the_build_file_and_table_output():
+    done = gpurig_cli("plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml", "--psu-watts", "900", "--json",
+                      timeout=60)
+    report = json.loads(done.stdout)
+    assert verdicts(report)["PSU watts"]["verdict"] == "problem" and report["overall"] == "problem"
+    psu = json.loads(gpurig_cli("plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml", "--json").stdout)["psu"]
+    done = gpurig_cli("plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml", timeout=60, env={"COLUMNS": "200"})
+    assert done.returncode == 0 and "PSU watts" in done.stdout
+    assert f"{psu['guide_example_margin_w']:g} W → {psu['guide_example_psu_w']} W" in done.stdout
+
+
+def test_cli_unknown_gpu_and_help():
+    done = gpurig_cli("plan", "--gpu", "rtx 2090", timeout=60)
+    assert done.returncode == 2 and "closest:" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    for verb in ("plan", "doctor", "bench"):
+        helped = gpurig_cli(verb, "--help", timeout=60)
+        assert helped.returncode == 0 and "examples:" in helped.stdout and f"gpurig {verb}" in helped.stdout
+
+
+def test_list_gpus():
+    done = gpurig_cli("plan", "--list-gpus", "--json", timeout=60)
+    assert {g["name"] for g in json.loads(done.stdout)} == {g.name for g in catalog.gpus()}
+
+
+def test_plan_reads_a_description():
+    v = verdicts(plan(inputs(description="2 nodes x 4 RTX 2080 Ti, PCIe 3.0 x8, 10GbE")))
+    assert v["network"]["verdict"] == "warning" and v["PCIe lanes"]["number"].startswith("8/8/8/8")

@@ -1,0 +1,140 @@
+"""The catalog validates, names are found loosely, and bad spec / build files are one line and exit 2."""
+
+import doctest
+import re
+
+import pytest
+
+import gpurig.spec.build
+import gpurig.spec.catalog
+import gpurig.spec.cluster
+import gpurig.spec.describe
+import gpurig.spec.fields
+from conftest import gpurig as gpurig_cli
+from gpurig.spec import SpecError, catalog, load_spec, parse_description, save_spec
+from gpurig.spec.catalog import read_table
+from gpurig.spec.hardware import CATALOG_REQUIRED, GPU
+
+
+@pytest.mark.parametrize("module", [gpurig.spec.catalog, gpurig.spec.cluster, gpurig.spec.describe,
+                                    gpurig.spec.fields, gpurig.spec.build])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_every_catalog_row_is_complete_sourced_and_unique():
+    gpus = catalog.gpus()
+    assert len(gpus) >= 60
+    names = [g.name for g in gpus]
+    assert len(names) == len(set(names))
+    for g in gpus:
+        assert len(g.source) > 10, g.name
+        assert all(getattr(g, f) is not None for f in CATALOG_REQUIRED), g.name
+        assert g.memory_bandwidth_gbs > 10 * g.memory_gb ** 0.5   # bandwidth in GB/s, not Gbit/s or TB/s
+        if g.tensor_tflops:
+            assert g.tensor_tflops >= g.fp32_tflops, g.name
+    for table in (catalog.networks(), catalog.pcie_generations(), catalog.gpu_links()):
+        assert table and all(row.source for row in table)
+    vendors = {g.vendor for g in gpus}
+    architectures = {g.architecture for g in gpus}
+    assert vendors == {"NVIDIA", "AMD"}
+    assert {"Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell",
+            "CDNA 3"} <= architectures
+
+
+def test_every_name_and_alias_finds_its_own_row():
+    for g in catalog.gpus():
+        assert catalog.gpu(g.name) is g
+        for alias in filter(None, (g.aliases or "").split(";")):
+            assert catalog.gpu(alias) is g
+
+
+@pytest.mark.parametrize("query,name", [
+    ("2080ti", "GeForce RTX 2080 Ti"), ("RTX 2080 Ti", "GeForce RTX 2080 Ti"), ("rtx2080 ti", "GeForce RTX 2080 Ti"),
+    ("NVIDIA GeForce RTX 2080 Ti", "GeForce RTX 2080 Ti"), ("Tesla V100-SXM2-16GB", "Tesla V100 SXM2 16 GB"),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe 80 GB"), ("NVIDIA H100 80GB HBM3", "H100 SXM5 80 GB"),
+    ("gtx titan", "GeForce GTX Titan"), ("Titan RTX", "Titan RTX"), ("mi300x", "Instinct MI300X")])
+def test_loose_lookup(query, name):
+    assert catalog.gpu(query).name == name
+
+
+def test_famous_cards_match_their_datasheets():
+    # hand-checked against the vendor documents named in each row's source
+    expected = {"GeForce GTX 580": (1.5, 244), "GeForce GTX 1080 Ti": (11, 250), "GeForce RTX 2080 Ti": (11, 250),
+                "Titan RTX": (24, 280), "Tesla V100 SXM2 16 GB": (16, 300), "A100 SXM4 40 GB": (40, 400),
+                "H100 SXM5 80 GB": (80, 700), "GeForce RTX 3090": (24, 350), "GeForce RTX 4090": (24, 450),
+                "GeForce RTX 5090": (32, 575), "Instinct MI100": (32, 300), "Instinct MI300X": (192, 750)}
+    for name, (memory, tdp) in expected.items():
+        g = catalog.gpu(name)
+        assert (g.memory_gb, g.tdp_w) == (memory, tdp), name
+    assert catalog.gpu("2080ti").fp32_tflops == pytest.approx(4352 * 1.545 * 2 / 1000, rel=1e-3)
+
+
+def test_unknown_gpu_is_one_line_with_closest_matches():
+    with pytest.raises(SpecError) as error:
+        catalog.gpu("RTX 2090")
+    message = str(error.value)
+    assert "\n" not in message and "closest:" in message and "3090" in message
+
+
+def test_bad_catalog_rows_are_refused_naming_line_and_field():
+    header = "name,memory_gb,source\n"
+    with pytest.raises(SpecError, match=r"x.csv line 2 \(A\): memory_gb: -1.0 GB is outside"):
+        read_table("x.csv", GPU, text_of=header + "A,-1,datasheet\n")
+    with pytest.raises(SpecError, match="memory_gb: expected a number"):
+        read_table("x.csv", GPU, text_of=header + "A,lots,datasheet\n")
+    with pytest.raises(SpecError, match="source: missing"):
+        read_table("x.csv", GPU, text_of=header + "A,8,\n")
+
+
+def test_spec_round_trip(tmp_path):
+    spec = parse_description("2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand, no GPUDirect")
+    assert (spec.node_count, spec.total_gpus, spec.gpudirect_rdma) == (2, 8, False)
+    assert spec.network.gbit_per_s == 40 and spec.network.kind == "infiniband"
+    save_spec(spec, tmp_path / "c.toml")
+    assert load_spec(tmp_path / "c.toml") == spec
+
+
+def test_description_errors():
+    with pytest.raises(SpecError, match="unknown GPU 'RTX 2090'"):
+        parse_description("4 RTX 2090")
+    with pytest.raises(SpecError, match="names no GPU"):
+        parse_description("PCIe 3.0 x8")
+
+
+BAD_FILES = {
+    "not toml": ("[[gpus]\nmodel = ", "not valid TOML"),
+    "wrong type": ('[[gpus]]\nmodel = "2080ti"\ncount = "four"\n', "count: expected a number"),
+    "unknown gpu": ('[[gpus]]\nmodel = "RTX 2090"\n', "unknown GPU 'RTX 2090'"),
+    "negative count": ('[[gpus]]\nmodel = "2080ti"\ncount = -2\n', "count: -2 GPUs is outside"),
+    "typo": ('[[gpus]]\nmodel = "2080ti"\n[psu]\nwats = 1000\n', "unknown field 'wats' (did you mean 'watts'?)"),
+    "negative watts": ('[[gpus]]\nmodel = "2080ti"\n[psu]\nwatts = -1\n', "watts: -1 W is outside"),
+    "no gpus": ("ram_gb = 32\n", "no GPUs"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_malformed_build_files_are_one_line_and_exit_2(tmp_path, case):
+    text, expected = BAD_FILES[case]
+    path = tmp_path / "build.toml"
+    path.write_text(text)
+    done = gpurig_cli("plan", "--build", path, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert expected in lines[0] and str(path) in lines[0]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("[[nodes]]\ngpus = 2\n", "gpu: missing"),
+    ('[[nodes]]\ngpus = 2\ngpu = "RTX 2090"\n', "unknown GPU"),
+    ('[[nodes]]\ngpus = -1\ngpu = "2080ti"\n', "gpus: -1 GPUs is outside"),
+    ('[network]\nname = "FDR"\n', "nodes: missing"),
+    ('gpudirect_rdma = "yes"\n[[nodes]]\ngpus = 0\n', "gpudirect_rdma: expected true or false"),
+])
+def test_malformed_spec_files_are_one_line_and_exit_2(tmp_path, text, expected):
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    done = gpurig_cli("plan", "--spec", path, "--gpu", "2080ti", timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert expected in done.stderr and re.search(r"spec\.toml", done.stderr)
