@@ -23,20 +23,30 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--device", default="cpu", help="cpu (one thread) or cuda")
     args = p.parse_args()
     torch.set_num_threads(1)
+    device = torch.device(args.device)
     shapes = [q.shape for q in models.mlp().parameters()]
     values = sum(s.numel() for s in shapes)
     n = codecs.padded_length(values, codecs.get("int8"))
-    x = torch.randn(n)
+    x = torch.randn(n, device=device)
     out = torch.empty_like(x)
     nbytes = values * 4
-    memcpy = nbytes / best_seconds(lambda: out.copy_(x), args.repeats)
+
+    def timed(fn):
+        def run():
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        return best_seconds(run, args.repeats)
+
+    memcpy = nbytes / timed(lambda: out.copy_(x))
     rows = {}
     for name, codec in codecs.CODECS.items():
-        payload = codecs.empty_payload(codec, n)
-        encode = best_seconds(lambda: codec.encode(x, payload), args.repeats)
-        decode = best_seconds(lambda: codec.decode(payload, out), args.repeats)
+        payload = codecs.empty_payload(codec, n, device)
+        encode = timed(lambda: codec.encode(x, payload))
+        decode = timed(lambda: codec.decode(payload, out))
         rows[name] = {"encode_ms": 1000 * encode, "decode_ms": 1000 * decode,
                       "gb_per_s": nbytes / (encode + decode) / 1e9,
                       "fraction_of_memcpy": nbytes / (encode + decode) / memcpy,
@@ -44,7 +54,8 @@ def main():
 
     rank = powersgd.DEFAULT_RANK
     matrices, _ = powersgd.split(shapes, rank)
-    work = [(torch.randn(rows_, cols), torch.randn(cols, rank)) for _, rows_, cols in matrices]
+    work = [(torch.randn(rows_, cols, device=device), torch.randn(cols, rank, device=device))
+            for _, rows_, cols in matrices]
     factors = []
 
     def lowrank_encode():
@@ -60,14 +71,15 @@ def main():
         for (p_hat, q), target in zip(factors, decoded):
             torch.matmul(p_hat, q.T, out=target)
 
-    encode = best_seconds(lowrank_encode, args.repeats)
-    decode = best_seconds(lowrank_decode, args.repeats)
+    encode = timed(lowrank_encode)
+    decode = timed(lowrank_decode)
     rows[f"powersgd (rank {rank})"] = {
         "encode_ms": 1000 * encode, "decode_ms": 1000 * decode, "gb_per_s": nbytes / (encode + decode) / 1e9,
         "fraction_of_memcpy": nbytes / (encode + decode) / memcpy,
         "wire_bytes": 4 * powersgd.factor_values(shapes, rank)}
     with open(args.out, "w") as f:
-        json.dump({"values": values, "memcpy_gb_per_s": memcpy / 1e9, "codecs": rows}, f, indent=2)
+        json.dump({"values": values, "device": str(device), "memcpy_gb_per_s": memcpy / 1e9, "codecs": rows}, f,
+                  indent=2)
 
 
 if __name__ == "__main__":

@@ -193,13 +193,22 @@ class Communicator:
         """Whether the engine's own async operation can take ``flat`` as it is (no host staging)."""
         native = getattr(self.engine, "native_async", False)
         # Only when no run_async job is queued: it would have to go first on every rank.
-        return (native and (not flat.is_cuda or self.engine.accepts_device_tensors)
+        return (native and self._engine_reads(flat)
                 and self._worker.idle() and not self._worker.on_worker_thread())
 
+    def _engine_reads(self, flat: torch.Tensor) -> bool:
+        """Whether the engine takes ``flat`` where it is (NCCL only device memory, MPI without CUDA only host)."""
+        if flat.is_cuda:
+            return self.engine.accepts_device_tensors
+        return not getattr(self.engine, "needs_device_tensors", False)
+
     def _to_engine(self, flat: torch.Tensor) -> torch.Tensor:
-        """The tensor the engine can read: itself, or a pinned host copy of a GPU tensor."""
-        if not flat.is_cuda or self.engine.accepts_device_tensors:
+        """The tensor the engine can read: itself, a device copy of a host tensor (NCCL), or a pinned host copy
+        of a GPU tensor (MPI that is not CUDA-aware). Results go back to the caller's tensor."""
+        if self._engine_reads(flat):
             return flat
+        if not flat.is_cuda:
+            return flat.to(self.device)
         key = (flat.numel(), flat.dtype)
         host = self._pinned.get(key)
         if host is None:
@@ -209,7 +218,7 @@ class Communicator:
 
     def _sizes(self, tensor: torch.Tensor) -> list[int]:
         """Every rank's first-dimension size (one small allgather)."""
-        mine = torch.tensor([tensor.shape[0]], dtype=torch.int64)
+        mine = self._to_engine(torch.tensor([tensor.shape[0]], dtype=torch.int64))
         return self.engine.allgather(mine, [1] * self.size).tolist()
 
     # -- collectives ------------------------------------------------------

@@ -40,19 +40,23 @@ class TorchEngine:
         timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("GPURIG_COMM_TIMEOUT", "600")))
         self._owns_group = not dist.is_initialized()
         if self._owns_group:
+            device = None
+            if self.backend == "nccl":  # NCCL binds the group to this rank's GPU; say which instead of letting it guess
+                device = torch.device("cuda", (info.local_rank or 0) % torch.cuda.device_count())
+                torch.cuda.set_device(device)
             if info.size is None or info.size == 1:
-                dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+                dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
+                                        device_id=device)
             else:
                 os.environ.setdefault("RANK", str(info.rank))
                 os.environ.setdefault("WORLD_SIZE", str(info.size))
-                if self.backend == "nccl":
-                    torch.cuda.set_device(info.local_rank or 0)
-                dist.init_process_group(self.backend, init_method="env://", timeout=timeout)
+                dist.init_process_group(self.backend, init_method="env://", timeout=timeout, device_id=device)
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
         self.local_rank = info.local_rank if info.local_rank is not None else self.rank
         self.local_size = info.local_size if info.local_size is not None else self.size
         self.accepts_device_tensors = self.backend == "nccl"
+        self.needs_device_tensors = self.backend == "nccl"  # NCCL moves device memory only
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
