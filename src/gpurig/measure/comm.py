@@ -73,7 +73,7 @@ def raw_calls(comm, collective: str, buf: torch.Tensor, out: torch.Tensor):
 def gpurig_call(comm, collective: str, buf: torch.Tensor):
     """The Communicator's call for ``collective`` on ``buf``."""
     return {"allreduce": lambda: comm.allreduce(buf, op="sum"),
-            "allgather": lambda: comm.allgather(buf),
+            "allgather": lambda: comm.allgather(buf, sizes=[buf.shape[0]] * comm.size),  # equal parts, as nccl-tests
             "broadcast": lambda: comm.broadcast(buf, root=0)}[collective]
 
 
