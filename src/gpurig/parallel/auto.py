@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpurig.perf import overlap
+
 # Least to most lossy. PowerSGD is not among them: its error is not bounded per value (a low-rank projection,
 # repaid by error feedback over later steps), and how well it trains depends on its rank and on warm-up, so
 # it stays a choice the user makes.
@@ -50,23 +52,17 @@ class Bucket:
 
 
 def exposed_seconds(buckets: list[Bucket], methods: list[str], network: Network, codec_on_cores: bool) -> float:
-    """Predicted time a step loses to communication with ``methods[b]`` for bucket b.
+    """Predicted time a step loses to communication with ``methods[b]`` for bucket b (:mod:`gpurig.perf.overlap`).
 
     >>> net = Network(latency_s=0.0, bandwidth=1e9)
     >>> b = Bucket(lead_s=0.002, wire_bytes={"none": 4e6}, collectives={"none": 1}, compute_s={"none": 0.0})
     >>> round(exposed_seconds([b], ["none"], net, codec_on_cores=True), 6)   # 4 ms of wire, 2 ms hidden
     0.002
     """
-    finish = float("-inf")
-    codec = 0.0
-    for bucket, method in zip(buckets, methods):
-        transfer = network.latency_s * bucket.collectives[method] + bucket.wire_bytes[method] / network.bandwidth
-        if codec_on_cores:
-            codec += bucket.compute_s[method]
-        else:
-            transfer += bucket.compute_s[method]
-        finish = max(-bucket.lead_s, finish) + transfer
-    return max(0.0, finish) + codec
+    return overlap.exposed_seconds(
+        [b.lead_s for b in buckets],
+        [network.latency_s * b.collectives[m] + b.wire_bytes[m] / network.bandwidth for b, m in zip(buckets, methods)],
+        [b.compute_s[m] for b, m in zip(buckets, methods)], codec_on_cores)
 
 
 def fit_bandwidth(buckets: list[Bucket], methods: list[str], latency_s: float, measured_s: float,

@@ -1,0 +1,118 @@
+"""How long a device takes for a matrix multiply, and for work that only moves memory.
+
+A GEMM of (M × K) · (K × N) does 2·M·N·K floating-point operations and moves
+at least (M·K + K·N + M·N) elements. Its time is modelled as
+
+    seconds = overhead + max(2·M'·N'·K / flops_per_s, bytes / bytes_per_s)
+
+where M' and N' are M and N rounded up to whole tiles, and the tiles to whole
+waves over the device's compute units: the source's point that cuBLAS works
+in 64×128 tiles and warps of 32, so a batch of 65 costs nearly what 128 does,
+and that a GPU wants enough tiles to fill all its multiprocessors. On a CPU
+(no tiles) the three constants are fitted to ``gpurig bench``'s GEMM
+measurements (:func:`fit_gemm_model`); on a catalog GPU they come from its
+datasheet, derated by measured efficiency where there is a profile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DTYPE_BYTES = 4  # float32 throughout the reference models
+
+
+@dataclass(frozen=True)
+class GemmModel:
+    """Constants of the GEMM time model for one device and thread count.
+
+    >>> one_unit = GemmModel(overhead_s=0.0, flops_per_s=1e12, bytes_per_s=1e12, tile=(64, 128), units=1)
+    >>> one_unit.seconds(65, 128, 1000) / one_unit.seconds(64, 128, 1000)     # one row more: a second tile
+    2.0
+    >>> four_units = GemmModel(0.0, 1e12, 1e12, tile=(64, 128), units=4)
+    >>> four_units.seconds(256, 128, 1000) == four_units.seconds(1, 1, 1000)   # 4 tiles on 4 units: one wave
+    True
+    """
+
+    overhead_s: float
+    flops_per_s: float
+    bytes_per_s: float
+    tile: tuple[int, int] | None = None
+    units: int | None = None
+
+    def computed_flops(self, m: int, n: int, k: int) -> float:
+        """FLOPs the device spends: whole tiles, and whole waves of tiles over its compute units."""
+        if self.tile is None:
+            return 2.0 * m * n * k
+        tm, tn = self.tile
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        if self.units:
+            tiles = math.ceil(tiles / self.units) * self.units
+        return 2.0 * tiles * tm * tn * k
+
+    def seconds(self, m: int, n: int, k: int, dtype_bytes: int = DTYPE_BYTES) -> float:
+        """Seconds for one (m × k)·(k × n) product."""
+        moved = (m * k + k * n + m * n) * dtype_bytes
+        return self.overhead_s + max(self.computed_flops(m, n, k) / self.flops_per_s, moved / self.bytes_per_s)
+
+    def rate(self, m: int, n: int, k: int) -> float:
+        """Achieved FLOP/s on this shape (useful FLOPs over time)."""
+        return 2.0 * m * n * k / self.seconds(m, n, k)
+
+
+def memory_seconds(nbytes: float, bytes_per_s: float, overhead_s: float = 0.0) -> float:
+    """Seconds for work that only streams memory (activations, norms, optimizer updates).
+
+    >>> memory_seconds(1e9, 100e9)
+    0.01
+    """
+    return overhead_s + nbytes / bytes_per_s
+
+
+def fit_gemm_model(rows: list[dict], tile=None, units=None) -> GemmModel:
+    """Fit overhead, FLOP rate and memory rate to measured GEMMs (rows with m, n, k, seconds).
+
+    Least squares on relative error over a grid of candidate rates (the model is
+    a max of two terms, so a plain linear fit does not apply); the overhead is
+    what the smallest products take beyond their arithmetic.
+
+    >>> truth = GemmModel(2e-6, 50e9, 10e9)
+    >>> rows = [{"m": m, "n": n, "k": k, "seconds": truth.seconds(m, n, k)}
+    ...         for m in (16, 64, 256) for n in (128, 1024) for k in (4, 128, 1024)]
+    >>> fitted = fit_gemm_model(rows)
+    >>> round(fitted.flops_per_s / 1e9), round(fitted.bytes_per_s / 1e9)
+    (50, 10)
+    """
+    if not rows:
+        raise ValueError("no GEMM measurements to fit")
+
+    def error(model):
+        return sum(((model.seconds(r["m"], r["n"], r["k"]) - r["seconds"]) / r["seconds"]) ** 2 for r in rows)
+
+    # Coarse-to-fine search on a log grid: three parameters, a smooth error surface.
+    best = GemmModel(0.0, max(2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in rows),
+                     max((r["m"] * r["k"] + r["k"] * r["n"] + r["m"] * r["n"]) * DTYPE_BYTES / r["seconds"]
+                         for r in rows), tile, units)
+    smallest = min(r["seconds"] for r in rows)
+    best_err = error(best)
+    for scale in (4.0, 2.0, 1.4, 1.15, 1.05, 1.01):
+        improved = True
+        while improved:
+            improved = False
+            for field, factor in (("flops_per_s", scale), ("flops_per_s", 1 / scale), ("bytes_per_s", scale),
+                                  ("bytes_per_s", 1 / scale)):
+                trial = GemmModel(best.overhead_s, best.flops_per_s, best.bytes_per_s, tile, units)
+                trial = _replace(trial, field, getattr(trial, field) * factor)
+                if error(trial) < best_err:
+                    best, best_err, improved = trial, error(trial), True
+            for overhead in (best.overhead_s * scale, best.overhead_s / scale, smallest * 0.5 / scale):
+                trial = _replace(best, "overhead_s", min(overhead, smallest))
+                if error(trial) < best_err:
+                    best, best_err, improved = trial, error(trial), True
+    return best
+
+
+def _replace(model: GemmModel, field: str, value: float) -> GemmModel:
+    from dataclasses import replace
+
+    return replace(model, **{field: value})

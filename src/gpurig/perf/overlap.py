@@ -1,0 +1,52 @@
+"""How much gradient communication hides under the backward pass: buckets on one link, in order.
+
+Bucket b is ready ``lead[b]`` seconds before backward ends (the backward time
+still to run after its last gradient is computed) and then takes
+``transfer[b]`` seconds on the link; buckets travel one after another (one
+communication stream, as DDP, Horovod and gpurig do). Whatever is still
+travelling when backward ends is *exposed*: the step waits for it. Codec
+arithmetic (compression) either runs on the cores that compute — a CPU rank,
+where it lengthens the step whatever overlaps — or in the communication
+pipeline (a GPU stream).
+"""
+
+from __future__ import annotations
+
+
+def exposed_seconds(lead_s: list[float], transfer_s: list[float], codec_s: list[float] | None = None,
+                    codec_on_cores: bool = True) -> float:
+    """Seconds the step waits for communication after the end of backward.
+
+    >>> exposed_seconds([0.010, 0.0], [0.004, 0.004])   # the first hides, the second is all exposed
+    0.004
+    >>> exposed_seconds([0.010, 0.0], [0.015, 0.004])   # the first runs 5 ms past the end, the second queues
+    0.009
+    >>> round(exposed_seconds([0.0], [0.004], [0.001], codec_on_cores=True), 6)
+    0.005
+    """
+    codec_s = codec_s or [0.0] * len(lead_s)
+    finish, on_cores = float("-inf"), 0.0
+    for lead, transfer, codec in zip(lead_s, transfer_s, codec_s):
+        if codec_on_cores:
+            on_cores += codec
+        else:
+            transfer += codec
+        finish = max(-lead, finish) + transfer
+    return max(0.0, finish) + on_cores
+
+
+def bucket_leads(backward_s: list[float], bucket_of_layer: list[int], buckets: int) -> list[float]:
+    """Each bucket's lead: backward time left after its last layer's gradient is done.
+
+    ``backward_s`` are the layers' backward times in the order backward runs
+    them (last layer first); ``bucket_of_layer`` the bucket each belongs to.
+
+    >>> bucket_leads([1.0, 2.0, 3.0], [0, 0, 1], 2)    # bucket 0 ready after 3 s of 6, bucket 1 at the end
+    [3.0, 0.0]
+    """
+    total = sum(backward_s)
+    done, ready_at = 0.0, [0.0] * buckets
+    for seconds, bucket in zip(backward_s, bucket_of_layer):
+        done += seconds
+        ready_at[bucket] = max(ready_at[bucket], done)
+    return [total - t for t in ready_at]
