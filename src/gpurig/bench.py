@@ -3,7 +3,9 @@
 Parts (``--parts``): ``comm`` — allreduce, allgather and broadcast by message
 size on N ranks of a real job (:mod:`gpurig.measure.comm`), per engine, as
 nccl-tests' algbw and busbw, with latency and bandwidth (alpha, beta) fitted;
-``p2p`` — rank 0 ↔ rank 1 bandwidth; ``gemm`` — matrix-multiply throughput by
+``p2p`` — rank 0 ↔ rank 1 bandwidth; ``compute`` — what the predictor calibrates
+from, measured on 1 rank and on N ranks at once (:mod:`gpurig.measure.compute`:
+GEMMs over a grid of shapes, memory bandwidth, per-layer overhead, codec costs); ``gemm`` — matrix-multiply throughput by
 batch size (the tile effect); ``copy`` — host↔device, pinned vs pageable (GPU
 only); ``loading`` — blocking vs prefetching data loading; ``disk`` —
 sequential read speed. The profile's schema is in docs/hardware.md.
@@ -20,13 +22,11 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from gpurig.errors import UsageError
 from gpurig.perf.fit import fit_alpha_beta
 
 SCHEMA = "gpurig-profile/1"
-PARTS = ("comm", "p2p", "gemm", "copy", "loading", "disk")
+PARTS = ("comm", "p2p", "compute", "gemm", "copy", "loading", "disk")
 ENGINES = ("mpi", "torch")
 
 
@@ -111,6 +111,20 @@ def _comm_job(config: BenchConfig, engine: str, on_event) -> list[dict]:
     return rows
 
 
+def _compute_job(config: BenchConfig, nprocs: int) -> dict:
+    """Run :mod:`gpurig.measure.compute` on ``nprocs`` local ranks (each with its share of the cores)."""
+    from gpurig import launch
+
+    with tempfile.TemporaryDirectory(prefix="gpurig-bench-") as tmp:
+        out, path = Path(tmp) / "compute.json", Path(tmp) / "config.json"
+        path.write_text(json.dumps({"out": str(out), "quick": config.quick}))
+        code = launch.run_job([sys.executable, "-m", "gpurig.measure.compute", str(path)], nprocs, engine="mpi",
+                              mpi_args=config.mpi_args)
+        if code != 0 or not out.exists():
+            raise UsageError(f"the compute benchmark job on {nprocs} rank(s) failed (exit code {code})")
+        return json.loads(out.read_text())
+
+
 def summarize_engine(rows: list[dict]) -> dict:
     """Per collective: the rows, alpha and beta fitted to them, and the largest size's busbw."""
     out: dict = {}
@@ -134,6 +148,8 @@ def _cpu_name() -> str:
 
 def bench(config: BenchConfig, on_event=lambda event: None) -> dict:
     """Run every part of ``config``; return the machine profile. ``on_event`` sees progress events."""
+    import torch
+
     validate(config)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     profile: dict = {
@@ -152,6 +168,11 @@ def bench(config: BenchConfig, on_event=lambda event: None) -> dict:
             name = rows[0]["engine"] if rows else engine
             engines[name] = summarize_engine(rows)
         profile["comm"] = {"ranks": config.nprocs, "engines": engines}
+    if "compute" in config.parts:
+        profile["compute"] = {}
+        for ranks in sorted({1, config.nprocs}):
+            on_event({"event": "part", "part": f"compute ({ranks} rank{'s' if ranks > 1 else ''})"})
+            profile["compute"][str(ranks)] = _compute_job(config, ranks)
     if "gemm" in config.parts:
         on_event({"event": "part", "part": "gemm"})
         profile["gemm"] = {"device": profile["device"], "dtype": "float32",

@@ -25,6 +25,8 @@ calibrates from.
 
 def add_parser(subparsers) -> None:
     """Register ``gpurig bench``."""
+    from gpurig.bench import PARTS
+
     p = subparsers.add_parser(
         "bench", help="measure collectives (algbw/busbw, alpha-beta), GEMMs, host-device copies, loading, disk",
         description="Measure this machine: collectives across ranks by message size, point-to-point bandwidth, "
@@ -33,8 +35,8 @@ def add_parser(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--nprocs", type=int, default=2, help="ranks for the communication parts (default 2)")
     p.add_argument("--engine", default="mpi", help="mpi, torch, or both as mpi,torch (default mpi)")
-    p.add_argument("--parts", default=",".join(("comm", "p2p", "gemm", "copy", "loading", "disk")),
-                   help="which parts to run (default all): comm,p2p,gemm,copy,loading,disk")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"which parts to run (default all): {','.join(PARTS)}")
     p.add_argument("--quick", action="store_true", help="small sizes and few iterations")
     p.add_argument("--min-kb", type=float, default=None, help="smallest message in KB (default 1)")
     p.add_argument("--max-mb", type=float, default=None, help="largest message in MB (default 64; 1 with --quick)")

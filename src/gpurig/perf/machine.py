@@ -1,0 +1,123 @@
+"""The cost model's view of hardware, from a catalog cluster spec or from ``gpurig bench`` measurements.
+
+Two sources, one result (a :class:`~gpurig.perf.step.Device` and a
+:class:`~gpurig.perf.collectives.Topology`):
+
+- a cluster spec (catalog GPUs, PCIe, network): datasheet peaks derated by
+  the efficiencies below, which are assumptions and say so;
+- a machine profile from ``gpurig bench`` (this machine, measured): GEMM
+  constants fitted to its GEMM grid, memory bandwidth, per-layer overhead,
+  codec costs, and the links' latency and bandwidth fitted to its allreduce
+  measurements. Nothing in it comes from end-to-end training runs.
+"""
+
+from __future__ import annotations
+
+from gpurig.perf.collectives import Link, Topology
+from gpurig.perf.compute import GemmModel, fit_gemm_model
+from gpurig.perf.step import Device
+
+# Datasheet peaks are not what training reaches. These are the assumptions used when nothing is measured.
+GEMM_EFFICIENCY = 0.7          # of peak FLOPS on large GEMMs (cuBLAS on big matrices reaches 70-90 %)
+MEMORY_EFFICIENCY = 0.85       # of peak memory bandwidth on streaming kernels
+LINK_EFFICIENCY = 0.9          # of a link's data rate, after protocol overhead
+KERNEL_OVERHEAD_S = 5e-6       # per GPU kernel launch
+LAYER_OVERHEAD_S = 30e-6       # per layer per pass in a framework (dispatch, autograd bookkeeping) on a GPU
+LATENCY_S = {"infiniband": 2e-6, "ethernet": 30e-6, "other": 30e-6, "pcie": 5e-6, "nvlink": 3e-6}
+CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 24}  # memory passes per value, encode + decode
+TILE = (128, 128)              # the output tile of a tensor-core GEMM; pre-Volta cuBLAS used 64 x 128
+OLD_TILE = (64, 128)
+
+
+def gpu_device(gpu, precision: str = "fp32") -> Device:
+    """A catalog GPU as the cost model sees it, for ``precision`` (fp32, or fp16/bf16 on tensor cores).
+
+    >>> from gpurig.spec import catalog
+    >>> d = gpu_device(catalog.gpu("V100"), "fp16")
+    >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile
+    (87.5, (128, 128))
+    """
+    peak = gpu.fp32_tflops
+    if precision in ("fp16", "bf16"):
+        peak = gpu.tensor_tflops or gpu.fp16_tflops or gpu.fp32_tflops
+    tensor_cores = bool(gpu.tensor_tflops)
+    memory = gpu.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY
+    gemm = GemmModel(KERNEL_OVERHEAD_S, peak * 1e12 * GEMM_EFFICIENCY, memory, TILE if tensor_cores else OLD_TILE,
+                     getattr(gpu, "compute_units", None))
+    per_value = {name: passes * 4 / memory for name, passes in CODEC_PASSES.items()}
+    return Device(gpu.name, gemm, memory, LAYER_OVERHEAD_S, is_gpu=True, codec_seconds_per_value=per_value)
+
+
+def spec_topology(spec, pcie_bytes_per_s: float | None = None) -> Topology:
+    """Nodes, GPUs per node and the links between them, from a cluster spec.
+
+    Inside a node GPUs talk over NVLink when the catalog lists it, else PCIe;
+    between nodes over the spec's network, one NIC per node shared by its GPUs,
+    staged through host memory unless the spec says GPUDirect RDMA.
+
+    >>> from gpurig.spec.describe import parse_description
+    >>> t = spec_topology(parse_description("2 nodes x 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand"))
+    >>> t.nodes, t.gpus_per_node, round(t.network.bytes_per_s / 1e9, 2), t.staging is not None
+    (2, 4, 4.5, True)
+    """
+    from gpurig.perf.transfer import pcie_bytes_per_s as pcie_rate
+
+    node = spec.nodes[0]
+    gpu = node.gpu
+    pcie = pcie_bytes_per_s or pcie_rate(node.pcie_gen or (gpu.pcie_gen if gpu else "3.0"),
+                                         node.pcie_lanes or (gpu.pcie_lanes if gpu else 16))
+    pcie_link = Link(LATENCY_S["pcie"], pcie * LINK_EFFICIENCY)
+    local = pcie_link
+    if gpu is not None and getattr(gpu, "gpu_link_gbs", None) and node.gpus > 1:
+        # NVLink's catalog figure is both directions together: half each way.
+        local = Link(LATENCY_S["nvlink"], gpu.gpu_link_gbs * 1e9 / 2 * LINK_EFFICIENCY)
+    network = pcie_link
+    if spec.network is not None:
+        kind = spec.network.kind if spec.network.kind in LATENCY_S else "other"
+        network = Link(LATENCY_S[kind], spec.network.data_gbit_per_s * 1e9 / 8 * LINK_EFFICIENCY)
+    return Topology(nodes=spec.node_count, gpus_per_node=max(node.gpus, 1), local=local, network=network,
+                    nic_shared=True, staging=None if spec.gpudirect_rdma else pcie_link)
+
+
+def profile_device(profile: dict, ranks_per_node: int) -> Device:
+    """This machine as ``gpurig bench`` measured it with ``ranks_per_node`` ranks computing at once.
+
+    Uses the compute measurements taken with that many ranks (or the nearest count measured).
+    """
+    measured = profile.get("compute")
+    if not measured:
+        raise ValueError("the profile has no compute measurements: run gpurig bench with the compute part")
+    key = min(measured, key=lambda k: abs(int(k) - ranks_per_node))
+    data = measured[key]
+    gemm = fit_gemm_model(data["gemm"])
+    codecs = {name: c["encode_s_per_value"] + 2 * c["decode_s_per_value"] for name, c in data["codecs"].items()}
+    is_gpu = data["device"].startswith("cuda")
+    return Device(profile.get("device", "cpu"), gemm, data["memory_bytes_per_s"], data["layer_overhead_s"],
+                  is_gpu=is_gpu, codec_seconds_per_value=codecs)
+
+
+def allreduce_link(alpha_s: float, beta_s_per_byte: float, ranks: int) -> Link:
+    """The per-hop link that makes a ring allreduce over ``ranks`` take alpha + n·beta (a bench fit).
+
+    A ring allreduce of n bytes takes 2(P−1)·α_link + 2(P−1)/P·n·β_link, so
+    α_link = α / 2(P−1) and β_link = β·P / 2(P−1).
+
+    >>> link = allreduce_link(40e-6, 2e-9, 2)
+    >>> round(link.latency_s * 1e6, 1), round(link.bytes_per_s / 1e9, 2)
+    (20.0, 0.5)
+    """
+    hops = 2 * (ranks - 1)
+    return Link(alpha_s / hops, hops / (ranks * beta_s_per_byte))
+
+
+def profile_topology(profile: dict, engine: str, nodes: int = 1) -> Topology:
+    """The links ``gpurig bench`` measured: one allreduce fit, as ``nodes`` nodes of the profile's ranks."""
+    comm = profile.get("comm")
+    if not comm or engine not in comm["engines"]:
+        have = ", ".join(comm["engines"]) if comm else "none"
+        raise ValueError(f"the profile has no allreduce measurements for engine {engine!r} (it has: {have})")
+    fit = comm["engines"][engine]["allreduce"]
+    ranks = comm["ranks"]
+    link = allreduce_link(max(fit["alpha_s"], 0.0), fit["beta_s_per_byte"], ranks)
+    per_node = max(1, ranks // nodes)
+    return Topology(nodes=nodes, gpus_per_node=per_node, local=link, network=link, nic_shared=True)

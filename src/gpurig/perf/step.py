@@ -1,0 +1,210 @@
+"""One training step of data parallelism, predicted: compute per layer, the gradients' trip, the rest.
+
+A rank runs forward, then backward from the last layer to the first; as each
+bucket of gradients is complete it is averaged over the ranks
+(:mod:`gpurig.perf.collectives`) while backward goes on, and what is still
+travelling when backward ends is waited for (:mod:`gpurig.perf.overlap`). Then
+the optimizer updates the weights. Around it: the batch is loaded (from disk,
+blocking or read ahead) and copied to the device over PCIe.
+
+Everything is in seconds per step per rank, split into the terms ``gpurig
+train`` measures: compute, communication not hidden (comm), data.
+
+>>> layer = LayerCost("fc", params=1_000_000, forward_gemms=((64, 1000, 1000),), memory_bytes=0)
+>>> device = Device("test", GemmModel(0, 1e11, 1e11), memory_bytes_per_s=1e10, layer_overhead_s=0)
+>>> step = predict_step([layer], device, DataParallelSetup(ranks=1))
+>>> round(step.forward_s * 1000, 2), round(step.backward_s * 1000, 2), round(step.optimizer_s * 1000, 2)
+(1.28, 2.56, 2.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpurig.perf import overlap
+from gpurig.perf.collectives import Topology, allreduce_seconds, best_allreduce
+from gpurig.perf.compute import DTYPE_BYTES, GemmModel, memory_seconds
+
+# Bytes an optimizer moves per parameter per step (float32): read weight, gradient and its state,
+# write weight and state. SGD with momentum: w, g, m read; w, m written.
+OPTIMIZER_BYTES = {"sgd": 3 * DTYPE_BYTES, "momentum": 5 * DTYPE_BYTES, "adam": 7 * DTYPE_BYTES}
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """What one layer costs a rank: its parameters and GEMMs per step, and other memory traffic.
+
+    ``forward_gemms`` are (m, n, k) products of (m × k)·(k × n); backward runs,
+    per product, one for the weight's gradient and — unless ``first`` (the
+    input needs no gradient) — one for the input's.
+    """
+
+    name: str
+    params: int
+    forward_gemms: tuple[tuple[int, int, int], ...] = ()
+    param_sizes: tuple[int, ...] = ()  # each parameter tensor's values (weight, bias); default: one tensor
+    memory_bytes: float = 0.0          # other traffic, forward + backward (activations, norms, pooling)
+    first: bool = False
+    has_weight_gemm: bool = True       # False for products of two activations (attention scores)
+
+    def tensors(self) -> tuple[int, ...]:
+        """Values of each parameter tensor, in registration order."""
+        return self.param_sizes or ((self.params,) if self.params else ())
+
+    def backward_gemms(self) -> list[tuple[int, int, int]]:
+        """The backward pass's products: dW = dYᵀ·X (n, k, m) and dX = dY·W (m, k, n)."""
+        out = []
+        for m, n, k in self.forward_gemms:
+            if self.has_weight_gemm:
+                out.append((n, k, m))
+            if not self.first or not self.has_weight_gemm:
+                out.append((m, k, n))
+        return out
+
+
+@dataclass(frozen=True)
+class Device:
+    """What computes: a GEMM model, memory bandwidth, and the fixed cost per layer (dispatch, autograd)."""
+
+    name: str
+    gemm: GemmModel
+    memory_bytes_per_s: float
+    layer_overhead_s: float = 0.0
+    is_gpu: bool = False
+    codec_seconds_per_value: dict = field(default_factory=dict)   # method -> encode + decode, per value
+
+
+@dataclass(frozen=True)
+class DataParallelSetup:
+    """How the step is run: ranks and their topology, buckets, compression, optimizer, input path."""
+
+    ranks: int = 1
+    topology: Topology | None = None
+    algorithm: str = "best"            # ring | tree | hierarchical | naive | best
+    bucket_of_tensor: tuple[int, ...] = ()   # bucket of every parameter tensor, model order (default: one bucket)
+    compression: str = "none"
+    wire_fraction: float = 1.0         # compressed bytes / float32 bytes for the method
+    collectives_per_bucket: int = 1
+    optimizer: str = "momentum"
+    input_bytes: float = 0.0           # one rank's batch, as it crosses PCIe
+    host_to_device_bytes_per_s: float | None = None
+    load_seconds: float = 0.0          # reading one rank's batch from storage
+    prefetch: bool = True
+
+
+@dataclass
+class StepPrediction:
+    """Seconds per step, split as ``gpurig train`` reports it, plus the detail behind each part."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    comm_total_s: float
+    comm_s: float          # not hidden under backward
+    codec_s: float
+    data_s: float
+    buckets: list[dict]
+    layers: list[dict]
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s + self.data_s
+
+    def bottleneck(self) -> str:
+        """The largest part of the step: compute, communication or data."""
+        parts = {"compute": self.compute_s, "communication": self.comm_s, "data loading": self.data_s}
+        return max(parts, key=parts.get)
+
+
+def layer_seconds(layer: LayerCost, device: Device) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer on ``device``.
+
+    >>> d = Device("d", GemmModel(0, 1e9, 1e12), 1e12)
+    >>> layer_seconds(LayerCost("fc", 10, ((10, 10, 10),)), d)
+    (2e-06, 4e-06)
+    """
+    forward = sum(device.gemm.seconds(*g) for g in layer.forward_gemms)
+    backward = sum(device.gemm.seconds(*g) for g in layer.backward_gemms())
+    memory = memory_seconds(layer.memory_bytes, device.memory_bytes_per_s)
+    # activations' traffic: a third in forward, the rest in backward (each op's backward reads twice what it wrote)
+    return (forward + memory / 3 + device.layer_overhead_s,
+            backward + 2 * memory / 3 + 2 * device.layer_overhead_s)
+
+
+def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSetup) -> StepPrediction:
+    """Predict one data-parallel training step of ``layers`` (forward order) on ``device`` with ``setup``."""
+    per_layer = [layer_seconds(layer, device) for layer in layers]
+    forward = sum(f for f, _ in per_layer)
+    backward = sum(b for _, b in per_layer)
+    params = sum(layer.params for layer in layers)
+    optimizer = memory_seconds(params * OPTIMIZER_BYTES[setup.optimizer], device.memory_bytes_per_s)
+
+    buckets: list[dict] = []
+    comm_total = exposed = codec = 0.0
+    if setup.ranks > 1 and params:
+        # Copying gradients into the buckets and scaling them: two passes over them per step.
+        optimizer += memory_seconds(2 * 2 * params * DTYPE_BYTES, device.memory_bytes_per_s)
+        owners = [(i, size) for i, layer in enumerate(layers) for size in layer.tensors()]
+        bucket_of = list(setup.bucket_of_tensor) or [0] * len(owners)
+        count = max(bucket_of) + 1
+        # A bucket leaves when backward has finished the first layer (in forward order) it holds a tensor of.
+        done_at, elapsed = [0.0] * len(layers), 0.0
+        for i in reversed(range(len(layers))):
+            elapsed += per_layer[i][1]
+            done_at[i] = elapsed
+        ready = [max(done_at[i] for (i, _), b in zip(owners, bucket_of) if b == bucket) for bucket in range(count)]
+        leads = [backward - t for t in ready]
+        transfers, codecs = [], []
+        for b in range(count):
+            values = sum(size for (_, size), owner in zip(owners, bucket_of) if owner == b)
+            nbytes = values * DTYPE_BYTES * setup.wire_fraction
+            if setup.algorithm == "best":
+                algorithm, seconds = best_allreduce(nbytes, setup.topology)
+            else:
+                algorithm, seconds = setup.algorithm, allreduce_seconds(nbytes, setup.topology, setup.algorithm)
+            seconds += (setup.collectives_per_bucket - 1) * setup.topology.slowest().latency_s
+            codec_b = values * device.codec_seconds_per_value.get(setup.compression, 0.0)
+            transfers.append(seconds)
+            codecs.append(codec_b)
+            buckets.append({"values": values, "wire_bytes": nbytes, "algorithm": algorithm, "seconds": seconds,
+                            "lead_s": leads[b], "codec_s": codec_b})
+        comm_total, codec = sum(transfers), sum(codecs)
+        exposed = overlap.exposed_seconds(leads, transfers, codecs, codec_on_cores=not device.is_gpu)
+        if not device.is_gpu:
+            exposed -= codec  # codec arithmetic on the cores is compute time, reported with backward
+
+    data = 0.0
+    if setup.host_to_device_bytes_per_s:
+        data += setup.input_bytes / setup.host_to_device_bytes_per_s
+    if setup.load_seconds:
+        busy = forward + backward + optimizer + exposed
+        data += max(0.0, setup.load_seconds - busy) if setup.prefetch else setup.load_seconds
+    return StepPrediction(
+        forward_s=forward, backward_s=backward + (codec if not device.is_gpu else 0.0), optimizer_s=optimizer,
+        comm_total_s=comm_total, comm_s=max(0.0, exposed), codec_s=codec, data_s=data, buckets=buckets,
+        layers=[{"name": layer.name, "forward_s": f, "backward_s": b, "params": layer.params}
+                for layer, (f, b) in zip(layers, per_layer)])
+
+
+def speedup_curve(step_for, ranks: list[int], batch_scaling: str = "weak") -> list[dict]:
+    """Speed-up and scaling efficiency for each rank count, from ``step_for(ranks)`` (a StepPrediction).
+
+    Weak scaling (the per-rank batch fixed, the usual data-parallel case):
+    throughput ∝ ranks / step time; speed-up is against one rank.
+
+    >>> fake = lambda n: StepPrediction(1.0, 0, 0, 0, 0.1 * (n - 1), 0, 0, [], [])
+    >>> [round(r["speedup"], 2) for r in speedup_curve(fake, [1, 2, 4])]
+    [1.0, 1.82, 3.08]
+    """
+    base = step_for(1).step_s
+    rows = []
+    for n in ranks:
+        step = step_for(n)
+        speed = n * base / step.step_s if batch_scaling == "weak" else base / step.step_s
+        rows.append({"ranks": n, "step_s": step.step_s, "speedup": speed, "efficiency": speed / n,
+                     "bottleneck": step.bottleneck() if n > 1 else "compute"})
+    return rows
