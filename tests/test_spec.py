@@ -70,6 +70,37 @@ def test_famous_cards_match_their_datasheets():
     assert catalog.gpu("2080ti").fp32_tflops == pytest.approx(4352 * 1.545 * 2 / 1000, rel=1e-3)
 
 
+# SMs / CUs per die, at most: the largest die of each family (GK110 15 SMX, GM200 24, GP100 60, GV100 84,
+# TU102 72, GA100 128, AD102 144, GH100 144, GB202 192; Navi 10 40, Navi 21 80, Navi 31 96, GCN 64,
+# CDNA / CDNA 2 dies up to 128, CDNA 3 / 4 XCDs up to 40)
+MAX_UNITS_PER_DIE = {"Fermi": 16, "Kepler": 15, "Maxwell": 24, "Pascal": 60, "Volta": 84, "Turing": 72, "Ampere": 128,
+                     "Ada Lovelace": 144, "Hopper": 144, "Blackwell": 192, "GCN 2": 64, "GCN 3": 64, "GCN 4": 64,
+                     "GCN 5": 64, "RDNA": 40, "RDNA 2": 80, "RDNA 3": 96, "CDNA": 128, "CDNA 2": 128, "CDNA 3": 40,
+                     "CDNA 4": 40}
+DIES = {"Tesla K80": 2, "B200": 2, "Instinct MI250": 2, "Instinct MI250X": 2, "Instinct MI300X": 8,
+        "Instinct MI325X": 8, "Instinct MI355X": 8}
+NO_VENDOR_SM_COUNT = {"H100 NVL", "H200 NVL", "B200"}   # no NVIDIA document gives it (data/README.md)
+
+
+def test_compute_units_are_there_and_right():
+    expected = {"GeForce GTX 580": 16, "GeForce GTX 1080 Ti": 28, "GeForce RTX 2080 Ti": 68,
+                "Tesla V100 SXM2 16 GB": 80, "A100 SXM4 40 GB": 108, "H100 SXM5 80 GB": 132, "H100 PCIe": 114,
+                "GeForce RTX 4090": 128, "Instinct MI250X": 220, "Instinct MI300X": 304}
+    for name, units in expected.items():
+        assert catalog.gpu(name).compute_units == units, name
+    for g in catalog.gpus():
+        if g.architecture == "Fermi" or g.name in NO_VENDOR_SM_COUNT:
+            continue
+        assert g.compute_units, g.name     # every NVIDIA and AMD row from Kepler on
+    for g in catalog.gpus():
+        if g.compute_units:
+            dies = DIES.get(g.name, 1)
+            assert g.compute_units % dies == 0, g.name
+            assert g.compute_units // dies <= MAX_UNITS_PER_DIE[g.architecture], g.name
+    with pytest.raises(SpecError, match="compute_units: expected a whole number"):
+        read_table("x.csv", GPU, text_of="name,memory_gb,compute_units,source\nA,8,13.5,datasheet\n")
+
+
 def test_unknown_gpu_is_one_line_with_closest_matches():
     with pytest.raises(SpecError) as error:
         catalog.gpu("RTX 2090")

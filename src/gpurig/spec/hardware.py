@@ -28,7 +28,10 @@ class GPU:
     ``tensor_tflops`` is dense FP16/BF16 matrix throughput with FP32 accumulation
     (what mixed-precision training uses; GeForce cards run it at half their
     FP16-accumulate rate), without sparsity. ``gpu_link_gbs`` is the GPU's total
-    NVLink / Infinity Fabric bandwidth, both directions. ``power_connectors`` is
+    NVLink / Infinity Fabric bandwidth, both directions. ``compute_units`` is the
+    number of streaming multiprocessors (NVIDIA SMs) or compute units (AMD CUs),
+    summed over all dies of a multi-die part (K80, MI250X, MI300X); a GEMM's
+    tiles are spread over them in waves. ``power_connectors`` is
     ``1x6+1x8``, ``2x8``, ``1x12``, ``1x16`` (12VHPWR / 12V-2x6), ``1x8cpu``
     (EPS-12V), ``none`` (slot power only) or ``board`` (SXM/OAM module).
 
@@ -52,6 +55,7 @@ class GPU:
     pcie_lanes: int | None = number("lanes", 1, 16, integer=True, default=None)
     fp16_tflops: float | None = number("TFLOPS", 0.01, 5000, default=None)
     tensor_tflops: float | None = number("TFLOPS", 1, 20000, default=None)
+    compute_units: int | None = number("SMs/CUs", 1, 1024, integer=True, default=None)
     gpu_link: str | None = text(default=None)
     gpu_link_gbs: float | None = number("GB/s", 1, 10000, default=None)
     slot_width: int | None = number("slots", 1, 4, integer=True, default=None)
