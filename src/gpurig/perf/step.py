@@ -10,7 +10,8 @@ blocking or read ahead) and copied to the device over PCIe.
 Everything is in seconds per step per rank, split into the terms ``gpurig
 train`` measures: compute, communication not hidden (comm), data.
 
->>> layer = LayerCost("fc", params=1_000_000, forward_gemms=((64, 1000, 1000),), memory_bytes=0)
+>>> layer = LayerCost("fc", params=1_000_000, forward_gemms=((64, 1000, 1000),),
+...                   backward_gemms=tuple(backward_of((64, 1000, 1000))))
 >>> device = Device("test", GemmModel(0, 1e11, 1e11), memory_bytes_per_s=1e10, layer_overhead_s=0)
 >>> step = predict_step([layer], device, DataParallelSetup(ranks=1))
 >>> round(step.forward_s * 1000, 2), round(step.backward_s * 1000, 2), round(step.optimizer_s * 1000, 2)
@@ -32,34 +33,33 @@ OPTIMIZER_BYTES = {"sgd": 3 * DTYPE_BYTES, "momentum": 5 * DTYPE_BYTES, "adam": 
 
 @dataclass(frozen=True)
 class LayerCost:
-    """What one layer costs a rank: its parameters and GEMMs per step, and other memory traffic.
+    """What one layer costs a rank per step: its parameter tensors, its GEMMs, other memory traffic.
 
-    ``forward_gemms`` are (m, n, k) products of (m × k)·(k × n); backward runs,
-    per product, one for the weight's gradient and — unless ``first`` (the
-    input needs no gradient) — one for the input's.
+    GEMMs are (m, n, k): a product of (m × k)·(k × n). :func:`backward_of`
+    gives the usual backward products of a forward one.
     """
 
     name: str
     params: int
     forward_gemms: tuple[tuple[int, int, int], ...] = ()
+    backward_gemms: tuple[tuple[int, int, int], ...] = ()
+    forward_bytes: float = 0.0         # traffic outside GEMMs (activations, norms, pooling)
+    backward_bytes: float = 0.0
     param_sizes: tuple[int, ...] = ()  # each parameter tensor's values (weight, bias); default: one tensor
-    memory_bytes: float = 0.0          # other traffic, forward + backward (activations, norms, pooling)
-    first: bool = False
-    has_weight_gemm: bool = True       # False for products of two activations (attention scores)
 
     def tensors(self) -> tuple[int, ...]:
         """Values of each parameter tensor, in registration order."""
         return self.param_sizes or ((self.params,) if self.params else ())
 
-    def backward_gemms(self) -> list[tuple[int, int, int]]:
-        """The backward pass's products: dW = dYᵀ·X (n, k, m) and dX = dY·W (m, k, n)."""
-        out = []
-        for m, n, k in self.forward_gemms:
-            if self.has_weight_gemm:
-                out.append((n, k, m))
-            if not self.first or not self.has_weight_gemm:
-                out.append((m, k, n))
-        return out
+
+def backward_of(gemm: tuple[int, int, int], input_gradient: bool = True) -> list[tuple[int, int, int]]:
+    """The backward products of a forward (m, n, k) product: dW = dYᵀ·X is (n, k, m), dX = dY·W is (m, k, n).
+
+    >>> backward_of((64, 1200, 784)), backward_of((64, 1200, 784), input_gradient=False)
+    ([(1200, 784, 64), (64, 784, 1200)], [(1200, 784, 64)])
+    """
+    m, n, k = gemm
+    return [(n, k, m), (m, k, n)] if input_gradient else [(n, k, m)]
 
 
 @dataclass(frozen=True)
@@ -124,15 +124,13 @@ def layer_seconds(layer: LayerCost, device: Device) -> tuple[float, float]:
     """(forward, backward) seconds of one layer on ``device``.
 
     >>> d = Device("d", GemmModel(0, 1e9, 1e12), 1e12)
-    >>> layer_seconds(LayerCost("fc", 10, ((10, 10, 10),)), d)
+    >>> layer_seconds(LayerCost("fc", 10, ((10, 10, 10),), tuple(backward_of((10, 10, 10)))), d)
     (2e-06, 4e-06)
     """
     forward = sum(device.gemm.seconds(*g) for g in layer.forward_gemms)
-    backward = sum(device.gemm.seconds(*g) for g in layer.backward_gemms())
-    memory = memory_seconds(layer.memory_bytes, device.memory_bytes_per_s)
-    # activations' traffic: a third in forward, the rest in backward (each op's backward reads twice what it wrote)
-    return (forward + memory / 3 + device.layer_overhead_s,
-            backward + 2 * memory / 3 + 2 * device.layer_overhead_s)
+    backward = sum(device.gemm.seconds(*g) for g in layer.backward_gemms)
+    return (forward + memory_seconds(layer.forward_bytes, device.memory_bytes_per_s) + device.layer_overhead_s,
+            backward + memory_seconds(layer.backward_bytes, device.memory_bytes_per_s) + 2 * device.layer_overhead_s)
 
 
 def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSetup) -> StepPrediction:
