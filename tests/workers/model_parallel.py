@@ -270,6 +270,15 @@ def _():
         assert torch.equal(fresh.state_dict()["state"][index]["momentum_buffer"], state["momentum_buffer"])
 
 
+@case("shard_without_split_gives_every_rank_the_whole_batch")
+def _():
+    batches = gpurig.shard((torch.arange(100),), global_batch=64, split=False, seed=3)
+    got = next(iter(batches))
+    everyone = comm.allgather(got.unsqueeze(0))
+    assert got.numel() == 64 and torch.equal(everyone, everyone[:1].expand_as(everyone))
+    assert torch.equal(got, batches.order()[:64])
+
+
 # -- bad plans and misuse: one clear line, on every rank, before any communication --------------------------------
 
 BAD_PLANS = {
