@@ -6,6 +6,7 @@ states the tolerances); here the jobs are launched and the command line is check
 
 import doctest
 import json
+import sys
 
 import pytest
 
@@ -94,3 +95,13 @@ def test_bad_parallel_flags_are_one_line_and_exit_2(args, message, tmp_path):
     done = gpurig_cli("train", *args, "--checkpoint-dir", tmp_path, timeout=60)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert len([line for line in done.stderr.splitlines() if line.startswith("gpurig")]) == 1
+
+
+def test_hybrid_batch_parts_cut_otherwise_than_tensor_split_end_the_job_with_the_reason():
+    script = ("import torch, gpurig; c = gpurig.init()\n"
+              "net = gpurig.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), "
+              "torch.nn.Linear(4, 2)), {'0': 'column', '2': 'row'}, hybrid=True)\n"
+              "net(torch.zeros(5 if c.rank == 0 else 3, 4))")
+    done = gpurig_cli("run", "-n", 2, "--", sys.executable, "-c", script, timeout=90)
+    assert done.returncode != 0
+    assert "holds 5 rows of a batch of 8: the parts must be cut as torch.tensor_split cuts them (4 here)" in done.stderr

@@ -141,105 +141,45 @@ class Exchanges:
 
 # -- the exchanges as autograd Functions: forward and its transpose -------------------------------------------------
 
-class _CopyToRanks(torch.autograd.Function):
-    """Forward: identity (every rank already holds the whole input). Backward: sum the partial input gradients."""
+def _exchange(name: str, forward, backward, doc: str) -> type[torch.autograd.Function]:
+    """An autograd Function computing ``forward(exchanges, x)``, whose backward is ``backward(exchanges, grad)``."""
 
-    @staticmethod
-    def forward(ctx, x, ex: Exchanges):
+    def forward_(ctx, x, ex: Exchanges):
         ctx.ex = ex
-        return x.view_as(x)
+        return forward(ex, x)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.ex.allreduce_sum(grad), None
+    def backward_(ctx, grad):
+        return backward(ctx.ex, grad), None
 
-
-class _SumOverRanks(torch.autograd.Function):
-    """Forward: add the partial products. Backward: identity (each rank's partial got the whole gradient)."""
-
-    @staticmethod
-    def forward(ctx, partial, ex: Exchanges):
-        return ex.allreduce_sum(partial)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward_), "backward": staticmethod(backward_), "__doc__": doc})
 
 
-class _GatherFeatures(torch.autograd.Function):
-    """Forward: stack every rank's output features. Backward: keep the gradient of my features."""
-
-    @staticmethod
-    def forward(ctx, y, ex: Exchanges):
-        ctx.ex = ex
-        return ex.gather_features(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.ex.my_features(grad), None
-
-
-class _ScatterFeatures(torch.autograd.Function):
-    """Forward: take my slice of the input features. Backward: stack every rank's slice of the gradient."""
-
-    @staticmethod
-    def forward(ctx, x, ex: Exchanges):
-        ctx.ex = ex
-        return ex.my_features(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.ex.gather_features(grad), None
-
-
-class _GatherBatch(torch.autograd.Function):
-    """Forward: every rank's part of the batch, concatenated. Backward: reduce-scatter, times the rank count.
-
-    Each rank's gradient for the whole batch is partial (its share of the split
-    layer); the reduce-scatter adds them and hands each rank its rows. The factor
-    P turns "gradient of the mean loss over the whole batch" into data
-    parallelism's "gradient of the mean loss over my part", which the data-parallel
-    average then divides by P again.
-    """
-
-    @staticmethod
-    def forward(ctx, x, ex: Exchanges):
-        ctx.ex = ex
-        return ex.gather_batch(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.ex.reduce_scatter_batch(grad).mul_(ctx.ex.ranks), None
-
-
-class _ScatterBatch(torch.autograd.Function):
-    """Forward: my rows of the whole batch. Backward: every rank's rows of the gradient, stacked, ÷ rank count.
-
-    Each rank's loss is the mean over its own rows; the loss of the whole batch is
-    their mean, hence the ÷ P.
-    """
-
-    @staticmethod
-    def forward(ctx, y, ex: Exchanges):
-        ctx.ex = ex
-        return ex.my_rows(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.ex.gather_batch(grad).div_(ctx.ex.ranks), None
-
-
-class _SumAndScatterBatch(torch.autograd.Function):
-    """Forward: the sum of the partial products, my rows only (one reduce-scatter). Backward as :class:`_ScatterBatch`."""
-
-    @staticmethod
-    def forward(ctx, partial, ex: Exchanges):
-        ctx.ex = ex
-        return ex.reduce_scatter_batch(partial)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.ex.gather_batch(grad).div_(ctx.ex.ranks), None
+_CopyToRanks = _exchange(
+    "_CopyToRanks", lambda ex, x: x.view_as(x), Exchanges.allreduce_sum,
+    "Forward: identity (every rank holds the whole input). Backward: add every rank's partial input gradient.")
+_SumOverRanks = _exchange(
+    "_SumOverRanks", Exchanges.allreduce_sum, lambda ex, grad: grad,
+    "Forward: add the partial products. Backward: identity (each rank's partial gets the whole gradient).")
+_GatherFeatures = _exchange(
+    "_GatherFeatures", Exchanges.gather_features, Exchanges.my_features,
+    "Forward: stack every rank's output features. Backward: keep the gradient of my features.")
+_ScatterFeatures = _exchange(
+    "_ScatterFeatures", Exchanges.my_features, Exchanges.gather_features,
+    "Forward: take my slice of the input features. Backward: stack every rank's slice of the gradient.")
+# Each rank's gradient for the whole batch is partial (its share of the split layer): the reduce-scatter adds
+# them and hands each rank its rows. The factor P turns "gradient of the mean loss over the whole batch" into
+# data parallelism's "gradient of the mean loss over my part", which the data-parallel average divides again.
+_GatherBatch = _exchange(
+    "_GatherBatch", Exchanges.gather_batch, lambda ex, grad: ex.reduce_scatter_batch(grad).mul_(ex.ranks),
+    "Forward: every rank's part of the batch, concatenated. Backward: reduce-scatter, times the rank count.")
+# Each rank's loss is the mean over its own rows; the whole batch's loss is their mean, hence the ÷ P.
+_ScatterBatch = _exchange(
+    "_ScatterBatch", Exchanges.my_rows, lambda ex, grad: ex.gather_batch(grad).div_(ex.ranks),
+    "Forward: my rows of the whole batch. Backward: every rank's rows of the gradient, stacked, ÷ rank count.")
+_SumAndScatterBatch = _exchange(
+    "_SumAndScatterBatch", Exchanges.reduce_scatter_batch, lambda ex, grad: ex.gather_batch(grad).div_(ex.ranks),
+    "Forward: the sum of the partial products, my rows only (one reduce-scatter). Backward as _ScatterBatch.")
 
 
 # -- the layers ------------------------------------------------------------------------------------------------------
