@@ -364,7 +364,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "optimizer_state_bytes_per_rank": bytes_per_rank(comm, optimizer_state_bytes(optimizer)),
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
         "checkpoint": str(config.checkpoint_path),
-        "weights_digest": weights_digest(whole_state(wrapped, optimizer)[0]),
+        "weights_digest": weights_digest(whole_model_state(wrapped)),
     }
     events.emit("done", **summary)
     return summary
@@ -391,14 +391,29 @@ def wrap_model(model: torch.nn.Module, config: TrainConfig, comm) -> torch.nn.Mo
                               bucket_cap_mb=config.bucket_mb, compression=config.compression if hybrid else "none")
 
 
+def whole_model_state(wrapped: torch.nn.Module) -> dict:
+    """The unsplit model's state dict (split layers gathered: call on every rank).
+
+    >>> sorted(whole_model_state(gpurig.DataParallel(torch.nn.Linear(2, 2))))   # doctest: +SKIP
+    ['bias', 'weight']
+    """
+    from gpurig.parallel import ModelParallel
+
+    return wrapped.full_state_dict() if isinstance(wrapped, ModelParallel) else wrapped.state_dict()
+
+
 def whole_state(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """The unsplit model's and optimizer's state dicts (split layers gathered: call on every rank).
 
     A checkpoint holds them whole, so a run can resume with any ``--parallel`` and rank count.
+
+    >>> model_state, optimizer_state = whole_state(wrapped, optimizer)    # doctest: +SKIP
     """
-    if hasattr(wrapped, "full_state_dict"):
-        return wrapped.full_state_dict(), wrapped.full_optimizer_state(optimizer)
-    return wrapped.state_dict(), optimizer.state_dict()
+    from gpurig.parallel import ModelParallel
+
+    split = isinstance(wrapped, ModelParallel)
+    optimizer_state = wrapped.full_optimizer_state(optimizer) if split else optimizer.state_dict()
+    return whole_model_state(wrapped), optimizer_state
 
 
 def bytes_per_rank(comm, nbytes: int) -> list[int]:

@@ -230,6 +230,11 @@ class _SplitLinear(nn.Module):
         Each rank draws its own slice (seeded from torch's generator and the rank,
         so a seeded run repeats itself); a bias that every rank holds whole is the
         same draw on every rank.
+
+        >>> fc = RowParallelLinear(100, 10)
+        >>> fc.reset_parameters()
+        >>> bool(fc.weight.abs().max() <= 0.1)          # 1/√100: the whole layer's input width
+        True
         """
         bound = 1 / math.sqrt(self.in_features)
         seed = int(torch.randint(2**62, (1,)))
@@ -239,7 +244,13 @@ class _SplitLinear(nn.Module):
                 _fill_uniform(self.bias, bound, seed + (1 + self.rank if self.bias_is_split else 0))
 
     def copy_slice_from(self, linear: nn.Linear) -> None:
-        """Take this rank's slice of an unsplit ``nn.Linear``'s weights."""
+        """Take this rank's slice of an unsplit ``nn.Linear``'s weights.
+
+        >>> fc, row = torch.nn.Linear(4 * gpurig.size(), 3), RowParallelLinear(4 * gpurig.size(), 3)
+        >>> row.copy_slice_from(fc)
+        >>> torch.equal(row.weight, fc.weight[:, 4 * gpurig.rank(): 4 * gpurig.rank() + 4])
+        True
+        """
         ranks = self.exchanges.ranks
         with torch.no_grad():
             self.weight.copy_(linear.weight.chunk(ranks, dim=self.weight_dim)[self.rank])

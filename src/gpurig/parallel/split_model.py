@@ -82,6 +82,10 @@ class ModelParallel(nn.Module):
     Train it like any model: ``torch.optim.SGD(model.parameters(), ...)`` sees this
     rank's slices and the whole replicated layers. ``state_dict()`` is this rank's
     (slices); :meth:`full_state_dict` gathers the unsplit model's.
+
+    >>> net = gpurig.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 2 * gpurig.size())), {"0": "column"})
+    >>> net.split_dims                                  # what is cut over the ranks, and along which dimension
+    {'0.weight': 0, '0.bias': 0}
     """
 
     def __init__(self, module: nn.Module, split_dims: dict[str, int], exchanges: Exchanges, hybrid: bool,
@@ -135,7 +139,13 @@ class ModelParallel(nn.Module):
 
     @property
     def stats(self) -> CommStats:
-        """Communication of the training steps so far, in DataParallel's terms (exchanges block, so all is exposed)."""
+        """Communication of the training steps so far, in DataParallel's terms (exchanges block, so all is exposed).
+
+        >>> net = gpurig.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 2 * gpurig.size())), {"0": "column"})
+        >>> net(torch.ones(3, 4)).sum().backward()
+        >>> net.stats.steps
+        1
+        """
         dp = self.data_parallel.stats if self.data_parallel is not None else CommStats()
         return CommStats(steps=self._own.steps, bytes_sent=self._own.bytes_sent + dp.bytes_sent,
                          exposed_s=self._own.exposed_s + dp.exposed_s,
@@ -147,6 +157,8 @@ class ModelParallel(nn.Module):
         return self.module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load a state dict of this rank's slices, as :meth:`state_dict` returns it (for a whole one: load it
+        into the unsplit model before :func:`parallelize`)."""
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
@@ -184,6 +196,14 @@ class ModelParallel(nn.Module):
         """``optimizer.state_dict()`` with split parameters' state (momentum, ...) gathered whole (call on every rank).
 
         :meth:`local_optimizer_state` cuts it again, for any rank count that divides the layers.
+
+        >>> net = gpurig.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 2 * gpurig.size())), {"0": "column"})
+        >>> opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        >>> net(torch.ones(1, 4)).sum().backward(); opt.step()
+        >>> full = net.full_optimizer_state(opt)
+        >>> list(full["state"][0]["momentum_buffer"].shape) == [2 * gpurig.size(), 4]     # the whole weight's
+        True
+        >>> opt.load_state_dict(net.local_optimizer_state(opt, full))                    # this rank's part again
         """
         return self._map_optimizer_state(optimizer, optimizer.state_dict(), self._gather)
 
