@@ -7,6 +7,7 @@ The library is what ``gpurig train`` itself uses::
     model = gpurig.DataParallel(model)         # gradients averaged over all ranks during backward
     for x, y in gpurig.shard((X, Y), global_batch=256):   # each rank its part of every global batch
         ...
+    model = gpurig.parallelize(model, {"fc1": "column", "fc2": "row"})   # or split layers over the ranks
 
 Heavy imports (torch, mpi4py) happen on first use, so ``gpurig --help`` stays fast.
 """
@@ -26,6 +27,12 @@ _LAZY = {
     "ModelMismatchError": "gpurig.parallel",
     "BatchSizeWarning": "gpurig.parallel",
     "shard": "gpurig.parallel",
+    "parallelize": "gpurig.parallel",
+    "krizhevsky_plan": "gpurig.parallel",
+    "ColumnParallelLinear": "gpurig.parallel",
+    "RowParallelLinear": "gpurig.parallel",
+    "PlanError": "gpurig.parallel",
+    "parameter_bytes": "gpurig.parallel",
 }
 
 

@@ -13,20 +13,27 @@ examples:
   gpurig train --engine torch               # torch.distributed (Gloo on CPU, NCCL on GPU) instead of MPI
   gpurig train --epochs 8 --resume          # continue from the last checkpoint to epoch 8
   gpurig train --compression int8           # 8-bit gradients with error feedback (slow networks)
+  gpurig train --parallel model             # split the big layers over the ranks instead of the batch
+  gpurig train --model cnn --parallel hybrid   # Krizhevsky: convolutions data-, dense layers model-parallel
   gpurig train --json | jq .test_accuracy   # machine-readable summary
 
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data).
+With --parallel model or hybrid, comm is the activations exchanged by the split
+layers (all of it waited for) plus, in hybrid, the averaged gradients.
 """
 
 
 def add_parser(subparsers) -> None:
     """Register ``gpurig train`` and its flags."""
     p = subparsers.add_parser(
-        "train", help="data-parallel training of a reference model on this machine's devices (the main job)",
+        "train", help="data-, model- or hybrid-parallel training of a reference model on this machine's devices "
+                      "(the main job)",
         description="Train a reference model (the source's 784-1200-1200-10 MNIST net, or a small CNN) on 5,000 "
-                    "real MNIST digits with data parallelism across N ranks: each rank computes on its part of "
-                    "the global batch and gradients are averaged during the backward pass.",
+                    "real MNIST digits across N ranks: with data parallelism (each rank computes on its part of "
+                    "the global batch and gradients are averaged during the backward pass), model parallelism "
+                    "(the fully connected layers' weights split over the ranks, all on the same batch) or both "
+                    "(Krizhevsky's scheme).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--nprocs", type=int, default=None,
                    help="number of ranks (default: one per GPU, else 2 CPU ranks)")
@@ -47,6 +54,11 @@ def add_parser(subparsers) -> None:
                    help="gradient compression: auto (default: measure the first steps, then per bucket compress "
                         "only where the network is the bottleneck), none, fp16, bf16, int8, int8-dynamic (8 bits: "
                         "4x fewer bytes), powersgd or powersgd:R (rank-R factors, default 4); all with error feedback")
+    p.add_argument("--parallel", default="data",
+                   help="data (default: each rank its part of the batch, gradients averaged), model (the fully "
+                        "connected layers split over the ranks, column then row, every rank the whole batch) or "
+                        "hybrid (what comes before the split layers data-parallel, the split layers on the whole "
+                        "batch gathered from all ranks)")
     p.add_argument("--checkpoint-dir", default="runs/train", help="where checkpoint.pt is written each epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")
@@ -59,7 +71,7 @@ def _config(args):
     return TrainConfig(model=args.model, data=args.data, epochs=args.epochs, global_batch=args.global_batch,
                        lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
-                       compression=args.compression,
+                       compression=args.compression, parallel=args.parallel,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume)
 
 
@@ -110,11 +122,13 @@ class _TrainView:
         kind = event["event"]
         if kind == "start":
             self.start = event
-            per_rank = event["global_batch"] // event["ranks"]
+            per_rank = event["global_batch"] // (1 if event["parallel"] == "model" else event["ranks"])
+            held = ", ".join(f"{b / 2**20:.1f}" for b in event["parameter_bytes_per_rank"])
             self.console.print(
                 f"[bold]gpurig train[/]: {event['model']} ({event['parameters'] / 1e6:.1f} M parameters), "
-                f"{event['ranks']} ranks over {event['engine']}, global batch {event['global_batch']} "
-                f"({per_rank} per rank), epochs {event['first_epoch'] + 1}..{event['epochs']}")
+                f"{event['ranks']} ranks over {event['engine']}, {event['parallel']} parallel, global batch "
+                f"{event['global_batch']} ({per_rank} per rank), epochs {event['first_epoch'] + 1}..{event['epochs']}\n"
+                f"parameters held per rank: {held} MB (whole model {event['parameter_bytes_whole'] / 2**20:.1f} MB)")
             self.progress.start()
             total = event["steps_per_epoch"] * (event["epochs"] - event["first_epoch"])
             self.task = self.progress.add_task("training", total=total, loss="-")

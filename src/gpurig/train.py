@@ -1,4 +1,4 @@
-"""``gpurig train``, the main job: data-parallel training of a reference model on all local ranks.
+"""``gpurig train``, the main job: data-, model- or hybrid-parallel training of a reference model on all local ranks.
 
 Two halves. :func:`launch_training` runs where the user typed the command: it
 checks the configuration, starts N ranks through :mod:`gpurig.launch` and relays
@@ -31,6 +31,7 @@ from gpurig.launch.events import follow_jsonl as _follow
 
 CHECKPOINT_FORMAT = "gpurig-train/1"
 ENGINES = ("mpi", "torch")
+PARALLEL = ("data", "model", "hybrid")
 
 
 @dataclass
@@ -50,6 +51,7 @@ class TrainConfig:
     mpi_args: str = ""
     bucket_mb: float | None = None
     compression: str = "auto"
+    parallel: str = "data"
     checkpoint_dir: str = "runs/train"
     resume: bool = False
     events: str | None = None
@@ -101,6 +103,33 @@ def validate(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
     if config.resume and not config.checkpoint_path.is_file():
         raise UsageError(f"--resume: no checkpoint at {config.checkpoint_path}")
+    _validate_parallel(config, nprocs)
+
+
+def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
+    """``--parallel``: a known mode, and for model/hybrid a plan that splits the model over ``nprocs`` ranks.
+
+    >>> _validate_parallel(TrainConfig(model="cnn", parallel="model"), nprocs=3)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --parallel model: plan: '8' (column) has 256 output features, which do not split evenly over 3 ranks
+    """
+    from gpurig import models
+    from gpurig.parallel.plan import PlanError, krizhevsky_plan, resolve_plan
+
+    if config.parallel not in PARALLEL:
+        raise UsageError(f"unknown parallelism {config.parallel!r}; choose one of: {', '.join(PARALLEL)}")
+    if config.parallel == "data":
+        return
+    if config.parallel == "model" and config.compression not in ("auto", "none"):
+        raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
+                         "and with --parallel model none are")
+    with torch.device("meta"):  # the layout only: no memory, no initialisation
+        model = models.build(config.model)
+    try:
+        resolve_plan(model, krizhevsky_plan(model), nprocs, hybrid=config.parallel == "hybrid")
+    except PlanError as error:
+        raise UsageError(f"--parallel {config.parallel}: {error}") from None
 
 
 # -- the launching side ------------------------------------------------------
@@ -205,13 +234,14 @@ def split_across_ranks(per_rank: torch.Tensor, steps: int) -> dict[str, float]:
     }
 
 
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, comm) -> float:
-    """Test accuracy over the whole test set, each rank scoring its slice.
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, comm, split: bool = True) -> float:
+    """Test accuracy over the whole test set, each rank scoring its slice (``split=False``: all of it).
 
     >>> evaluate(model, data.x_test, data.y_test, comm)    # doctest: +SKIP
     0.931
     """
-    mine_x, mine_y = torch.tensor_split(x, comm.size)[comm.rank], torch.tensor_split(y, comm.size)[comm.rank]
+    part, parts = (comm.rank, comm.size) if split else (0, 1)
+    mine_x, mine_y = torch.tensor_split(x, parts)[part], torch.tensor_split(y, parts)[part]
     with torch.no_grad():
         correct = (model(mine_x.to(comm.device)).argmax(1).cpu() == mine_y).sum()
     counts = comm.allreduce(torch.tensor([float(correct), float(len(mine_y))], dtype=torch.float64), op="sum")
@@ -227,29 +257,38 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     """
     import gpurig
     from gpurig import datasets, models
+    from gpurig.parallel import optimizer_state_bytes, parameter_bytes
 
     comm = gpurig.init(config.engine)
     events = EventLog(config.events, enabled=comm.rank == 0)
     data = datasets.load(config.data)
     torch.manual_seed(config.seed)
     model = models.build(config.model).to(comm.device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     start_epoch, history = 0, []
     if config.resume:
         state = checkpoint.load(config.checkpoint_path)
         if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
             raise checkpoint.CheckpointError(f"{config.checkpoint_path} is not a checkpoint of a {config.model} run")
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
         start_epoch, history = state["epoch"], list(state["history"])
-    dp = gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression)
-    if config.resume and dp.compresses:
+    parameters, whole_bytes = sum(p.numel() for p in model.parameters()), parameter_bytes(model)
+    wrapped = wrap_model(model, config, comm)
+    # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
+    dp = wrapped if isinstance(wrapped, gpurig.DataParallel) else wrapped.data_parallel
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=config.lr, momentum=config.momentum)
+    if config.resume:
+        optimizer.load_state_dict(state["optimizer"] if dp is wrapped
+                                  else wrapped.local_optimizer_state(optimizer, state["optimizer"]))
+    keeps_feedback = dp is not None and dp.compresses
+    if config.resume and keeps_feedback:
         dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
     batches = gpurig.shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
-                           seed=config.seed)
+                           seed=config.seed, split=config.parallel != "model")
     events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model, compression=config.compression,
-                parameters=sum(p.numel() for p in model.parameters()), epochs=config.epochs,
-                first_epoch=start_epoch, steps_per_epoch=len(batches), global_batch=config.global_batch)
+                parallel=config.parallel, parameters=parameters, parameter_bytes_whole=whole_bytes,
+                parameter_bytes_per_rank=bytes_per_rank(comm, parameter_bytes(wrapped)),
+                epochs=config.epochs, first_epoch=start_epoch, steps_per_epoch=len(batches),
+                global_batch=config.global_batch)
 
     for epoch in range(start_epoch, config.epochs):
         batches.set_epoch(epoch)
@@ -262,14 +301,15 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             started = time.perf_counter()
             split.data += started - loading
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(dp(x), y)
+            loss = F.cross_entropy(wrapped(x), y)
             loss.backward()
             optimizer.step()
             loss_sum += loss.item()
             steps += 1
             loading = time.perf_counter()
-            split.compute += loading - started - dp.stats.last_exposed_s
-            split.exposed += dp.stats.last_exposed_s
+            exposed = wrapped.stats.last_exposed_s
+            split.compute += loading - started - exposed
+            split.exposed += exposed
             events.emit("step", epoch=epoch, step=steps, loss=loss.item(), last=steps == len(batches))
         wall = time.perf_counter() - epoch_start
         everyone = comm.allgather(split.as_tensor().view(1, -1))
@@ -277,48 +317,110 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         record = {
             "epoch": epoch + 1,
             "loss": round(mean_loss, 5),
-            "test_accuracy": round(evaluate(model, data.x_test, data.y_test, comm), 5),
+            "test_accuracy": round(evaluate(model, data.x_test, data.y_test, comm, split=config.parallel != "model"), 5),
             "samples_per_s": round(steps * config.global_batch / wall, 1),
             "step_ms": round(1000 * wall / max(steps, 1), 3),
             **split_across_ranks(everyone, steps),
         }
         history.append(record)
-        if dp.compresses:  # every rank's residuals first, then the checkpoint that points at them
+        if keeps_feedback:  # every rank's residuals first, then the checkpoint that points at them
             checkpoint.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
             comm.barrier()
+        model_state, optimizer_state = whole_state(wrapped, optimizer)
         if comm.rank == 0:
             checkpoint.save(config.checkpoint_path, {
                 "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1,
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
+                "model": model_state, "optimizer": optimizer_state, "history": history,
             })
-        if dp.compresses:  # the new checkpoint is on disk: the previous residuals can go
+        if keeps_feedback:  # the new checkpoint is on disk: the previous residuals can go
             comm.barrier()
             config.feedback_path(comm.rank, epoch).unlink(missing_ok=True)
         events.emit("epoch", **record)
 
+    stats = wrapped.stats
     summary = {
         "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
-        "engine": comm.engine_name, "compression": config.compression, "compression_choice": dp.auto_choice,
-        "bytes_sent_per_step": dp.stats.bytes_sent // max(dp.stats.steps, 1),
-        "global_batch": config.global_batch, "per_rank_batch": config.global_batch // comm.size,
+        "engine": comm.engine_name, "parallel": config.parallel, "compression": config.compression,
+        "compression_choice": dp.auto_choice if dp is not None else None,
+        "bytes_sent_per_step": stats.bytes_sent // max(stats.steps, 1),
+        "global_batch": config.global_batch,
+        "per_rank_batch": config.global_batch // (1 if config.parallel == "model" else comm.size),
+        "parameter_bytes_whole": whole_bytes,
+        "parameter_bytes_per_rank": bytes_per_rank(comm, parameter_bytes(wrapped)),
+        "optimizer_state_bytes_per_rank": bytes_per_rank(comm, optimizer_state_bytes(optimizer)),
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
         "checkpoint": str(config.checkpoint_path),
-        "weights_digest": weights_digest(model),
+        "weights_digest": weights_digest(whole_model_state(wrapped)),
     }
     events.emit("done", **summary)
     return summary
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    """A short fingerprint of the weights, to compare runs (e.g. resumed vs uninterrupted).
+def wrap_model(model: torch.nn.Module, config: TrainConfig, comm) -> torch.nn.Module:
+    """The model as ``--parallel`` asks: DataParallel (data), split layers (model), or both (hybrid).
 
-    >>> len(weights_digest(torch.nn.Linear(2, 2)))
+    model and hybrid split the fully connected layers with Krizhevsky's plan
+    (:func:`gpurig.krizhevsky_plan`): for the MLP the two 1200-unit layers
+    (column, row; the 10-way classifier stays whole), for the CNN the two dense
+    layers. Hybrid runs what comes before them (the CNN's convolutions; for the MLP
+    nothing, so its batch is gathered at the input) data-parallel on each rank's
+    part of the batch, and what comes after (the MLP's classifier) too.
+
+    >>> wrap_model(models.mlp(), TrainConfig(parallel="model"), gpurig.init())   # doctest: +SKIP
+    """
+    import gpurig
+
+    if config.parallel == "data":
+        return gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression)
+    hybrid = config.parallel == "hybrid"
+    return gpurig.parallelize(model, gpurig.krizhevsky_plan(model), comm, hybrid=hybrid,
+                              bucket_cap_mb=config.bucket_mb, compression=config.compression if hybrid else "none")
+
+
+def whole_model_state(wrapped: torch.nn.Module) -> dict:
+    """The unsplit model's state dict (split layers gathered: call on every rank).
+
+    >>> sorted(whole_model_state(gpurig.DataParallel(torch.nn.Linear(2, 2))))   # doctest: +SKIP
+    ['bias', 'weight']
+    """
+    from gpurig.parallel import ModelParallel
+
+    return wrapped.full_state_dict() if isinstance(wrapped, ModelParallel) else wrapped.state_dict()
+
+
+def whole_state(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The unsplit model's and optimizer's state dicts (split layers gathered: call on every rank).
+
+    A checkpoint holds them whole, so a run can resume with any ``--parallel`` and rank count.
+
+    >>> model_state, optimizer_state = whole_state(wrapped, optimizer)    # doctest: +SKIP
+    """
+    from gpurig.parallel import ModelParallel
+
+    split = isinstance(wrapped, ModelParallel)
+    optimizer_state = wrapped.full_optimizer_state(optimizer) if split else optimizer.state_dict()
+    return whole_model_state(wrapped), optimizer_state
+
+
+def bytes_per_rank(comm, nbytes: int) -> list[int]:
+    """Every rank's ``nbytes``, in rank order (a small allgather).
+
+    >>> bytes_per_rank(gpurig.init(), 100)     # doctest: +SKIP
+    [100, 100]
+    """
+    return [int(b) for b in comm.allgather(torch.tensor([nbytes], dtype=torch.int64)).tolist()]
+
+
+def weights_digest(state: dict) -> str:
+    """A short fingerprint of a state dict's weights, to compare runs (e.g. resumed vs uninterrupted).
+
+    >>> len(weights_digest(torch.nn.Linear(2, 2).state_dict()))
     16
     """
     import hashlib
 
     h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]

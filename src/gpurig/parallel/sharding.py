@@ -81,8 +81,10 @@ class Shard:
     """This rank's batches; see :func:`shard`."""
 
     def __init__(self, data, global_batch: int | None, comm: comm_mod.Communicator | None,
-                 shuffle: bool, seed: int, drop_last: bool):
+                 shuffle: bool, seed: int, drop_last: bool, split: bool = True):
         self.comm = comm or comm_mod.current()
+        # (which part, of how many): every rank the whole batch when not split
+        self.part, self.parts = (self.comm.rank, self.comm.size) if split else (0, 1)
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
         self.tensors = self._as_tensors(data)
@@ -91,8 +93,8 @@ class Shard:
         if self.tensors is not None:
             if global_batch is None:
                 raise ValueError("shard() of tensors needs global_batch=")
-            self.per_rank = per_rank_batches(global_batch, self.comm.size)[self.comm.rank]
-            self._warn(per_rank_batches(global_batch, self.comm.size)[-1])
+            self.per_rank = per_rank_batches(global_batch, self.parts)[self.part]
+            self._warn(per_rank_batches(global_batch, self.parts)[-1])
         self._warned = self.tensors is not None
 
     @staticmethod
@@ -131,7 +133,7 @@ class Shard:
         return torch.randperm(n, generator=generator)
 
     def __iter__(self):
-        rank, size = self.comm.rank, self.comm.size
+        rank, size = self.part, self.parts
         if self.tensors is None:
             for batch in self.batches:
                 if _batch_len(batch) < size:
@@ -152,7 +154,7 @@ class Shard:
 
 
 def shard(data, global_batch: int | None = None, comm: comm_mod.Communicator | None = None,
-          shuffle: bool = True, seed: int = 0, drop_last: bool = True) -> Shard:
+          shuffle: bool = True, seed: int = 0, drop_last: bool = True, split: bool = True) -> Shard:
     """Give this rank its disjoint part of every global batch.
 
     ``data`` is either tensors (a tuple of equally long tensors, or a
@@ -160,7 +162,9 @@ def shard(data, global_batch: int | None = None, comm: comm_mod.Communicator | N
     shuffled order that depends only on ``seed`` and the epoch; or any iterable of
     global batches (a ``DataLoader``), each batch of which is split along its
     first dimension. Warns (rank 0) when the per-rank batch breaks the source's
-    tile rule: below 64 or not a multiple of 32.
+    tile rule: below 64 or not a multiple of 32. ``split=False`` gives every rank
+    the whole of every global batch, in the same order (model parallelism: all
+    ranks work on the same batch).
 
     >>> import gpurig, torch
     >>> X, y = torch.randn(1024, 784), torch.randint(0, 10, (1024,))
@@ -170,4 +174,4 @@ def shard(data, global_batch: int | None = None, comm: comm_mod.Communicator | N
     ...     for x, t in batches:
     ...         pass
     """
-    return Shard(data, global_batch, comm, shuffle, seed, drop_last)
+    return Shard(data, global_batch, comm, shuffle, seed, drop_last, split)

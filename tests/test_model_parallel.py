@@ -1,0 +1,107 @@
+"""Model and hybrid parallelism on real ranks (both engines): split layers, gpurig.parallelize, gpurig train --parallel.
+
+The comparisons run inside the ranks (tests/workers/model_parallel.py, which
+states the tolerances); here the jobs are launched and the command line is checked.
+"""
+
+import doctest
+import json
+import sys
+
+import pytest
+
+import gpurig
+import gpurig.parallel.memory
+import gpurig.parallel.model_parallel
+import gpurig.parallel.plan
+import gpurig.parallel.split_model
+from conftest import assert_all_ok, run_cases
+from conftest import gpurig as gpurig_cli
+
+CASES = 24
+
+
+@pytest.mark.parametrize("module", [gpurig.parallel.model_parallel, gpurig.parallel.plan,
+                                    gpurig.parallel.split_model, gpurig.parallel.memory])
+def test_docstring_examples_on_one_rank(module):
+    assert doctest.testmod(module, extraglobs={"gpurig": gpurig}, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_split_layers_and_training_on_three_ranks(engine, tmp_path):
+    assert_all_ok(run_cases("model_parallel.py", engine, 3, tmp_path), CASES)
+
+
+def test_split_layers_and_training_on_two_ranks_over_mpi(tmp_path):
+    assert_all_ok(run_cases("model_parallel.py", "mpi", 2, tmp_path), CASES)
+
+
+# -- gpurig train --parallel ----------------------------------------------------------------------------------------
+
+def train(*args, checkpoint_dir, timeout=300) -> dict:
+    done = gpurig_cli("train", *args, "--json", "--checkpoint-dir", checkpoint_dir, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def mlp_runs(tmp_path_factory):
+    """The default MLP run for 2 epochs, uncompressed, in each --parallel mode."""
+    return {mode: train("--parallel", mode, "--epochs", 2, "--compression", "none",
+                        checkpoint_dir=tmp_path_factory.mktemp(mode)) for mode in ("data", "model", "hybrid")}
+
+
+def test_model_and_hybrid_reach_the_data_parallel_accuracy(mlp_runs):
+    data = mlp_runs["data"]
+    assert data["test_accuracy"] > 0.85
+    for mode in ("model", "hybrid"):
+        run = mlp_runs[mode]
+        assert run["parallel"] == mode and abs(run["test_accuracy"] - data["test_accuracy"]) <= 0.01, run
+
+
+def test_model_parallel_ranks_hold_half_the_mlp_and_send_activations(mlp_runs):
+    run = mlp_runs["model"]
+    whole, held = run["parameter_bytes_whole"], run["parameter_bytes_per_rank"]
+    every_rank = (1200 * 10 + 10 + 1200) * 4          # the classifier and the row layer's bias stay whole
+    assert held == [(whole - every_rank) // 2 + every_rank] * 2, (held, whole)
+    assert run["optimizer_state_bytes_per_rank"] == held     # momentum: one buffer per parameter held
+    assert mlp_runs["data"]["parameter_bytes_per_rank"] == [whole, whole]
+    # One allreduce per step: the row layer's 128 x 1200 outputs (the column layer's input, the data, needs no gradient).
+    assert run["bytes_sent_per_step"] == 2 * (2 - 1) // 2 * 128 * 1200 * 4
+    assert run["bytes_sent_per_step"] < mlp_runs["data"]["bytes_sent_per_step"] / 15
+
+
+def test_model_parallel_run_resumes_to_the_uninterrupted_weights(mlp_runs, tmp_path):
+    first = train("--parallel", "model", "--epochs", 1, "--compression", "none", checkpoint_dir=tmp_path)
+    assert first["epochs"][0]["loss"] == mlp_runs["model"]["epochs"][0]["loss"]
+    resumed = train("--parallel", "model", "--epochs", 2, "--compression", "none", "--resume", checkpoint_dir=tmp_path)
+    assert resumed["weights_digest"] == mlp_runs["model"]["weights_digest"]
+
+
+def test_krizhevsky_hybrid_cnn_over_gloo_reaches_the_data_parallel_accuracy(tmp_path):
+    runs = {mode: train("--engine", "torch", "--model", "cnn", "--parallel", mode, "--epochs", 1,
+                        "--compression", "none", checkpoint_dir=tmp_path / mode) for mode in ("data", "hybrid")}
+    assert runs["hybrid"]["engine"] == "torch/gloo" and runs["data"]["test_accuracy"] > 0.85
+    assert abs(runs["hybrid"]["test_accuracy"] - runs["data"]["test_accuracy"]) <= 0.01, runs
+    assert runs["hybrid"]["parameter_bytes_per_rank"][0] < 0.7 * runs["hybrid"]["parameter_bytes_whole"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--parallel", "pipeline"], "unknown parallelism 'pipeline'"),
+    (["-n", "3", "--model", "cnn", "--parallel", "model"],
+     "--parallel model: plan: '8' (column) has 256 output features, which do not split evenly over 3 ranks"),
+    (["--parallel", "model", "--compression", "int8"], "with --parallel model none are"),
+])
+def test_bad_parallel_flags_are_one_line_and_exit_2(args, message, tmp_path):
+    done = gpurig_cli("train", *args, "--checkpoint-dir", tmp_path, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.startswith("gpurig")]) == 1
+
+
+def test_hybrid_batch_parts_cut_otherwise_than_tensor_split_end_the_job_with_the_reason():
+    script = ("import torch, gpurig; c = gpurig.init()\n"
+              "net = gpurig.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), "
+              "torch.nn.Linear(4, 2)), {'0': 'column', '2': 'row'}, hybrid=True)\n"
+              "net(torch.zeros(5 if c.rank == 0 else 3, 4))")
+    done = gpurig_cli("run", "-n", 2, "--", sys.executable, "-c", script, timeout=90)
+    assert done.returncode != 0
+    assert "holds 5 rows of a batch of 8: the parts must be cut as torch.tensor_split cuts them (4 here)" in done.stderr
