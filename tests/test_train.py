@@ -50,9 +50,17 @@ def test_torch_engine_trains_too(tmp_path):
     assert summary["engine"] == "torch/gloo" and summary["test_accuracy"] > 0.85
 
 
-def _rank_processes():
-    return [p for p in psutil.process_iter(["cmdline"])
-            if "gpurig.train" in " ".join(p.info["cmdline"] or []) and "rank_wrapper" not in " ".join(p.info["cmdline"] or [])]
+def _rank_processes(job: subprocess.Popen):
+    """This job's rank processes (not another run's on a shared machine)."""
+    found = []
+    for p in psutil.Process(job.pid).children(recursive=True):
+        try:
+            line = " ".join(p.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "gpurig.train" in line and "rank_wrapper" not in line:
+            found.append(p)
+    return found
 
 
 def test_killed_run_resumes_to_the_uninterrupted_weights(default_run, tmp_path):
@@ -67,7 +75,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(default_run, tmp_path):
         if checkpoint.exists() and torch.load(checkpoint, weights_only=True)["epoch"] >= 2:
             break
         time.sleep(0.2)
-    victims = _rank_processes()
+    victims = _rank_processes(job)
     assert victims, "no rank process found"
     victims[-1].send_signal(signal.SIGKILL)
     _, err = job.communicate(timeout=60)
