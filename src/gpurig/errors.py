@@ -15,6 +15,16 @@ class UsageError(Exception):
     """
 
 
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An exception raised by someone else's code (a user's model, an import) as "Type: first line of its message".
+
+    >>> one_line(ValueError("bad shape\\nmore detail"))
+    'ValueError: bad shape'
+    """
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:limit] if lines else '(no message)'}"
+
+
 class RankFailed(Exception):
     """A rank of a job ended badly: which rank, on which host, and how.
 

@@ -1,0 +1,261 @@
+"""A model described layer by layer: parameters, FLOPs, GEMM shapes, activations, memory traffic.
+
+:func:`describe` runs one forward pass of any torch module on the meta device
+(shapes only: no memory is allocated, nothing is computed) and returns a
+:class:`ModelSpec`, the one description of a model that ``predict`` and
+``train`` share. It serialises to JSON (``--json`` output, caching).
+
+Conventions (docs/predict.md says more):
+
+- **Layer**: the work a module does itself, named by its module path, in the
+  order it first ran: a leaf module (``layer1.0.conv1``, ``layers.3.mlp.fc``),
+  or a container's own code outside its children (a residual add); modules with
+  neither parameters nor work of their own are left out. A module called
+  several times is one layer, its calls summed. The layers sum to the totals.
+- **FLOPs**: ``FlopCounterMode``'s formulas — 2 per multiply-add of matrix
+  multiplies and convolutions, attention's two batched matmuls at full
+  tokens×tokens (a causal mask not halving them), nothing for bias adds,
+  norms, activations, pooling or softmax, which count as bytes moved instead.
+- **Backward FLOPs**: per GEMM, one GEMM of the forward's size for each operand
+  that needs a gradient: 2× forward for a layer with weights, 1× for the first
+  layer (the data needs no gradient), 0 for a frozen layer fed by data;
+  attention 2×. **Backward bytes**: 2× forward for work whose inputs need a
+  gradient (an approximation: the gradient and the saved input are read).
+- **Parameters**: each tensor once, owned by the first layer that uses it (so
+  GPT-2's output layer, tied to the token embedding, owns none); buffers such
+  as BatchNorm's running statistics are not parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpurig.errors import UsageError, one_line
+from gpurig.spec.ops import NORM_OPS, Gemm, aten
+from gpurig.spec.trace import Charges, Tracer
+
+KINDS = ("linear", "conv", "embedding", "norm", "attention-matmul", "other")
+SCHEMA = "gpurig.model/1"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer of a :class:`ModelSpec`: what it holds and what one forward pass of the batch costs in it.
+
+    ``parameter_shapes`` are the tensors this layer owns, as (full name, shape),
+    in registration order; ``gemms`` the matrix multiplies it ran, in order;
+    ``input_elements`` / ``output_elements`` the elements of the tensors it took
+    and returned (summed over calls; multiply by the element size for bytes);
+    ``forward_bytes`` / ``backward_bytes`` memory traffic outside GEMMs.
+    """
+
+    name: str
+    kind: str
+    module: str
+    calls: int
+    parameters: int
+    parameter_bytes: int
+    parameter_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    forward_flops: int
+    backward_flops: int
+    gemms: tuple[Gemm, ...]
+    input_elements: int
+    output_elements: int
+    forward_bytes: int
+    backward_bytes: int
+
+
+def _total(field: str, doc: str) -> property:
+    """A model-wide total: the sum of ``field`` over the layers."""
+    return property(lambda spec: sum(getattr(layer, field) for layer in spec.layers), doc=doc)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model at one batch size: its layers in forward order, and totals over them.
+
+    ``sample`` is the per-sample input shape (without the batch dimension),
+    ``input_dtype`` its type ("float32", "int64" for token ids), ``dtype`` the
+    parameters' type.
+
+    >>> spec = describe(nn.Linear(784, 10), (784,), batch=32)
+    >>> spec.parameters, spec.forward_flops, spec.forward_flops_per_sample
+    (7850, 501760, 15680.0)
+    >>> ModelSpec.from_json(spec.to_json()) == spec
+    True
+    """
+
+    name: str
+    batch: int
+    sample: tuple[int, ...]
+    input_dtype: str
+    dtype: str
+    layers: tuple[LayerSpec, ...]
+
+    parameters = _total("parameters", "Parameters, each tensor once.")
+    parameter_bytes = _total("parameter_bytes", "Bytes of the parameters.")
+    forward_flops = _total("forward_flops", "FLOPs of one forward pass of the whole batch.")
+    backward_flops = _total("backward_flops", "FLOPs of one backward pass of the whole batch (see the conventions).")
+    forward_bytes = _total("forward_bytes", "Bytes moved outside GEMMs in one forward pass of the batch.")
+    backward_bytes = _total("backward_bytes", "Bytes moved outside GEMMs in one backward pass of the batch.")
+
+    @property
+    def forward_flops_per_sample(self) -> float:
+        return self.forward_flops / self.batch
+
+    def layer(self, name: str) -> LayerSpec:
+        """The layer called ``name`` (a module path).
+
+        >>> describe(nn.Sequential(nn.Linear(4, 2)), (4,)).layer("0").gemms
+        (Gemm(m=1, n=2, k=4, count=1),)
+        """
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise UsageError(f"model {self.name!r} has no layer {name!r}")
+
+    def totals(self) -> dict:
+        """The model-wide numbers, for tables and ``--json``."""
+        return {"parameters": self.parameters, "parameter_bytes": self.parameter_bytes,
+                "forward_flops": self.forward_flops, "forward_flops_per_sample": self.forward_flops_per_sample,
+                "backward_flops": self.backward_flops, "forward_bytes": self.forward_bytes,
+                "backward_bytes": self.backward_bytes}
+
+    def to_json(self, indent: int | None = None) -> str:
+        """JSON text: the fields, layers with their GEMMs as objects, and the totals (ignored when read back)."""
+        return json.dumps({"schema": SCHEMA, **dataclasses.asdict(self), "totals": self.totals()}, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "model description") -> ModelSpec:
+        """Read what :meth:`to_json` wrote; anything else is refused in one line."""
+        try:
+            data = json.loads(text)
+            if data.get("schema") != SCHEMA:
+                raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
+            layers = tuple(LayerSpec(**{**layer, "gemms": tuple(Gemm(**g) for g in layer["gemms"]),
+                                        "parameter_shapes": tuple((n, tuple(s)) for n, s in layer["parameter_shapes"])})
+                           for layer in data["layers"])
+            fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+            return cls(**{**fields, "sample": tuple(data["sample"]), "layers": layers})
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise UsageError(f"{where}: not a gpurig model description ({type(error).__name__}: {error})") from None
+
+
+def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = None,
+             training: bool = True) -> ModelSpec:
+    """Describe ``module`` for one forward pass of ``batch`` samples, on the meta device.
+
+    ``example`` is either a per-sample shape (a float32 input of shape
+    ``(batch, *example)``) or a tensor whose first dimension is its batch (its
+    other dimensions and its dtype are kept: token ids stay integers). A module
+    already on the meta device is used as it is; one with real weights is
+    copied to the meta device first — its weights are neither copied nor
+    changed (build large models under ``with torch.device("meta")`` to never
+    allocate them at all). ``training`` describes the training-mode forward
+    pass (dropout, batch statistics), which is what a training step runs.
+
+    >>> from gpurig.models import mlp
+    >>> spec = describe(mlp(), (784,), batch=128)
+    >>> spec.parameters, spec.forward_flops_per_sample == 2 * (784 * 1200 + 1200 * 1200 + 1200 * 10)
+    (2395210, True)
+    >>> [(layer.name, layer.kind, layer.gemms[0]) for layer in spec.layers if layer.gemms][0]
+    ('1', 'linear', Gemm(m=128, n=1200, k=784, count=1))
+    """
+    if not isinstance(batch, int) or batch < 1:
+        raise UsageError(f"batch must be a whole number ≥ 1, got {batch!r}")
+    model = on_meta(module)
+    x = example_input(example, batch)
+    modes = {m: m.training for m in model.modules()}
+    model.train(training)
+    try:
+        with torch.device("meta"), torch.enable_grad(), Tracer(model) as tracer:
+            model(x)
+    except Exception as error:  # the model's own code: report it in one line
+        raise UsageError(f"{name or type(module).__name__}: its forward pass fails on the meta device "
+                         f"({one_line(error)}); a model that reads tensor values "
+                         "(.item(), data-dependent shapes) cannot be described without running it") from None
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    dtypes = {p.dtype for p in model.parameters()} or {torch.float32}
+    return ModelSpec(name=name or type(module).__name__, batch=batch, sample=tuple(x.shape[1:]),
+                     input_dtype=_dtype_name(x.dtype), dtype=",".join(sorted(map(_dtype_name, dtypes))),
+                     layers=_layers(tracer.charges()))
+
+
+def on_meta(module: nn.Module) -> nn.Module:
+    """``module`` itself when every parameter and buffer is on the meta device, else a meta-device copy.
+
+    The copy shares nothing with the original and allocates no weights (tied
+    parameters stay tied).
+
+    >>> linear = nn.Linear(2, 2)
+    >>> on_meta(linear).weight.device, linear.weight.device
+    (device(type='meta'), device(type='cpu'))
+    """
+    tensors = [*module.parameters(), *module.buffers()]
+    if all(t.is_meta for t in tensors):
+        return module
+    memo: dict = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+def example_input(example, batch: int) -> torch.Tensor:
+    """A meta tensor of ``batch`` samples from a per-sample shape or an example tensor (first dimension = batch).
+
+    >>> example_input((3, 224, 224), 8).shape, example_input(torch.zeros(2, 128, dtype=torch.long), 4).dtype
+    (torch.Size([8, 3, 224, 224]), torch.int64)
+    """
+    if isinstance(example, torch.Tensor):
+        if example.dim() == 0:
+            raise UsageError("the example input must have a batch dimension, got a scalar")
+        return torch.empty((batch, *example.shape[1:]), dtype=example.dtype, device="meta")
+    if isinstance(example, int):
+        example = (example,)
+    if not (isinstance(example, (tuple, list, torch.Size)) and all(isinstance(d, int) and d > 0 for d in example)):
+        raise UsageError(f"the example input must be a tensor or a shape of positive whole numbers, got {example!r}")
+    return torch.empty((batch, *example), device="meta")
+
+
+def _layers(charges: list[Charges]) -> tuple[LayerSpec, ...]:
+    seen: set[int] = set()
+    layers = []
+    for c in charges:
+        prefix = f"{c.name}." if c.name else ""
+        owned = [(prefix + n, p) for n, p in c.module.named_parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for _, p in owned)
+        layers.append(LayerSpec(
+            name=c.name or "(model)", kind=_kind(c), module=type(c.module).__name__, calls=c.calls,
+            parameters=sum(p.numel() for _, p in owned),
+            parameter_bytes=sum(p.numel() * p.element_size() for _, p in owned),
+            parameter_shapes=tuple((n, tuple(p.shape)) for n, p in owned),
+            forward_flops=c.forward_flops, backward_flops=c.backward_flops, gemms=tuple(c.gemms),
+            input_elements=c.input_elements, output_elements=c.output_elements,
+            forward_bytes=c.forward_bytes, backward_bytes=c.backward_bytes))
+    return tuple(layers)
+
+
+def _kind(charges: Charges) -> str:
+    """The GEMM kind with the most FLOPs; else embedding or norm by the operators run; else other."""
+    if charges.gemm_flops:
+        return max(charges.gemm_flops.items(), key=lambda item: item[1])[0]
+    if aten.embedding in charges.ops or isinstance(charges.module, (nn.Embedding, nn.EmbeddingBag)):
+        return "embedding"
+    if charges.ops & NORM_OPS or "Norm" in type(charges.module).__name__:
+        return "norm"
+    return "other"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+

@@ -1,0 +1,162 @@
+"""What one torch operator costs: FLOPs, the matrix multiply it runs, bytes it moves, what its backward adds.
+
+The unit of :mod:`gpurig.spec.trace`, which sees every aten operator of a forward
+pass. FLOPs come from PyTorch's own table (``torch.utils.flop_counter``, the
+formulas behind ``FlopCounterMode``): 2 FLOPs per multiply-add of ``mm``,
+``addmm``, ``bmm``, ``baddbmm`` and convolutions (bias adds not counted),
+attention as its two batched matrix multiplies (a causal mask not halving
+them); nothing else counts as FLOPs. Every other operator is memory traffic:
+the bytes of its tensor inputs plus its outputs, views being free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+aten = torch.ops.aten
+
+GEMM_KINDS = {aten.mm: "linear", aten.addmm: "linear", aten.bmm: "attention-matmul",
+              aten.baddbmm: "attention-matmul", aten.convolution: "conv", aten._convolution: "conv"}
+NORM_OPS = {aten.native_layer_norm, aten.native_batch_norm, aten._native_batch_norm_legit,
+            aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
+            aten.native_group_norm, aten._fused_rms_norm}
+# Which two arguments of a GEMM are its operands A and B (the rest is bias).
+_OPERANDS = {aten.mm: (0, 1), aten.addmm: (1, 2), aten.bmm: (0, 1), aten.baddbmm: (1, 2),
+             aten.convolution: (0, 1), aten._convolution: (0, 1)}
+# Allocations that fill nothing, and a view PyTorch does not mark as one.
+_FREE = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten._unsafe_view}
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """A matrix multiply C[M×N] = A[M×K]·B[K×N], run ``count`` times (heads × batch, or conv groups).
+
+    >>> Gemm(m=128, n=3072, k=768).flops
+    603979776
+    """
+
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+    @property
+    def flops(self) -> int:
+        """2·M·N·K per multiply (a multiply-add is 2 FLOPs), times ``count``."""
+        return 2 * self.m * self.n * self.k * self.count
+
+
+def gemm_of(packet, args: tuple, out) -> Gemm | None:
+    """The matrix multiply a GEMM operator runs; None for any other operator.
+
+    A linear layer is ``addmm(bias, x, Wᵀ)``: M = batch·tokens, K = inputs,
+    N = outputs. A convolution is an implicit GEMM: M = batch·H_out·W_out,
+    N = out_channels/groups, K = in_channels/groups·kh·kw, ``count`` = groups.
+
+    >>> gemm_of(aten.mm, (torch.empty(10, 8, device="meta"), torch.empty(8, 16, device="meta")), None)
+    Gemm(m=10, n=16, k=8, count=1)
+    >>> x, w = torch.empty(2, 3, 8, 8, device="meta"), torch.empty(4, 3, 3, 3, device="meta")
+    >>> gemm_of(aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), torch.empty(2, 4, 6, 6))
+    Gemm(m=72, n=4, k=27, count=1)
+    """
+    if packet in (aten.mm, aten.addmm):
+        a, b = (args[i] for i in _OPERANDS[packet])
+        return Gemm(a.shape[0], b.shape[1], a.shape[1])
+    if packet in (aten.bmm, aten.baddbmm):
+        a, b = (args[i] for i in _OPERANDS[packet])
+        return Gemm(a.shape[1], b.shape[2], a.shape[2], a.shape[0])
+    if packet in (aten.convolution, aten._convolution):
+        x, w, transposed, groups = args[0], args[1], args[6], args[8]
+        kernel = math.prod(w.shape[2:])
+        if transposed:  # weight is (in, out/groups, kh, kw); the GEMM runs over the input's pixels
+            return Gemm(x.shape[0] * math.prod(x.shape[2:]), w.shape[1] * kernel, w.shape[0] // groups, groups)
+        return Gemm(out.shape[0] * math.prod(out.shape[2:]), w.shape[0] // groups, w.shape[1] * kernel, groups)
+    return None
+
+
+def attention_gemms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[Gemm, Gemm]:
+    """The two batched GEMMs of attention: scores Q·Kᵀ, then scores·V (one per batch item and head).
+
+    >>> q = torch.empty(2, 12, 128, 64, device="meta")
+    >>> attention_gemms(q, q, q)
+    (Gemm(m=128, n=128, k=64, count=24), Gemm(m=128, n=64, k=128, count=24))
+    """
+    count, queries, width = math.prod(q.shape[:-2]), q.shape[-2], q.shape[-1]
+    keys = k.shape[-2]
+    return Gemm(queries, keys, width, count), Gemm(queries, v.shape[-1], keys, count)
+
+
+def flops_of(packet, args: tuple, kwargs: dict, out) -> int:
+    """FLOPs of one operator call by ``FlopCounterMode``'s formulas; 0 for operators it does not count.
+
+    >>> flops_of(aten.mm, (torch.empty(10, 8, device="meta"), torch.empty(8, 16, device="meta")), {}, None)
+    2560
+    """
+    formula = flop_registry.get(packet)
+    return int(formula(*args, **kwargs, out_val=out)) if formula else 0
+
+
+def tensors(value) -> list[torch.Tensor]:
+    """The tensors in a nested structure of arguments or results.
+
+    >>> len(tensors(((torch.empty(1), 2), {"x": torch.empty(3)})))
+    2
+    """
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    """Bytes of a tensor's elements (on the meta device too).
+
+    >>> nbytes(torch.empty(4, 256, device="meta"))
+    4096
+    """
+    return tensor.numel() * tensor.element_size()
+
+
+def moved_bytes(func, args: tuple, kwargs: dict, out) -> int:
+    """Bytes a non-GEMM operator reads and writes: its tensor inputs plus its outputs.
+
+    Views and bare allocations move nothing; an embedding reads only the rows it
+    gathers (as many bytes as it writes), not its whole table.
+
+    >>> x = torch.empty(8, 256, device="meta")
+    >>> moved_bytes(aten.relu.default, (x,), {}, torch.relu(x)), moved_bytes(aten.t.default, (x,), {}, x.t())
+    (16384, 0)
+    """
+    packet = func.overloadpacket
+    if func.is_view or packet in _FREE:
+        return 0
+    if packet is aten.embedding:
+        return 2 * nbytes(out) + nbytes(args[1])
+    inputs = tensors((args, kwargs))
+    if not inputs:  # factories (arange, zeros): small fills
+        return 0
+    return sum(map(nbytes, inputs)) + sum(map(nbytes, tensors(out)))
+
+
+def needs_grad(values) -> bool:
+    """Whether any tensor among ``values`` takes part in autograd (so the backward pass visits it).
+
+    >>> needs_grad([torch.empty(2, requires_grad=True), torch.empty(2)]), needs_grad([torch.empty(2)])
+    (True, False)
+    """
+    return any(t.requires_grad for t in tensors(values))
+
+
+def gemm_backward_factor(packet, args: tuple) -> int:
+    """How many GEMMs of the forward's size the backward pass runs: one per operand that needs a gradient.
+
+    A hidden linear layer: 2 (input gradient and weight gradient). The first
+    layer, fed by data: 1 (no gradient for the data). A frozen layer fed by data: 0.
+
+    >>> w, x = torch.empty(8, 4, requires_grad=True), torch.empty(2, 8)
+    >>> gemm_backward_factor(aten.mm, (x, w)), gemm_backward_factor(aten.mm, (x.requires_grad_(), w))
+    (1, 2)
+    """
+    return sum(bool(args[i].requires_grad) for i in _OPERANDS.get(packet, (0, 1)))

@@ -1,0 +1,197 @@
+"""Run a module's forward pass once and charge every operator to the module that ran it.
+
+Forward hooks keep a stack of the modules being run; a ``TorchDispatchMode``
+sees each aten operator and charges its cost (:mod:`gpurig.spec.ops`) to the
+innermost one, so a container's own code (a residual add) is charged to the
+container, not to its last child. ``F.scaled_dot_product_attention`` and ``F.dropout`` are
+caught one level higher (``TorchFunctionMode``) and charged as the single
+fused kernels a GPU runs, not as the decomposition the meta device shows:
+attention as two batched GEMMs plus Q, K, V and the output as memory traffic
+(what a flash-attention kernel moves, not a tokens×tokens score matrix);
+dropout as its input, output and a one-byte mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpurig.spec import ops
+
+
+@dataclass
+class Charges:
+    """What one module did itself (not its children), summed over its calls, and the order it first did it."""
+
+    name: str
+    module: nn.Module
+    order: int = -1
+    calls: int = 0
+    input_elements: int = 0
+    output_elements: int = 0
+    forward_flops: int = 0
+    backward_flops: int = 0
+    forward_bytes: int = 0
+    backward_bytes: int = 0
+    gemms: list[ops.Gemm] = field(default_factory=list)
+    gemm_flops: Counter = field(default_factory=Counter)   # by GEMM kind: linear, conv, attention-matmul
+    ops: set = field(default_factory=set)                   # packets of the other operators it ran
+
+    @property
+    def did_work(self) -> bool:
+        return bool(self.forward_flops or self.forward_bytes or self.gemms)
+
+
+class Tracer:
+    """Charges per module for one forward pass of ``model``: ``with Tracer(model) as t: model(x)``, then ``t.charges()``.
+
+    >>> with torch.device("meta"):
+    ...     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+    ...     with Tracer(model) as tracer:
+    ...         _ = model(torch.empty(2, 8))
+    >>> [(c.name, c.forward_flops, c.forward_bytes) for c in tracer.charges()]
+    [('0', 128, 0), ('1', 0, 64)]
+    """
+
+    def __init__(self, model: nn.Module):
+        self.by_module: dict[nn.Module, Charges] = {m: Charges(n, m) for n, m in model.named_modules()}
+        self.stack: list[Charges] = []
+        self.next_order = 0
+        self.suppressed = False
+        self._exits = contextlib.ExitStack()
+
+    def __enter__(self) -> Tracer:
+        for module in self.by_module:
+            self._exits.callback(module.register_forward_pre_hook(self._enter_module, with_kwargs=True).remove)
+            self._exits.callback(module.register_forward_hook(self._exit_module, with_kwargs=True,
+                                                              always_call=True).remove)
+        self._exits.enter_context(_Operators(self))
+        self._exits.enter_context(_Functions(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._exits.close()
+
+    def charges(self) -> list[Charges]:
+        """Modules with parameters of their own or work of their own, in the order they first ran (unused ones last)."""
+        kept = [c for c in self.by_module.values() if c.did_work or _own_parameters(c.module)]
+        return sorted(kept, key=lambda c: (c.order < 0, c.order))
+
+    def _mark(self, charges: Charges) -> None:
+        if charges.order < 0:
+            charges.order, self.next_order = self.next_order, self.next_order + 1
+
+    def _enter_module(self, module, args, kwargs):
+        charges = self.by_module[module]
+        charges.calls += 1
+        charges.input_elements += sum(t.numel() for t in ops.tensors((args, kwargs)))
+        if _own_parameters(module):
+            self._mark(charges)
+        self.stack.append(charges)
+
+    def _exit_module(self, module, args, kwargs, output):
+        self.stack.pop()
+        self.by_module[module].output_elements += sum(t.numel() for t in ops.tensors(output))
+
+    def charge_operator(self, func, args: tuple, kwargs: dict, out) -> None:
+        """Charge one aten operator call to the innermost running module."""
+        if self.suppressed:
+            return
+        packet = func.overloadpacket
+        flops = ops.flops_of(packet, args, kwargs, out)
+        if flops:
+            gemm = ops.gemm_of(packet, args, out)
+            self._charge(flops=flops, backward_factor=ops.gemm_backward_factor(packet, args),
+                         gemms=[gemm] if gemm else [], kind=ops.GEMM_KINDS.get(packet, _guess_kind(packet)))
+            return
+        moved = ops.moved_bytes(func, args, kwargs, out)
+        if moved:
+            self._charge(moved=moved, grad=ops.needs_grad((args, kwargs)), packet=packet)
+
+    def charge_attention(self, args: tuple, kwargs: dict, out) -> None:
+        """A fused attention call: its two batched GEMMs; Q, K, V, mask and output as traffic."""
+        q, k, v = (args[i] if i < len(args) else kwargs[name] for i, name in enumerate(("query", "key", "value")))
+        grad = ops.needs_grad((q, k, v))
+        gemms = ops.attention_gemms(q, k, v)
+        self._charge(flops=sum(g.flops for g in gemms), backward_factor=2 if grad else 0, gemms=list(gemms),
+                     kind="attention-matmul", moved=sum(map(ops.nbytes, [*ops.tensors((args, kwargs)), out])),
+                     grad=grad)
+
+    def charge_dropout(self, args: tuple, kwargs: dict, out) -> None:
+        """A fused dropout kernel: reads the input, writes the output and a one-byte mask."""
+        bound = _DROPOUT.bind(*args, **kwargs)
+        bound.apply_defaults()
+        x = bound.arguments["input"]
+        if bound.arguments["training"] and bound.arguments["p"] > 0:
+            self._charge(moved=ops.nbytes(x) + ops.nbytes(out) + x.numel(), grad=x.requires_grad)
+
+    def _charge(self, *, flops: int = 0, backward_factor: int = 0, gemms: list | None = None, kind: str | None = None,
+                moved: int = 0, grad: bool = False, packet=None) -> None:
+        if not self.stack:
+            return
+        charges = self.stack[-1]
+        self._mark(charges)
+        charges.forward_flops += flops
+        charges.backward_flops += flops * backward_factor
+        charges.gemms += gemms or []
+        if kind:
+            charges.gemm_flops[kind] += flops
+        charges.forward_bytes += moved
+        charges.backward_bytes += 2 * moved if grad else 0
+        if packet is not None:
+            charges.ops.add(packet)
+
+
+_DROPOUT = inspect.signature(F.dropout)
+
+
+def _own_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(recurse=False), None) is not None
+
+
+def _guess_kind(packet) -> str:
+    """GEMM kind of a FLOP-counted operator gpurig does not decode (fused or private kernels)."""
+    name = str(packet)
+    return "conv" if "conv" in name else "attention-matmul" if "attention" in name else "linear"
+
+
+class _Operators(TorchDispatchMode):
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.tracer.charge_operator(func, args, kwargs, out)
+        return out
+
+
+class _Functions(TorchFunctionMode):
+    """Catches the functions a GPU runs as one fused kernel and charges them whole, not their decomposition."""
+
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.tracer = tracer
+        self.fused = {F.scaled_dot_product_attention: tracer.charge_attention, F.dropout: tracer.charge_dropout}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        charge = None if self.tracer.suppressed else self.fused.get(func)
+        if charge is None:
+            return func(*args, **kwargs)
+        self.tracer.suppressed = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.tracer.suppressed = False
+        charge(args, kwargs, out)
+        return out

@@ -1,0 +1,141 @@
+"""The built-in models ``gpurig predict`` knows by name, and the one way to describe any model.
+
+Each :class:`Preset` is a plain torch module factory with its default input and
+the published numbers it is checked against (tests/test_model_spec.py,
+docs/predict.md). Names are found loosely — case, dashes and spaces do not
+matter, so ``resnet50``, ``resnet-50`` and ``ResNet-50`` are one model — and an
+unknown name is refused in one line with the closest ones.
+
+>>> preset("ResNet-50").name, preset("gpt2-124m").name, preset("mlp").name
+('resnet50', 'gpt2', 'mnist-mlp')
+>>> model_spec("resnet50").forward_flops_per_sample / 1e9
+8.178...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpurig import models
+from gpurig.errors import UsageError
+from gpurig.spec.catalog import Lookup
+from gpurig.spec.fields import SpecError
+from gpurig.spec.model import ModelSpec, describe
+from gpurig.zoo import text, vision
+from gpurig.zoo.factory import load_factory, parse_sample
+
+IMAGE = (3, 224, 224)
+TORCHVISION = "torchvision's model table (weights meta num_params, _ops in GMACs)"
+TRANSFORMER_FLOPS = ("2·N·T + 4·L·d·T² per sequence, N = parameters without the embedding tables "
+                     "(PaLM appendix B, nanoGPT estimate_mfu)")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A built-in model: its factory, default input, and published parameters and forward GFLOPs per sample.
+
+    ``sample`` is one sample's input shape; for token models (``tokens`` set)
+    it is the default sequence length, which may be changed up to
+    ``max_tokens``. ``published_gflops`` counts 2 FLOPs per multiply-add.
+    """
+
+    name: str
+    factory: Callable[[], nn.Module]
+    sample: tuple[int, ...]
+    describes: str
+    published_parameters: int | None
+    published_gflops: float | None
+    source: str
+    aliases: str = ""
+    tokens: bool = False
+    max_tokens: int | None = None
+
+    def build(self) -> nn.Module:
+        """The model on the meta device: shapes only, no memory.
+
+        >>> preset("vgg16").build().features[0].weight.device
+        device(type='meta')
+        """
+        with torch.device("meta"):
+            return self.factory()
+
+    def example(self, tokens: int | None = None) -> torch.Tensor:
+        """One sample as a meta tensor with a batch dimension of 1: an image, a flat MNIST digit, or token ids.
+
+        >>> preset("bert-base").example(tokens=64).shape, preset("alexnet").example().dtype
+        (torch.Size([1, 64]), torch.float32)
+        """
+        if tokens is None:
+            return torch.empty((1, *self.sample), device="meta", dtype=torch.int64 if self.tokens else torch.float32)
+        if not self.tokens:
+            raise UsageError(f"{self.name} takes {self.describes}, not tokens: leave out the sequence length")
+        if not 1 <= tokens <= self.max_tokens:
+            raise UsageError(f"{self.name} takes 1 to {self.max_tokens} tokens, got {tokens}")
+        return torch.empty((1, tokens), device="meta", dtype=torch.int64)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("mnist-mlp", models.mlp, (784,), "one 28×28 MNIST digit, flattened to 784 values", 2_395_210,
+           2 * (784 * 1200 + 1200 * 1200 + 1200 * 10) / 1e9,
+           "the source's 784-1200-1200-10 network; FLOPs by hand", aliases="mlp;mnist"),
+    Preset("mnist-cnn", models.cnn, (784,), "one 28×28 MNIST digit, flattened to 784 values", None, None,
+           "gpurig's reference CNN (gpurig.models.cnn); no published count", aliases="cnn;lenet"),
+    Preset("alexnet", vision.alexnet, IMAGE, "one 3×224×224 image", 61_100_840, 2 * 0.714, TORCHVISION),
+    Preset("vgg16", vision.vgg16, IMAGE, "one 3×224×224 image", 138_357_544, 2 * 15.47, TORCHVISION,
+           aliases="vgg;vgg-d"),
+    Preset("resnet50", vision.resnet50, IMAGE, "one 3×224×224 image", 25_557_032, 2 * 4.089, TORCHVISION),
+    Preset("resnet152", vision.resnet152, IMAGE, "one 3×224×224 image", 60_192_808, 2 * 11.514, TORCHVISION),
+    Preset("bert-base", text.bert_base, (128,), "128 token ids", 109_482_240, 22.53,
+           "parameters with the pooler: Hugging Face bert-base-uncased; FLOPs: " + TRANSFORMER_FLOPS,
+           aliases="bert-base-uncased;bert", tokens=True, max_tokens=text.BERT_POSITIONS),
+    Preset("bert-large", text.bert_large, (128,), "128 token ids", 335_141_888, 79.27,
+           "parameters with the pooler: Hugging Face bert-large-uncased; FLOPs: " + TRANSFORMER_FLOPS,
+           aliases="bert-large-uncased", tokens=True, max_tokens=text.BERT_POSITIONS),
+    Preset("gpt2", text.gpt2, (1024,), "1024 token ids", 124_439_808, 291.90,
+           "parameters with tied embeddings: Hugging Face gpt2; FLOPs: " + TRANSFORMER_FLOPS,
+           aliases="gpt2-124m;gpt-2 small;gpt2-small", tokens=True, max_tokens=text.GPT2_CONTEXT),
+)}
+
+_LOOKUP = Lookup(list(PRESETS.values()), "model")
+
+
+def preset(name: str) -> Preset:
+    """The built-in model called ``name``, loosely; one line with the closest names otherwise.
+
+    >>> preset("resnet101")
+    Traceback (most recent call last):
+    ...
+    gpurig.spec.fields.SpecError: unknown model 'resnet101'; closest: resnet50, resnet152 (or give module:factory)
+    """
+    try:
+        return _LOOKUP.find(name)
+    except SpecError:
+        hint = _LOOKUP.closest_hint(name) or f"; built-in: {', '.join(PRESETS)}"
+        raise SpecError(f"unknown model {name!r}{hint} (or give module:factory)") from None
+
+
+def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample: str | None = None) -> ModelSpec:
+    """Describe a preset by name, or any ``module:factory`` with its per-sample input (``3x224x224``, ``128:int64``).
+
+    >>> spec = model_spec("gpurig.models:cnn", batch=64, sample="784")
+    >>> spec.name, spec.parameters, spec.batch
+    ('gpurig.models:cnn', 317066, 64)
+    >>> model_spec("bert-base", tokens=512).sample
+    (512,)
+    """
+    if ":" in model:
+        if sample is None:
+            raise UsageError(f"{model}: give the input of one sample, such as 3x224x224 or 128:int64 for token ids")
+        shape, dtype = parse_sample(sample)
+        return describe(load_factory(model), torch.empty((1, *shape), dtype=dtype, device="meta"), batch, name=model)
+    found = preset(model)
+    if sample is not None:
+        raise UsageError(f"{found.name} takes {found.describes}; an input shape is only for module:factory models")
+    return describe(found.build(), found.example(tokens), batch, name=found.name)
+
+
+__all__ = ["Preset", "PRESETS", "preset", "model_spec", "load_factory", "parse_sample"]

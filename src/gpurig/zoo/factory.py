@@ -1,0 +1,106 @@
+"""Load a user's model from ``module:factory`` and read a per-sample input shape such as ``3x224x224``.
+
+Every failure is one line naming what was asked for and what went wrong.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gpurig.errors import UsageError, one_line
+
+DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+          "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64, "int32": torch.int32}
+
+
+def load_factory(target: str) -> nn.Module:
+    """Import ``module:factory`` (or ``path/to/file.py:factory``), call the factory, return its module.
+
+    The factory is called with no arguments inside ``with torch.device("meta")``,
+    so the layers it creates hold no memory; a factory that loads weights or
+    names a device still works (:func:`gpurig.spec.model.describe` copies the
+    module to the meta device without its weights). The current directory is
+    searched first, as ``python -m`` does.
+
+    >>> type(load_factory("gpurig.models:mlp")).__name__
+    'Sequential'
+    >>> load_factory("gpurig.models:mpl")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: gpurig.models:mpl: module 'gpurig.models' has no attribute 'mpl' (closest: mlp)
+    """
+    module_name, _, attribute = target.partition(":")
+    if not module_name.strip() or not attribute.strip():
+        raise UsageError(f"{target!r}: expected module:factory, such as mypackage.models:build or models.py:build")
+    module = _import(module_name.strip(), target)
+    factory = module
+    for part in attribute.strip().split("."):
+        if not hasattr(factory, part):
+            close = difflib.get_close_matches(part, [n for n in dir(factory) if not n.startswith("_")], n=3)
+            hint = f" (closest: {', '.join(close)})" if close else ""
+            raise UsageError(f"{target}: {_what(factory)} has no attribute {part!r}{hint}")
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise UsageError(f"{target}: is a {type(factory).__name__}, not a function or class that builds a model")
+    try:
+        with torch.device("meta"):
+            model = factory()
+    except Exception as error:  # the user's code: any failure is reported, in one line
+        raise UsageError(f"{target}: the factory raised {one_line(error)}") from None
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{target}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _import(name: str, target: str):
+    """The module ``name`` (a dotted name, or a path ending in .py), imported with the current directory on the path."""
+    try:
+        if name.endswith(".py"):
+            path = Path(name)
+            if not path.is_file():
+                raise UsageError(f"{target}: no file {name}")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        sys.path.insert(0, os.getcwd())
+        try:
+            return importlib.import_module(name)
+        finally:
+            sys.path.remove(os.getcwd())
+    except UsageError:
+        raise
+    except Exception as error:  # ImportError, or whatever the module's own code raises on import
+        raise UsageError(f"{target}: cannot import {name!r}: {one_line(error)}") from None
+
+
+def _what(obj) -> str:
+    return f"module {obj.__name__!r}" if isinstance(obj, type(sys)) else repr(obj)[:60]
+
+
+def parse_sample(text: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """A per-sample input written as ``3x224x224`` (float32) or ``128:int64`` (token ids): (shape, dtype).
+
+    >>> parse_sample("3x224x224"), parse_sample("128:int64")
+    (((3, 224, 224), torch.float32), ((128,), torch.int64))
+    >>> parse_sample("3x224x")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: input shape '3x224x': expected sizes joined by x, such as 3x224x224 or 128:int64
+    """
+    shape_text, _, dtype_text = text.strip().partition(":")
+    parts = shape_text.lower().replace("×", "x").split("x")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"input shape {text!r}: expected sizes joined by x, such as 3x224x224 or 128:int64")
+    dtype_name = dtype_text.strip().lower() or "float32"
+    if dtype_name not in DTYPES:
+        raise UsageError(f"input shape {text!r}: unknown type {dtype_name!r}; use one of {', '.join(DTYPES)}")
+    return tuple(int(p) for p in parts), DTYPES[dtype_name]

@@ -1,0 +1,147 @@
+"""Image classifiers for 3×224×224 ImageNet images: AlexNet, VGG-16, ResNet-50 and ResNet-152.
+
+Written here from the papers and torchvision's published layouts (there is no
+torchvision build for every machine gpurig runs on); the module paths match
+torchvision's (``features.0``, ``layer1.0.conv1``, ``fc``), and so do the
+parameter counts, which the tests check exactly.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+
+def alexnet(classes: int = 1000) -> nn.Module:
+    """AlexNet as torchvision builds it: one tower, 64-192-384-256-256 filters, no local response normalisation.
+
+    This single-tower variant is the one torchvision cites from Krizhevsky's 2014
+    "One weird trick for parallelizing convolutional neural networks", the paper
+    that made convolutions data-parallel and the fully connected layers
+    model-parallel; the 2012 network split every layer over two GPUs.
+
+    >>> with torch.device("meta"):  # shapes only: no memory, no initialisation
+    ...     model = alexnet()
+    >>> sum(p.numel() for p in model.parameters())
+    61100840
+    """
+    features = nn.Sequential(
+        nn.Conv2d(3, 64, 11, stride=4, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+        nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+        nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+    )
+    return _features_and_head(features, 6, _classifier(256 * 6 * 6, classes, dropout_first=True))
+
+
+# VGG configuration D (Simonyan & Zisserman 2015, table 1): channels, "M" = 2×2 max pooling.
+_VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+
+def vgg16(classes: int = 1000) -> nn.Module:
+    """VGG-16 (configuration D, no batch normalisation): thirteen 3×3 convolutions and three dense layers.
+
+    >>> with torch.device("meta"):  # shapes only: no memory, no initialisation
+    ...     model = vgg16()
+    >>> sum(p.numel() for p in model.parameters())
+    138357544
+    """
+    layers: list[nn.Module] = []
+    channels = 3
+    for item in _VGG16:
+        if item == "M":
+            layers.append(nn.MaxPool2d(2, 2))
+        else:
+            layers += [nn.Conv2d(channels, item, 3, padding=1), nn.ReLU(inplace=True)]
+            channels = item
+    return _features_and_head(nn.Sequential(*layers), 7, _classifier(512 * 7 * 7, classes, dropout_first=False))
+
+
+def _features_and_head(features: nn.Module, pooled: int, classifier: nn.Module) -> nn.Sequential:
+    """torchvision's ``features`` → ``avgpool`` (to pooled×pooled) → ``classifier``, under the same names."""
+    return nn.Sequential(OrderedDict(features=features, avgpool=nn.AdaptiveAvgPool2d(pooled), flatten=nn.Flatten(),
+                                     classifier=classifier))
+
+
+def _classifier(features: int, classes: int, dropout_first: bool) -> nn.Sequential:
+    """The 4096-4096 dense head AlexNet and VGG share (AlexNet puts dropout before each hidden layer, VGG after)."""
+    def hidden(inputs: int) -> list[nn.Module]:
+        pair = [nn.Linear(inputs, 4096), nn.ReLU(inplace=True)]
+        return [nn.Dropout(0.5), *pair] if dropout_first else [*pair, nn.Dropout(0.5)]
+    return nn.Sequential(*hidden(features), *hidden(4096), nn.Linear(4096, classes))
+
+
+class Bottleneck(nn.Module):
+    """ResNet's bottleneck block: 1×1 reduce, 3×3 (carrying the stride, as in torchvision's "v1.5"), 1×1 expand ×4."""
+
+    expansion = 4
+
+    def __init__(self, inputs: int, width: int, stride: int = 1):
+        super().__init__()
+        outputs = width * self.expansion
+        self.conv1, self.bn1 = nn.Conv2d(inputs, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, outputs, 1, bias=False), nn.BatchNorm2d(outputs)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or inputs != outputs:
+            self.downsample = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False),
+                                            nn.BatchNorm2d(outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + shortcut)
+
+
+class ResNet(nn.Module):
+    """A bottleneck ResNet (He et al. 2016) for 224×224 images; ``blocks`` per stage, e.g. (3, 4, 6, 3) for ResNet-50."""
+
+    def __init__(self, blocks: tuple[int, int, int, int], classes: int = 1000):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        channels = 64
+        for stage, (count, width) in enumerate(zip(blocks, (64, 128, 256, 512)), start=1):
+            stride = 1 if stage == 1 else 2
+            stage_blocks = []
+            for index in range(count):
+                stage_blocks.append(Bottleneck(channels, width, stride if index == 0 else 1))
+                channels = width * Bottleneck.expansion
+            setattr(self, f"layer{stage}", nn.Sequential(*stage_blocks))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet50(classes: int = 1000) -> nn.Module:
+    """ResNet-50: bottleneck blocks (3, 4, 6, 3).
+
+    >>> with torch.device("meta"):  # shapes only: no memory, no initialisation
+    ...     model = resnet50()
+    >>> sum(p.numel() for p in model.parameters())
+    25557032
+    """
+    return ResNet((3, 4, 6, 3), classes)
+
+
+def resnet152(classes: int = 1000) -> nn.Module:
+    """ResNet-152: bottleneck blocks (3, 8, 36, 3).
+
+    >>> with torch.device("meta"):  # shapes only: no memory, no initialisation
+    ...     model = resnet152()
+    >>> sum(p.numel() for p in model.parameters())
+    60192808
+    """
+    return ResNet((3, 8, 36, 3), classes)

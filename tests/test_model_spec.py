@@ -1,0 +1,314 @@
+"""Model descriptions: presets match their published parameters and FLOPs, layers and GEMMs are right, no memory is used."""
+
+import doctest
+import functools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import gpurig.errors
+import gpurig.spec.model
+import gpurig.spec.ops
+import gpurig.spec.trace
+import gpurig.zoo
+import gpurig.zoo.factory
+import gpurig.zoo.text
+import gpurig.zoo.vision
+from gpurig.errors import UsageError
+from gpurig.spec.model import KINDS, ModelSpec, describe
+from gpurig.spec.ops import Gemm
+from gpurig.zoo import PRESETS, model_spec, preset
+from gpurig.zoo.factory import load_factory, parse_sample
+from gpurig.zoo.text import GPT2
+
+MLP_FORWARD = 2 * (784 * 1200 + 1200 * 1200 + 1200 * 10)
+
+
+@functools.cache
+def spec_of(name: str, batch: int = 1, tokens: int | None = None) -> ModelSpec:
+    return model_spec(name, batch, tokens=tokens)
+
+
+@pytest.mark.parametrize("module", [gpurig.zoo, gpurig.zoo.vision, gpurig.zoo.text, gpurig.zoo.factory,
+                                    gpurig.spec.model, gpurig.spec.ops, gpurig.spec.trace, gpurig.errors])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_parameters_are_the_published_counts(name):
+    spec = spec_of(name)
+    assert spec.parameters == (PRESETS[name].published_parameters or 317_066)   # mnist-cnn: nothing published
+    assert spec.parameters == sum(p.numel() for p in preset(name).build().parameters())   # each tensor once
+    assert spec.parameter_bytes == 4 * spec.parameters and spec.dtype == "float32"
+
+
+# torchvision's table gives multiply-adds to 3-4 significant digits (its "GFLOPS" column counts a
+# multiply-add as one); gpurig counts 2 FLOPs per multiply-add, so the published value is doubled.
+@pytest.mark.parametrize("name,gmacs", [("alexnet", 0.714), ("vgg16", 15.47), ("resnet50", 4.089),
+                                        ("resnet152", 11.514)])
+def test_cnn_flops_match_torchvision_within_rounding(name, gmacs):
+    assert spec_of(name).forward_flops_per_sample == pytest.approx(2 * gmacs * 1e9, rel=1e-3)
+    assert PRESETS[name].published_gflops == pytest.approx(2 * gmacs)
+
+
+def transformer_reference(parameters: int, embedding_parameters: int, layers: int, width: int, tokens: int) -> float:
+    """Forward FLOPs of one sequence, 2·N·T + 4·L·d·T² with N = parameters outside the embedding tables.
+
+    PaLM (Chowdhery et al. 2022, appendix B) and nanoGPT's ``estimate_mfu`` count
+    6·N + 12·L·H·Q·T FLOPs per token for forward + backward; the forward pass is a third.
+    """
+    return 2 * (parameters - embedding_parameters) * tokens + 4 * layers * width * tokens ** 2
+
+
+@pytest.mark.parametrize("name,embeddings,layers,width,tokens", [
+    # word + position + segment tables (and BERT's embedding LayerNorm, which multiplies nothing)
+    ("bert-base", 30522 * 768 + 512 * 768 + 2 * 768 + 2 * 768, 12, 768, 128),
+    ("bert-large", 30522 * 1024 + 512 * 1024 + 2 * 1024 + 2 * 1024, 24, 1024, 128),
+    # nanoGPT leaves out only the position table: the tied token table is the output layer's weights
+    ("gpt2", 1024 * 768, 12, 768, 1024),
+])
+def test_transformer_flops_match_the_published_formula_within_one_percent(name, embeddings, layers, width, tokens):
+    reference = transformer_reference(PRESETS[name].published_parameters, embeddings, layers, width, tokens)
+    assert PRESETS[name].published_gflops == pytest.approx(reference / 1e9, abs=0.005)
+    # The formula charges biases and LayerNorm weights as multiply-adds, and BERT's pooler at every
+    # token; gpurig runs the pooler on the [CLS] token only.
+    assert spec_of(name).forward_flops_per_sample == pytest.approx(reference, rel=0.01)
+
+
+def test_attention_is_counted_at_full_length_and_scales_with_tokens_squared():
+    short, long = spec_of("bert-base", tokens=64), spec_of("bert-base", tokens=128)
+    attention = [layer for layer in long.layers if layer.kind == "attention-matmul"]
+    assert len(attention) == 12
+    assert sum(layer.forward_flops for layer in attention) == 4 * 12 * 768 * 128 ** 2
+    short_attention = sum(layer.forward_flops for layer in short.layers if layer.kind == "attention-matmul")
+    assert short_attention * 4 == sum(layer.forward_flops for layer in attention)
+
+
+def test_mnist_mlp_exact_numbers():
+    spec = spec_of("mnist-mlp", batch=128)
+    assert spec.parameters == 2_395_210
+    assert spec.forward_flops_per_sample == MLP_FORWARD == 4_785_600
+    # The first layer's input is data: only its weight gradient is computed.
+    assert spec.backward_flops == 128 * 2 * (784 * 1200 + 2 * (1200 * 1200 + 1200 * 10))
+    linears = [layer for layer in spec.layers if layer.kind == "linear"]
+    assert [layer.name for layer in linears] == ["1", "3", "5"]
+    assert [layer.gemms for layer in linears] == [(Gemm(128, 1200, 784),), (Gemm(128, 1200, 1200),),
+                                                  (Gemm(128, 10, 1200),)]
+    assert linears[0].parameter_shapes == (("1.weight", (1200, 784)), ("1.bias", (1200,)))
+    assert (linears[0].input_elements, linears[0].output_elements) == (128 * 784, 128 * 1200)
+    relu = spec.layer("2")
+    assert relu.kind == "other" and relu.forward_bytes == 2 * 128 * 1200 * 4 and relu.forward_flops == 0
+
+
+def test_gemm_shape_of_a_linear_layer_on_tokens():
+    spec = describe(nn.Sequential(nn.Linear(768, 3072)), torch.zeros(1, 128, 768), batch=8)
+    assert spec.layer("0").gemms == (Gemm(m=8 * 128, n=3072, k=768),)
+    assert spec.forward_flops == 2 * 8 * 128 * 3072 * 768
+
+
+def test_gemm_shape_of_convolutions_as_implicit_gemm():
+    spec = describe(nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.Conv2d(64, 64, 3, padding=1, groups=4)),
+                    (3, 224, 224), batch=4)
+    # M = batch·H_out·W_out, N = out_channels / groups, K = in_channels / groups · kh · kw
+    assert spec.layer("0").gemms == (Gemm(m=4 * 112 * 112, n=64, k=3 * 7 * 7),)
+    assert spec.layer("1").gemms == (Gemm(m=4 * 112 * 112, n=16, k=16 * 3 * 3, count=4),)
+    assert spec.layer("1").output_elements == 4 * 64 * 112 * 112
+
+
+def test_attention_layer_runs_two_batched_gemms():
+    core = spec_of("bert-base", batch=2).layer("layers.0.attention.core")
+    assert core.kind == "attention-matmul" and core.parameters == 0
+    assert core.gemms == (Gemm(128, 128, 64, count=2 * 12), Gemm(128, 64, 128, count=2 * 12))
+    assert core.input_elements == 3 * 2 * 128 * 768 and core.output_elements == 2 * 128 * 768
+    assert core.forward_bytes == 4 * 4 * 2 * 128 * 768   # Q, K, V read and the output written, fused
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_layer_adds_up(name):
+    spec = spec_of(name)
+    assert {layer.kind for layer in spec.layers} <= set(KINDS)
+    for layer in spec.layers:
+        assert layer.forward_flops == sum(g.flops for g in layer.gemms), layer.name
+        assert layer.parameters == sum(torch.Size(shape).numel() for _, shape in layer.parameter_shapes)
+        assert layer.calls >= 1, layer.name
+    names = [n for layer in spec.layers for n, _ in layer.parameter_shapes]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("name,tokens", [("alexnet", None), ("resnet50", None), ("bert-base", 32), ("gpt2", 64)])
+def test_totals_agree_with_flop_counter_mode_forward_and_backward(name, tokens):
+    """FlopCounterMode, counting a real backward pass on the meta device, confirms the backward convention."""
+    spec = spec_of(name, 2, tokens)
+    model, x = preset(name).build(), torch.empty((2, *spec.sample), dtype=getattr(torch, spec.input_dtype),
+                                                 device="meta")
+    with torch.device("meta"), FlopCounterMode(display=False) as counter:
+        out = model(x)
+        forward = counter.get_total_flops()
+        sum(o.sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
+    assert spec.forward_flops == forward
+    assert spec.backward_flops == counter.get_total_flops() - forward
+
+
+def test_kinds_of_layers():
+    resnet = {layer.kind for layer in spec_of("resnet50").layers}
+    bert = {layer.kind for layer in spec_of("bert-base").layers}
+    assert resnet == {"conv", "norm", "linear", "other"}
+    assert bert == {"embedding", "norm", "linear", "attention-matmul", "other"}
+    assert spec_of("resnet50").layer("layer1.0").module == "Bottleneck"   # the residual add, its own work
+
+
+def test_layers_are_in_forward_order_not_registration_order():
+    class Backwards(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.last, self.first = nn.Linear(16, 2), nn.Linear(4, 16)
+
+        def forward(self, x):
+            return self.last(torch.relu(self.first(x)))
+
+    spec = describe(Backwards(), (4,))
+    assert [layer.name for layer in spec.layers] == ["first", "(model)", "last"]
+    assert spec.layer("(model)").kind == "other"      # torch.relu called in the container's own forward
+
+
+def test_tied_weights_are_owned_by_the_first_layer_that_uses_them():
+    spec = spec_of("gpt2")
+    assert spec.layers[0].name == "embeddings.word" and spec.layers[0].parameters == 50257 * 768
+    head = spec.layer("lm_head")
+    assert head.parameters == 0 and head.gemms == (Gemm(1024, 50257, 768),)
+
+
+def test_describe_leaves_a_real_model_untouched():
+    model = GPT2(width=32, layers=2, heads=2, vocab=50, context=16).eval()
+    before = model.lm_head.weight.clone()
+    spec = describe(model, torch.zeros(1, 16, dtype=torch.long), batch=4)
+    assert spec.parameters == sum(p.numel() for p in model.parameters())
+    assert model.lm_head.weight.device.type == "cpu" and torch.equal(model.lm_head.weight, before)
+    assert model.lm_head.weight is model.embeddings.word.weight and not model.training
+
+
+def test_describing_bert_large_allocates_no_real_memory():
+    """1.34 GB of fp32 weights and a batch of 32 activations: RSS must not notice."""
+    code = ("import resource; from gpurig.zoo import model_spec; model_spec('bert-base', 2)\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "spec = model_spec('bert-large', 32)\n"
+            "print(spec.parameter_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    weight_bytes, peak_growth_kib = map(int, done.stdout.split())
+    assert weight_bytes > 1.3e9
+    assert peak_growth_kib < 20 * 1024
+
+
+def test_json_round_trip_and_refusal():
+    spec = spec_of("gpt2", batch=2)
+    text = spec.to_json()
+    assert ModelSpec.from_json(text) == spec
+    data = json.loads(text)
+    assert data["totals"]["parameters"] == 124_439_808 and data["layers"][1]["gemms"] == []
+    with pytest.raises(UsageError, match="not a gpurig model description") as refused:
+        ModelSpec.from_json(json.dumps({**data, "layers": [{"name": "x"}]}), "cache.json")
+    assert "\n" not in str(refused.value)
+    with pytest.raises(UsageError, match="schema"):
+        ModelSpec.from_json("{}")
+
+
+@pytest.mark.parametrize("query,name", [
+    ("resnet50", "resnet50"), ("resnet-50", "resnet50"), ("ResNet-50", "resnet50"), ("ResNet 152", "resnet152"),
+    ("bert-base", "bert-base"), ("BERT base", "bert-base"), ("bert-large-uncased", "bert-large"),
+    ("gpt2", "gpt2"), ("GPT-2", "gpt2"), ("gpt2-124m", "gpt2"), ("GPT-2 124M", "gpt2"), ("VGG-16", "vgg16"),
+    ("AlexNet", "alexnet"), ("mnist-mlp", "mnist-mlp"), ("mlp", "mnist-mlp"), ("cnn", "mnist-cnn")])
+def test_loose_preset_lookup(query, name):
+    assert preset(query).name == name
+
+
+def test_every_preset_name_and_alias_finds_its_own_preset():
+    for p in PRESETS.values():
+        for alias in [p.name, *filter(None, p.aliases.split(";"))]:
+            assert preset(alias) is p
+
+
+@pytest.mark.parametrize("query,closest", [("resnet101", "resnet50, resnet152"), ("vgg19", "vgg16"),
+                                           ("gpt3", "gpt2"), ("bert-huge", "bert-")])
+def test_unknown_preset_names_the_closest_in_one_line(query, closest):
+    with pytest.raises(UsageError, match=f"unknown model '{query}'; closest: {closest}") as refused:
+        preset(query)
+    assert "\n" not in str(refused.value)
+
+
+def test_token_lengths_and_inputs_are_checked():
+    assert model_spec("gpt2", tokens=128).sample == (128,)
+    for call, message in [(lambda: model_spec("bert-base", tokens=513), "1 to 512 tokens"),
+                          (lambda: model_spec("resnet50", tokens=128), "not tokens"),
+                          (lambda: model_spec("resnet50", sample="3x32x32"), "only for module:factory"),
+                          (lambda: model_spec("gpurig.models:mlp"), "give the input of one sample"),
+                          (lambda: describe(nn.Linear(2, 2), (2,), batch=0), "batch must be"),
+                          (lambda: describe(nn.Linear(2, 2), (2, -1)), "positive whole numbers")]:
+        with pytest.raises(UsageError, match=message) as refused:
+            call()
+        assert "\n" not in str(refused.value)
+
+
+def test_a_factory_model_on_the_meta_device_and_from_a_file(tmp_path, monkeypatch):
+    (tmp_path / "mymodels.py").write_text("import torch\n"
+                                          "def wide():\n    return torch.nn.Linear(1000, 1000)\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_factory("mymodels:wide").weight.device.type == "meta"   # built without memory
+    spec = model_spec("mymodels.py:wide", batch=4, sample="1000")
+    assert spec.parameters == 1_001_000 and spec.layer("(model)").gemms == (Gemm(4, 1000, 1000),)
+
+
+@pytest.mark.parametrize("source,target,message", [
+    ("", "mymodels", "expected module:factory"),
+    ("", "mymodels:", "expected module:factory"),
+    ("", "no_such_module_xyz:build", "cannot import 'no_such_module_xyz': ModuleNotFoundError"),
+    ("import nonexistent_dependency_xyz\n", "mymodels:build", "cannot import 'mymodels': ModuleNotFoundError"),
+    ("raise RuntimeError('broken\\nat import')\n", "mymodels:build", "cannot import 'mymodels': RuntimeError: broken$"),
+    ("def build():\n    pass\n", "mymodels:biuld", "has no attribute 'biuld' \\(closest: build\\)"),
+    ("build = 3\n", "mymodels:build", "is a int, not a function"),
+    ("def build():\n    return 'a model'\n", "mymodels:build", "returned a str, not a torch.nn.Module"),
+    ("def build():\n    raise ValueError('depth must be 50\\nor 101')\n", "mymodels:build",
+     "the factory raised ValueError: depth must be 50$"),
+    ("", "missing.py:build", "no file missing.py"),
+])
+def test_factory_failures_are_one_line(tmp_path, monkeypatch, source, target, message):
+    (tmp_path / "mymodels.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "mymodels", raising=False)
+    with pytest.raises(UsageError, match=message) as refused:
+        load_factory(target)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_forward_pass_that_reads_values_is_refused_in_one_line():
+    class ReadsValues(nn.Module):
+        def forward(self, x):
+            return x * x.sum().item()
+
+    with pytest.raises(UsageError, match="forward pass fails on the meta device") as refused:
+        describe(ReadsValues(), (4,))
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("text,message", [("3x224x", "expected sizes"), ("0x3", "expected sizes"),
+                                          ("128:int8", "unknown type 'int8'")])
+def test_bad_input_shapes_are_one_line(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_sample(text)
+
+
+def test_attention_called_with_keywords_and_a_mask():
+    class Attention(nn.Module):
+        def forward(self, x):
+            mask = torch.ones(x.shape[-2], x.shape[-2], dtype=torch.bool)
+            return nn.functional.scaled_dot_product_attention(query=x, key=x, value=x, attn_mask=mask)
+
+    layer = describe(Attention(), (2, 16, 8), batch=3).layer("(model)")
+    assert layer.gemms == (Gemm(16, 16, 8, count=6), Gemm(16, 8, 16, count=6))
+    assert layer.forward_bytes == 4 * 4 * 3 * 2 * 16 * 8 + 16 * 16   # Q, K, V, output and the boolean mask
