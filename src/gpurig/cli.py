@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpurig import __version__, cli_bench, cli_doctor, cli_emulate, cli_plan, cli_train
+from gpurig import __version__, cli_bench, cli_doctor, cli_emulate, cli_plan, cli_predict, cli_train
 from gpurig.errors import UsageError
 
 RUN_EPILOG = """\
@@ -79,7 +79,7 @@ def _run(args) -> int:
 
 
 SUBCOMMANDS = [cli_train.add_parser, _add_run, cli_emulate.add_parser, cli_plan.add_parser, cli_doctor.add_parser,
-               cli_bench.add_parser]
+               cli_bench.add_parser, cli_predict.add_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:

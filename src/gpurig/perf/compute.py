@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 DTYPE_BYTES = 4  # float32 throughout the reference models
+SPLIT_K_MIN = 256  # the least K one unit works on when a GEMM's K is split over units
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class GemmModel:
     >>> one_unit.seconds(65, 128, 1000) / one_unit.seconds(64, 128, 1000)     # one row more: a second tile
     2.0
     >>> four_units = GemmModel(0.0, 1e12, 1e12, tile=(64, 128), units=4)
-    >>> four_units.seconds(256, 128, 1000) == four_units.seconds(1, 1, 1000)   # 4 tiles on 4 units: one wave
+    >>> four_units.seconds(256, 128, 200) == four_units.seconds(1, 1, 200)   # 4 tiles on 4 units: one wave
     True
     """
 
@@ -40,20 +41,29 @@ class GemmModel:
     tile: tuple[int, int] | None = None
     units: int | None = None
 
-    def computed_flops(self, m: int, n: int, k: int) -> float:
-        """FLOPs the device spends: whole tiles, and whole waves of tiles over its compute units."""
-        if self.tile is None:
-            return 2.0 * m * n * k
-        tm, tn = self.tile
-        tiles = math.ceil(m / tm) * math.ceil(n / tn)
-        if self.units:
-            tiles = math.ceil(tiles / self.units) * self.units
-        return 2.0 * tiles * tm * tn * k
+    def computed_flops(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """FLOPs the device spends: whole tiles, and whole waves of tiles over its compute units.
 
-    def seconds(self, m: int, n: int, k: int, dtype_bytes: int = DTYPE_BYTES) -> float:
-        """Seconds for one (m × k)·(k × n) product."""
-        moved = (m * k + k * n + m * n) * dtype_bytes
-        return self.overhead_s + max(self.computed_flops(m, n, k) / self.flops_per_s, moved / self.bytes_per_s)
+        A batched GEMM (``batch`` independent products, as attention runs per
+        head) spreads all its tiles over the units at once. With fewer tiles
+        than units and a long K (a weight gradient: small output, the batch as
+        K), libraries split K over several units ("split-K") so the device
+        fills up; so does the model.
+        """
+        if self.tile is None:
+            return 2.0 * m * n * k * batch
+        tm, tn = self.tile
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
+        split = 1
+        if self.units:
+            split = max(1, min(self.units // tiles, k // SPLIT_K_MIN))
+            tiles = math.ceil(tiles * split / self.units) * self.units
+        return 2.0 * tiles * tm * tn * math.ceil(k / split)
+
+    def seconds(self, m: int, n: int, k: int, batch: int = 1, dtype_bytes: int = DTYPE_BYTES) -> float:
+        """Seconds for ``batch`` (m × k)·(k × n) products run as one (batched) GEMM."""
+        moved = (m * k + k * n + m * n) * dtype_bytes * batch
+        return self.overhead_s + max(self.computed_flops(m, n, k, batch) / self.flops_per_s, moved / self.bytes_per_s)
 
     def rate(self, m: int, n: int, k: int) -> float:
         """Achieved FLOP/s on this shape (useful FLOPs over time)."""

@@ -44,7 +44,8 @@ def gpu_device(gpu, precision: str = "fp32") -> Device:
     memory = gpu.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY
     gemm = GemmModel(KERNEL_OVERHEAD_S, peak * 1e12 * GEMM_EFFICIENCY, memory, TILE if tensor_cores else OLD_TILE,
                      getattr(gpu, "compute_units", None))
-    per_value = {name: passes * 4 / memory for name, passes in CODEC_PASSES.items()}
+    # encode (with error feedback) is about two thirds of the passes, decode one third
+    per_value = {name: (passes * 4 / memory * 2 / 3, passes * 4 / memory / 3) for name, passes in CODEC_PASSES.items()}
     return Device(gpu.name, gemm, memory, LAYER_OVERHEAD_S, is_gpu=True, codec_seconds_per_value=per_value)
 
 
@@ -90,7 +91,7 @@ def profile_device(profile: dict, ranks_per_node: int) -> Device:
     key = min(measured, key=lambda k: abs(int(k) - ranks_per_node))
     data = measured[key]
     gemm = fit_gemm_model(data["gemm"])
-    codecs = {name: c["encode_s_per_value"] + 2 * c["decode_s_per_value"] for name, c in data["codecs"].items()}
+    codecs = {name: (c["encode_s_per_value"], c["decode_s_per_value"]) for name, c in data["codecs"].items()}
     is_gpu = data["device"].startswith("cuda")
     return Device(profile.get("device", "cpu"), gemm, data["memory_bytes_per_s"], data["layer_overhead_s"],
                   is_gpu=is_gpu, codec_seconds_per_value=codecs)

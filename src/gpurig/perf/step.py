@@ -35,14 +35,15 @@ OPTIMIZER_BYTES = {"sgd": 3 * DTYPE_BYTES, "momentum": 5 * DTYPE_BYTES, "adam": 
 class LayerCost:
     """What one layer costs a rank per step: its parameter tensors, its GEMMs, other memory traffic.
 
-    GEMMs are (m, n, k): a product of (m × k)·(k × n). :func:`backward_of`
-    gives the usual backward products of a forward one.
+    GEMMs are (m, n, k) — a product of (m × k)·(k × n) — or (m, n, k, batch) for
+    ``batch`` such products run as one batched GEMM (attention's heads).
+    :func:`backward_of` gives the usual backward products of a forward one.
     """
 
     name: str
     params: int
-    forward_gemms: tuple[tuple[int, int, int], ...] = ()
-    backward_gemms: tuple[tuple[int, int, int], ...] = ()
+    forward_gemms: tuple[tuple[int, ...], ...] = ()
+    backward_gemms: tuple[tuple[int, ...], ...] = ()
     forward_bytes: float = 0.0         # traffic outside GEMMs (activations, norms, pooling)
     backward_bytes: float = 0.0
     param_sizes: tuple[int, ...] = ()  # each parameter tensor's values (weight, bias); default: one tensor
@@ -52,14 +53,16 @@ class LayerCost:
         return self.param_sizes or ((self.params,) if self.params else ())
 
 
-def backward_of(gemm: tuple[int, int, int], input_gradient: bool = True) -> list[tuple[int, int, int]]:
-    """The backward products of a forward (m, n, k) product: dW = dYᵀ·X is (n, k, m), dX = dY·W is (m, k, n).
+def backward_of(gemm: tuple[int, ...], input_gradient: bool = True) -> list[tuple[int, ...]]:
+    """The backward products of a forward (m, n, k[, batch]) product: dW = dYᵀ·X is (n, k, m), dX = dY·W (m, k, n).
 
     >>> backward_of((64, 1200, 784)), backward_of((64, 1200, 784), input_gradient=False)
     ([(1200, 784, 64), (64, 784, 1200)], [(1200, 784, 64)])
+    >>> backward_of((128, 128, 64, 12))
+    [(128, 64, 128, 12), (128, 64, 128, 12)]
     """
-    m, n, k = gemm
-    return [(n, k, m), (m, k, n)] if input_gradient else [(n, k, m)]
+    m, n, k, *batch = gemm
+    return [(n, k, m, *batch), (m, k, n, *batch)] if input_gradient else [(n, k, m, *batch)]
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Device:
     memory_bytes_per_s: float
     layer_overhead_s: float = 0.0
     is_gpu: bool = False
-    codec_seconds_per_value: dict = field(default_factory=dict)   # method -> encode + decode, per value
+    codec_seconds_per_value: dict = field(default_factory=dict)   # codec -> (encode, decode) seconds per value
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,10 @@ class DataParallelSetup:
     topology: Topology | None = None
     algorithm: str = "best"            # ring | tree | hierarchical | naive | best
     bucket_of_tensor: tuple[int, ...] = ()   # bucket of every parameter tensor, model order (default: one bucket)
-    compression: str = "none"
-    wire_fraction: float = 1.0         # compressed bytes / float32 bytes for the method
+    # With compression, per bucket: the bytes a ring allreduce of its payload would carry, and the codec's
+    # arithmetic (:mod:`gpurig.perf.codec`); empty: float32 gradients, no codec.
+    bucket_payload_bytes: tuple[float, ...] = ()
+    bucket_codec_s: tuple[float, ...] = ()
     collectives_per_bucket: int = 1
     optimizer: str = "momentum"
     input_bytes: float = 0.0           # one rank's batch, as it crosses PCIe
@@ -159,13 +164,13 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
         transfers, codecs = [], []
         for b in range(count):
             values = sum(size for (_, size), owner in zip(owners, bucket_of) if owner == b)
-            nbytes = values * DTYPE_BYTES * setup.wire_fraction
+            nbytes = setup.bucket_payload_bytes[b] if setup.bucket_payload_bytes else values * DTYPE_BYTES
             if setup.algorithm == "best":
                 algorithm, seconds = best_allreduce(nbytes, setup.topology)
             else:
                 algorithm, seconds = setup.algorithm, allreduce_seconds(nbytes, setup.topology, setup.algorithm)
             seconds += (setup.collectives_per_bucket - 1) * setup.topology.slowest().latency_s
-            codec_b = values * device.codec_seconds_per_value.get(setup.compression, 0.0)
+            codec_b = setup.bucket_codec_s[b] if setup.bucket_codec_s else 0.0
             transfers.append(seconds)
             codecs.append(codec_b)
             buckets.append({"values": values, "wire_bytes": nbytes, "algorithm": algorithm, "seconds": seconds,

@@ -1,0 +1,135 @@
+"""``gpurig predict`` on the command line: flags in, tables, a plot and JSON out (the model is in predict.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+EPILOG = """\
+examples:
+  gpurig predict --model resnet50 --cluster "2 nodes x 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand"
+  gpurig predict --model mnist-mlp --cluster "2 nodes x 1 GTX 980, 1 Gbit/s Ethernet"   # the source's case
+  gpurig predict --model bert-base --cluster cluster.toml --batch 32 --compression int8
+  gpurig predict --model mnist-mlp --cluster runs/bench/profile.json      # this machine, as gpurig bench measured it
+  gpurig predict --model my_models:build --sample 3x224x224 --cluster "8 A100, 100 Gbit/s InfiniBand"
+  gpurig predict --model resnet50 --cluster "4 nodes x 8 V100, 100GbE" --plot speedup.png --json
+
+--cluster is a cluster spec (TOML, e.g. from gpurig doctor --write-spec), a machine
+profile (JSON from gpurig bench) or a one-line description of catalog parts.
+Catalog GPUs are taken at stated efficiencies of their datasheet peaks (docs/predict.md);
+a profile brings this machine's measured GEMM rates, memory bandwidth, link latency
+and bandwidth and codec costs. Each step is split into compute (forward, backward,
+optimizer), communication not hidden under backward (comm) and data loading, as
+gpurig train reports it.
+"""
+
+
+def add_parser(subparsers) -> None:
+    """Register ``gpurig predict``."""
+    p = subparsers.add_parser(
+        "predict", help="predict how fast a model trains on N GPUs / M nodes, where the bottleneck is, what helps",
+        description="Predict a training step before running it: per-layer compute, gradient communication per "
+                    "link tier and how much of it hides under backward, compression, data loading; speed-up "
+                    "and scaling efficiency for 1..N GPUs, the bottleneck, and advice.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True,
+                   help="a built-in model (mnist-mlp, mnist-cnn, alexnet, vgg16, resnet50, resnet152, bert-base, "
+                        "bert-large, gpt2) or module:factory returning a torch module")
+    p.add_argument("--cluster", default=None, help="cluster spec (.toml), bench profile (.json) or a description")
+    p.add_argument("--profile", default=None, help="a gpurig bench profile to calibrate the cluster's GPUs with")
+    p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (default 64)")
+    p.add_argument("--tokens", type=int, default=None, help="sequence length for token models (bert, gpt2)")
+    p.add_argument("--sample", default=None, help="one sample's input for module:factory, e.g. 3x224x224, 128:int64")
+    p.add_argument("--parallel", default="data", help="data (default), model or hybrid")
+    p.add_argument("--compression", default="none",
+                   help="none (default), fp16, bf16, int8, int8-dynamic, powersgd or powersgd:R")
+    p.add_argument("--precision", default="fp32", help="fp32 (default) or fp16/bf16 (tensor cores)")
+    p.add_argument("--gpus", type=int, default=None, help="predict up to this many GPUs (default: all)")
+    p.add_argument("--engine", default="mpi", help="with a profile: whose link measurements (mpi, torch)")
+    p.add_argument("--algorithm", default="best", help="allreduce: best (default), ring, tree, hierarchical, naive")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write speed-up vs GPU count as a PNG plot")
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.set_defaults(handler=run)
+
+
+def request_from(args):
+    from gpurig.predict import PredictRequest
+
+    return PredictRequest(model=args.model, cluster=args.cluster, profile=args.profile, batch=args.batch,
+                          tokens=args.tokens, sample=args.sample, parallel=args.parallel,
+                          compression=args.compression, precision=args.precision, engine=args.engine,
+                          gpus=args.gpus, algorithm=args.algorithm)
+
+
+def run(args) -> int:
+    """Run ``gpurig predict`` with parsed ``args``; return the exit code."""
+    from gpurig.predict import predict
+
+    result = predict(request_from(args))
+    if args.plot:
+        plot(result, args.plot)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    show(result)
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def show(result: dict) -> None:
+    """The prediction as rich tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    step = result["step"]
+    console.print(f"[bold]gpurig predict[/]: {result['model']} ({result['parameters'] / 1e6:.1f} M parameters), "
+                  f"{result['batch_per_gpu']} samples per GPU, on {result['gpus']} GPU(s) in {result['nodes']} "
+                  f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
+                  f"compression {result['compression']}")
+    split = Table(title=f"one step on {result['gpus']} GPU(s), ms")
+    for column in ("step", "compute", "forward", "backward", "optimizer", "comm", "comm total", "codec", "data"):
+        split.add_column(column, justify="right")
+    split.add_row(*(f"{step[k]:.2f}" for k in ("step_ms", "compute_ms", "forward_ms", "backward_ms", "optimizer_ms",
+                                                 "comm_ms", "comm_total_ms", "codec_ms", "data_ms")))
+    console.print(split)
+    console.print("comm: communication not hidden under backward; comm total: all of it; codec: compression's "
+                  "arithmetic (counted in backward on a CPU)")
+    scaling = Table(title="speed-up by GPU count (per-GPU batch fixed)")
+    for column in ("GPUs", "nodes", "step ms", "speed-up", "efficiency", "bottleneck"):
+        scaling.add_column(column, justify="right")
+    for row in result["scaling"]:
+        scaling.add_row(str(row["gpus"]), str(row["nodes"]), f"{row['step_ms']:.2f}", f"{row['speedup']:.2f}x",
+                        f"{row['efficiency']:.0%}", row["bottleneck"])
+    console.print(scaling)
+    console.print(f"bottleneck at {result['gpus']} GPU(s): [bold]{result['bottleneck']}[/]")
+    if result["advice"]:
+        table = Table(title="what would help (predicted)")
+        for column in ("change", "samples/s", "why"):
+            table.add_column(column, justify="left" if column != "samples/s" else "right")
+        for item in result["advice"]:
+            gain = item["samples_per_s_gain"]
+            table.add_row(item["what"], "—" if gain is None else f"{gain:.2f}x", item["why"])
+        console.print(table)
+
+
+def plot(result: dict, path: str) -> None:
+    """Speed-up vs GPU count, with the ideal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpus = [r["gpus"] for r in result["scaling"]]
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.plot(gpus, gpus, "--", color="grey", label="ideal")
+    axes.plot(gpus, [r["speedup"] for r in result["scaling"]], "o-", label="predicted")
+    axes.set_xlabel("GPUs")
+    axes.set_ylabel("speed-up over one GPU")
+    axes.set_title(f"{result['model']} on {result['hardware']}", fontsize=9)
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

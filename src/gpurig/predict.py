@@ -1,0 +1,341 @@
+"""``gpurig predict``: how fast a model will train on N GPUs and M nodes, and why — before running it.
+
+Three inputs, each the one description the rest of gpurig shares:
+
+- the model, as a :class:`~gpurig.spec.model.ModelSpec` (a preset or any
+  ``module:factory``, described on the meta device);
+- the hardware: a cluster spec (``gpurig doctor --write-spec``, or a one-line
+  catalog description) for catalog GPUs and networks, and/or a machine profile
+  (``gpurig bench``) for what this machine measured;
+- how it runs: per-GPU batch, data / model / hybrid parallelism, compression.
+
+The answer comes from :mod:`gpurig.perf`: the step split into compute (per
+layer), communication not hidden under backward, codec work and data loading;
+speed-up and scaling efficiency for 1..N GPUs; the bottleneck; advice.
+
+>>> result = predict(PredictRequest(model="mnist-mlp", cluster="2 nodes x 1 RTX 2080 Ti, 1 Gbit/s Ethernet"))
+>>> result["bottleneck"]
+'communication'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpurig.errors import UsageError
+from gpurig.perf import codec as codec_cost
+from gpurig.perf import machine
+from gpurig.perf.collectives import Topology
+from gpurig.perf.step import DataParallelSetup, Device, LayerCost, StepPrediction, backward_of, predict_step
+
+PARALLEL = ("data", "model", "hybrid")
+DEFAULT_BATCH = {"mnist-mlp": 64, "mnist-cnn": 64}  # per GPU; else the source's 64-per-GPU rule of thumb
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """What to predict (the CLI flags, one to one)."""
+
+    model: str
+    cluster: str | None = None       # a cluster spec (.toml), a machine profile (.json) or a one-line description
+    profile: str | None = None       # a machine profile to calibrate a spec's devices and links with
+    batch: int | None = None         # per GPU
+    tokens: int | None = None
+    sample: str | None = None
+    parallel: str = "data"
+    compression: str = "none"
+    precision: str = "fp32"
+    engine: str = "mpi"              # which engine's measurements a profile's links come from
+    gpus: int | None = None          # predict up to this many (default: the whole cluster)
+    algorithm: str = "best"
+    bucket_mb: float | None = None
+    optimizer: str = "momentum"
+    prefetch: bool = True
+    pinned: bool = True
+
+
+# -- the model -----------------------------------------------------------------------------------------
+
+def layer_costs(spec) -> list[LayerCost]:
+    """The cost model's view of a described model: GEMMs forward and backward, memory traffic, parameters.
+
+    A layer's backward runs one product per operand that needs a gradient (the
+    model description's convention): twice its forward FLOPs is the weight's and
+    the input's gradient, once the weight's only (the first layer).
+
+    >>> from gpurig.zoo import model_spec
+    >>> layers = layer_costs(model_spec("mnist-mlp", batch=64))
+    >>> layers[0].forward_gemms, layers[0].backward_gemms
+    (((64, 1200, 784),), ((1200, 784, 64),))
+    """
+    out = []
+    for layer in spec.layers:
+        forward = tuple((g.m, g.n, g.k, g.count) if g.count > 1 else (g.m, g.n, g.k) for g in layer.gemms)
+        both = layer.forward_flops and layer.backward_flops >= 1.5 * layer.forward_flops
+        backward = tuple(b for g in forward for b in backward_of(g, input_gradient=both)) \
+            if layer.backward_flops else ()
+        sizes = tuple(math.prod(shape) for _, shape in layer.parameter_shapes)
+        out.append(LayerCost(layer.name, layer.parameters, forward, backward, layer.forward_bytes,
+                             layer.backward_bytes, sizes))
+    return out
+
+
+def bucket_of_tensors(spec, cap_mb: float, first_mb: float = 1.0) -> tuple[int, ...]:
+    """Each parameter tensor's bucket, as gpurig's DataParallel (and DDP) would fill them.
+
+    >>> from gpurig.zoo import model_spec
+    >>> bucket_of_tensors(model_spec("mnist-mlp"), cap_mb=4)
+    (1, 1, 0, 0, 0, 0)
+    """
+    import torch
+
+    from gpurig.parallel.data_parallel import assign_buckets
+
+    tensors = [torch.empty(shape, device="meta") for layer in spec.layers for _, shape in layer.parameter_shapes]
+    bucket_of = [0] * len(tensors)
+    for b, indices in enumerate(assign_buckets(tensors, int(cap_mb * 2**20), int(first_mb * 2**20))):
+        for i in indices:
+            bucket_of[i] = b
+    return tuple(bucket_of)
+
+
+# -- the hardware ----------------------------------------------------------------------------------------
+
+@dataclass
+class Hardware:
+    """Where the prediction runs: devices per rank count, the links, and how many GPUs there are."""
+
+    name: str
+    max_ranks: int
+    ranks_per_node: int
+    device_for: object     # ranks on a node -> Device
+    topology_for: object   # ranks -> Topology
+    host_to_device_bytes_per_s: float | None
+    disk_bytes_per_s: float | None
+    source: str
+
+
+def load_hardware(request: PredictRequest) -> Hardware:
+    """The hardware ``request.cluster`` (and ``request.profile``) describe, as the cost model uses it."""
+    from gpurig.bench import load_profile
+    from gpurig.spec.cluster import load_spec
+    from gpurig.spec.describe import parse_description
+
+    cluster, profile_path = request.cluster, request.profile
+    if cluster is None and profile_path is None:
+        raise UsageError("give --cluster (a spec file, a profile or a description such as "
+                         "'2 nodes x 4 RTX 2080 Ti, 40 Gbit/s InfiniBand')")
+    spec = profile = None
+    if cluster is not None and cluster.endswith(".json"):
+        profile_path = cluster
+    elif cluster is not None and (cluster.endswith(".toml") or Path(cluster).is_file()):
+        spec = load_spec(cluster)
+    elif cluster is not None:
+        spec = parse_description(cluster)
+    if profile_path is not None:
+        profile = load_profile(profile_path)
+
+    if spec is not None and spec.nodes[0].gpu is not None:
+        gpu = spec.nodes[0].gpu
+        per_node = spec.nodes[0].gpus
+        base = machine.spec_topology(spec)
+        if profile is not None and profile.get("device") not in (None, "cpu"):
+            def device_for(ranks, _p=profile):
+                return machine.profile_device(_p, ranks)
+        else:
+            def device_for(ranks, _g=gpu):
+                return machine.gpu_device(_g, request.precision)
+        from gpurig.perf.transfer import host_copy_efficiency, pcie_bytes_per_s
+
+        node = spec.nodes[0]
+        h2d = pcie_bytes_per_s(node.pcie_gen or gpu.pcie_gen or "3.0", node.pcie_lanes or gpu.pcie_lanes or 16) \
+            * host_copy_efficiency(request.pinned)
+        disk = _disk_rate(spec, profile)
+        return Hardware(spec.name or f"{spec.node_count} × {per_node} {gpu.name}", spec.total_gpus, per_node,
+                        device_for, lambda n: _sized(base, n, per_node), h2d, disk,
+                        "catalog" + (" + profile" if profile is not None else ""))
+    if profile is None:
+        raise UsageError("a machine without GPUs needs measurements: run `gpurig bench` and pass its profile "
+                         "(--cluster runs/bench/profile.json)")
+    comm = profile.get("comm") or {}
+    nodes = comm.get("nodes", 1)
+    ranks = comm.get("ranks", 2)
+    base = machine.profile_topology(profile, _engine_key(profile, request.engine), nodes=nodes)
+    per_node = max(1, ranks // nodes)
+    disk = (profile.get("disk") or {}).get("mb_per_s")
+    return Hardware(f"{profile.get('cpu') or profile.get('device')} ({profile.get('host', 'this machine')})",
+                    ranks, per_node, lambda n, _p=profile: machine.profile_device(_p, min(n, per_node)),
+                    lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile")
+
+
+def _engine_key(profile: dict, engine: str) -> str:
+    engines = (profile.get("comm") or {}).get("engines", {})
+    if engine in engines:
+        return engine
+    matches = [name for name in engines if name.startswith(engine)]
+    if not matches:
+        raise UsageError(f"the profile has no {engine!r} measurements (it has: {', '.join(engines) or 'none'})")
+    return matches[0]
+
+
+def _disk_rate(spec, profile) -> float | None:
+    if profile and profile.get("disk"):
+        return profile["disk"]["mb_per_s"] * 1e6
+    disks = [d for d in spec.nodes[0].disks if d.read_mb_s]
+    return disks[0].read_mb_s * 1e6 if disks else None
+
+
+def _sized(base: Topology, ranks: int, per_node: int) -> Topology:
+    """The topology of ``ranks`` GPUs filling nodes of ``per_node`` first."""
+    if ranks <= per_node:
+        return replace(base, nodes=1, gpus_per_node=ranks)
+    return replace(base, nodes=math.ceil(ranks / per_node), gpus_per_node=per_node)
+
+
+# -- one configuration ---------------------------------------------------------------------------------------
+
+def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: Topology, request: PredictRequest,
+                       hardware: Hardware) -> StepPrediction:
+    """Predict one data-parallel step of ``spec`` (at its batch per rank) on ``topology``'s ranks."""
+    from gpurig.parallel.compression import parse_method, wire_bytes
+
+    ranks = topology.ranks
+    method = request.compression
+    kind, rank = parse_method(method)
+    cap = request.bucket_mb or (25.0 if method == "none" else 4.0)
+    bucket_of = bucket_of_tensors(spec, cap)
+    shapes = [shape for layer in spec.layers for _, shape in layer.parameter_shapes]
+    payload, codec_s = [], []
+    for b in range(max(bucket_of, default=0) + 1):
+        mine = [s for s, owner in zip(shapes, bucket_of) if owner == b]
+        # the bytes a ring allreduce would carry to send what this method sends: wire × P / 2(P−1)
+        payload.append(wire_bytes(method, mine, ranks) * ranks / (2 * (ranks - 1)) if ranks > 1 else 0.0)
+        if kind == "powersgd":
+            codec_s.append(codec_cost.powersgd_seconds(mine, rank, device.gemm, device.memory_bytes_per_s))
+        elif kind != "none":
+            encode, decode = device.codec_seconds_per_value.get(kind, (0.0, 0.0))
+            codec_s.append(codec_cost.elementwise_seconds(sum(math.prod(s) for s in mine), encode, decode, ranks))
+        else:
+            codec_s.append(0.0)
+    input_bytes = spec.batch * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
+    load = input_bytes / hardware.disk_bytes_per_s if hardware.disk_bytes_per_s else 0.0
+    setup = DataParallelSetup(
+        ranks=ranks, topology=topology, algorithm=request.algorithm, bucket_of_tensor=bucket_of,
+        bucket_payload_bytes=tuple(payload), bucket_codec_s=tuple(codec_s),
+        collectives_per_bucket=1 if kind == "none" else 2, optimizer=request.optimizer,
+        input_bytes=input_bytes if device.is_gpu else 0.0,
+        host_to_device_bytes_per_s=hardware.host_to_device_bytes_per_s if device.is_gpu else None,
+        load_seconds=load, prefetch=request.prefetch)
+    return predict_step(layers, device, setup)
+
+
+def _check(request: PredictRequest) -> None:
+    from gpurig.parallel.compression import parse_method
+
+    if request.parallel not in PARALLEL:
+        raise UsageError(f"--parallel must be one of {', '.join(PARALLEL)}, got {request.parallel!r}")
+    try:
+        parse_method(request.compression)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if request.batch is not None and request.batch < 1:
+        raise UsageError(f"--batch must be at least 1 per GPU, got {request.batch}")
+    if request.gpus is not None and request.gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {request.gpus}")
+
+
+def _step_at(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int) -> StepPrediction:
+    topology = hardware.topology_for(ranks)
+    device = hardware.device_for(min(ranks, hardware.ranks_per_node))
+    return data_parallel_step(spec, layers, device, topology, request, hardware)
+
+
+def predict(request: PredictRequest) -> dict:
+    """Everything ``gpurig predict`` prints: the step split at the largest size, the scaling curve, advice."""
+    from gpurig.zoo import model_spec
+
+    _check(request)
+    hardware = load_hardware(request)
+    top = request.gpus or hardware.max_ranks
+    batch = request.batch or DEFAULT_BATCH.get(request.model, 64)
+    spec = model_spec(request.model, batch=batch, tokens=request.tokens, sample=request.sample)
+    layers = layer_costs(spec)
+
+    counts = sorted({1, *[2**i for i in range(1, 20) if 2**i < top], top})
+    single = _step_at(spec, layers, request, hardware, 1).step_s
+    curve = []
+    for n in counts:
+        step = _step_at(spec, layers, request, hardware, n)
+        speedup = n * single / step.step_s
+        curve.append({"gpus": n, "nodes": hardware.topology_for(n).nodes, "step_ms": 1000 * step.step_s,
+                      "speedup": speedup, "efficiency": speedup / n,
+                      "bottleneck": step.bottleneck() if n > 1 else "compute"})
+    final = _step_at(spec, layers, request, hardware, top)
+    result = {
+        "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
+        "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
+        "parallel": request.parallel, "compression": request.compression,
+        "step": split_of(final), "bottleneck": final.bottleneck() if top > 1 else "compute",
+        "buckets": final.buckets, "layers": final.layers, "scaling": curve,
+    }
+    result["advice"] = advice(spec, layers, request, hardware, top, final)
+    return result
+
+
+def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int, step: StepPrediction) -> list[dict]:
+    """What would make this faster, each item predicted: batch size, compression, a faster network or PCIe."""
+    from gpurig.parallel.sharding import tile_advice
+    from gpurig.zoo import model_spec
+
+    items = []
+    base_rate = ranks * spec.batch / step.step_s
+
+    def gain(other_step: StepPrediction, other_batch: int | None = None) -> float:
+        return ranks * (other_batch or spec.batch) / other_step.step_s / base_rate
+
+    rule = tile_advice(spec.batch)
+    if rule:
+        better = max(64, -(-spec.batch // 64) * 64)
+        other = model_spec(request.model, batch=better, tokens=request.tokens, sample=request.sample)
+        predicted = _step_at(other, layer_costs(other), request, hardware, ranks)
+        items.append({"what": f"per-GPU batch {better}", "why": rule,
+                      "samples_per_s_gain": gain(predicted, better)})
+    if ranks > 1 and step.bottleneck() == "communication":
+        for method in ("fp16", "int8", "powersgd"):
+            if method == request.compression:
+                continue
+            predicted = _step_at(spec, layers, replace(request, compression=method), hardware, ranks)
+            items.append({"what": f"--compression {method}", "why": "the network is the bottleneck: "
+                          f"{1000 * step.comm_s:.1f} ms of each step wait for gradients",
+                          "samples_per_s_gain": gain(predicted)})
+        topology = hardware.topology_for(ranks)
+        faster = replace(hardware, topology_for=lambda n, _h=hardware: _faster_network(_h.topology_for(n), 10))
+        predicted = _step_at(spec, layers, request, faster, ranks)
+        tier = "network" if topology.nodes > 1 else "link between GPUs"
+        items.append({"what": f"a 10x faster {tier}", "why": "what the link, not the GPU, costs",
+                      "samples_per_s_gain": gain(predicted)})
+    if hardware.host_to_device_bytes_per_s and step.data_s > 0.05 * step.step_s:
+        items.append({"what": "pinned memory and asynchronous loading", "why": f"{1000 * step.data_s:.1f} ms of "
+                      "each step move the batch to the GPU", "samples_per_s_gain": None})
+    return items
+
+
+def _faster_network(topology: Topology, factor: float) -> Topology:
+    from gpurig.perf.collectives import Link
+
+    def faster(link):
+        return Link(link.latency_s, link.bytes_per_s * factor)
+
+    if topology.nodes > 1:
+        return replace(topology, network=faster(topology.network))
+    return replace(topology, local=faster(topology.local))
+
+
+def split_of(step: StepPrediction) -> dict:
+    """A predicted step in ``gpurig train``'s terms, milliseconds."""
+    return {"step_ms": 1000 * step.step_s, "compute_ms": 1000 * step.compute_s, "forward_ms": 1000 * step.forward_s,
+            "backward_ms": 1000 * step.backward_s, "optimizer_ms": 1000 * step.optimizer_s,
+            "comm_ms": 1000 * step.comm_s, "comm_total_ms": 1000 * step.comm_total_s,
+            "codec_ms": 1000 * step.codec_s, "data_ms": 1000 * step.data_s}

@@ -1,0 +1,134 @@
+"""gpurig predict: the source's worked examples from the model's general formulas, the model's behaviour, the CLI.
+
+Every number of SEEDS.md's data-parallelism examples comes out of the same
+functions the predictor uses for any cluster (perf.collectives, perf.transfer,
+perf.step), never from a special case.
+"""
+
+import doctest
+import json
+
+import pytest
+
+import gpurig.cli_predict
+import gpurig.perf.codec
+import gpurig.perf.collectives
+import gpurig.perf.compute
+import gpurig.perf.machine
+import gpurig.perf.overlap
+import gpurig.perf.step
+import gpurig.predict
+from conftest import gpurig as gpurig_cli
+from gpurig.perf import transfer
+from gpurig.perf.collectives import Link, Topology, allreduce_seconds, naive_exchange_seconds, syncs_per_second
+from gpurig.perf.compute import GemmModel
+from gpurig.predict import PredictRequest, predict
+from gpurig.units import BINARY, bytes_per_second
+
+GRADIENT = 1000 * 1000 * 4  # the source's 1000 x 1000 fp32 weight matrix
+
+
+@pytest.mark.parametrize("module", [gpurig.perf.codec, gpurig.perf.collectives, gpurig.perf.compute,
+                                    gpurig.perf.machine, gpurig.perf.overlap, gpurig.perf.step, gpurig.predict])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def nic_40_gbit(base=BINARY):
+    return Link(0.0, bytes_per_second(40, "Gbit/s", base))
+
+
+def pcie_3x_faster():
+    return Link(0.0, 3 * bytes_per_second(40, "Gbit/s", BINARY))
+
+
+@pytest.mark.parametrize("nodes,shared,exact_ms,source_ms", [
+    (2, False, 2.235, 2.25),   # 3 remote peers through the NIC; the 2 PCIe peers overlap
+    (2, True, 6.706, 6.75),    # one GPU at a time on the NIC: x 3 (the post misprints 7.75)
+    (4, True, 20.117, 20.25),  # 4 nodes x 3 GPUs: 9 remote peers x 3 GPUs per NIC
+])
+def test_the_sources_gradient_exchange_between_nodes(nodes, shared, exact_ms, source_ms):
+    topology = Topology(nodes=nodes, gpus_per_node=3, local=pcie_3x_faster(), network=nic_40_gbit(), nic_shared=shared)
+    assert naive_exchange_seconds(GRADIENT, topology) * 1000 == pytest.approx(exact_ms, abs=5e-4)
+    # the post rounds each transfer to 0.75 ms before multiplying: the same formula with its rounded input
+    rounded = Topology(nodes, 3, Link(0, GRADIENT / 0.25e-3), Link(0, GRADIENT / 0.75e-3), nic_shared=shared)
+    assert naive_exchange_seconds(GRADIENT, rounded) * 1000 == pytest.approx(source_ms)
+    assert allreduce_seconds(GRADIENT, topology, "naive") == naive_exchange_seconds(GRADIENT, topology)
+
+
+def test_one_transfer_is_0745_ms_and_the_layers_compute_is_far_less():
+    assert transfer.transfer_seconds(GRADIENT, nic_40_gbit().bytes_per_s) * 1000 == pytest.approx(0.745, abs=5e-4)
+    # "0.2 ms for a matrix multiply through that layer (100x1000 dot 1000x1000)" on a GPU of the time:
+    # 0.2 GFLOP; at 1 TFLOP/s, 0.2 ms; backward twice that: communication >> compute, the source's point
+    gpu_2014 = GemmModel(0.0, 1e12, 200e9)
+    forward = gpu_2014.seconds(100, 1000, 1000)
+    assert forward * 1000 == pytest.approx(0.2, rel=0.01)
+    assert naive_exchange_seconds(GRADIENT, Topology(2, 3, pcie_3x_faster(), nic_40_gbit())) > 10 * 3 * forward
+
+
+def test_mnist_over_1_gbit_ethernet_is_28x_slower():
+    per_gpu = transfer.shared_rate(bytes_per_second(1, "Gbit/s"), 4)   # "31 MB/s for each GPU"
+    assert per_gpu / 1e6 == pytest.approx(31.25)
+    syncs = syncs_per_second(1200 * 1200 * 4, per_gpu)                  # a 5.76 MB matrix (the post: "about 5 MB")
+    assert syncs == pytest.approx(5.43, abs=0.01)                       # the post rounds to 6 per second
+    assert 150 / syncs == pytest.approx(27.6, abs=0.1)                  # vs 150 batches/s: ~28x (the post: ~25x)
+
+
+def test_16_gpus_on_4_pcie_lanes():
+    # "16 GPUs means 15 data transfers; 4 PCIe lanes / 15 transfers = 0.2666 GB/s; 800x1200 floats = 0.0036 GB"
+    matrix = 800 * 1200 * 4 / 2**30
+    assert matrix == pytest.approx(0.0036, abs=1e-4)                    # the post writes 800x1200x1024^-3 but means x4
+    assert syncs_per_second(matrix, 4.0, transfers=15) == pytest.approx(74, abs=1)
+    # the same post's 4 GPUs on 16 lanes: 16/3 = 5.33 GB/s, 1491 syncs/s (the post's 647 is an arithmetic slip)
+    assert syncs_per_second(matrix, 16.0, transfers=3) == pytest.approx(1491, abs=1)
+
+
+def test_ring_beats_the_naive_exchange_as_the_cluster_grows():
+    for nodes in (2, 4, 8, 16):
+        topology = Topology(nodes, 4, pcie_3x_faster(), nic_40_gbit())
+        assert allreduce_seconds(GRADIENT, topology, "ring") < naive_exchange_seconds(GRADIENT, topology)
+    ring_8, ring_64 = (allreduce_seconds(GRADIENT, Topology(n, 1, Link(0, 1e10), Link(0, 1e9)), "ring")
+                       for n in (8, 64))
+    assert ring_64 < 1.15 * ring_8   # a ring's time barely grows with the ranks: 2(P-1)/P of the bytes
+
+
+def test_compression_and_a_faster_network_help_where_the_network_is_the_bottleneck():
+    slow = predict(PredictRequest(model="mnist-mlp", cluster="2 nodes x 1 RTX 2080 Ti, 1 Gbit/s Ethernet"))
+    assert slow["bottleneck"] == "communication" and slow["scaling"][-1]["speedup"] < 1  # slower than one GPU
+    gains = {a["what"]: a["samples_per_s_gain"] for a in slow["advice"]}
+    assert gains["--compression int8"] > gains["--compression fp16"] > 1.5
+    assert gains["a 10x faster network"] > 5
+    fast = predict(PredictRequest(model="resnet50", cluster="1 node x 4 V100", batch=64))
+    assert fast["bottleneck"] == "compute" and fast["scaling"][-1]["efficiency"] > 0.9
+
+
+def test_the_tile_rule_is_advised_and_predicted():
+    result = predict(PredictRequest(model="resnet50", cluster="2 V100", batch=33))
+    item = next(a for a in result["advice"] if a["what"].startswith("per-GPU batch"))
+    assert item["what"] == "per-GPU batch 64" and item["samples_per_s_gain"] > 1
+
+
+def test_cli_table_json_and_plot(tmp_path):
+    done = gpurig_cli("predict", "--model", "mnist-mlp", "--cluster", "2 nodes x 4 GTX 980, 1 Gbit/s Ethernet",
+                      "--plot", tmp_path / "s.png", timeout=120, env={"COLUMNS": "160"})
+    assert done.returncode == 0, done.stderr
+    assert "speed-up by GPU count" in done.stdout and "communication" in done.stdout
+    assert (tmp_path / "s.png").stat().st_size > 1000
+    done = gpurig_cli("predict", "--model", "alexnet", "--cluster", "4 RTX 2080 Ti", "--json", timeout=120)
+    result = json.loads(done.stdout)
+    assert [r["gpus"] for r in result["scaling"]] == [1, 2, 4] and result["parameters"] == 61_100_840
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "resnet51", "--cluster", "2 V100"], "closest: resnet50"),
+    (["--model", "resnet50", "--cluster", "2 V101"], "unknown GPU"),
+    (["--model", "resnet50", "--cluster", "2 V100", "--batch", "0"], "--batch"),
+    (["--model", "resnet50", "--cluster", "2 V100", "--compression", "int4"], "unknown compression"),
+    (["--model", "resnet50", "--cluster", "2 V100", "--parallel", "pipeline"], "--parallel"),
+    (["--model", "resnet50"], "--cluster"),
+    (["--model", "nosuchmodule:make", "--sample", "3x8x8", "--cluster", "2 V100"], "nosuchmodule"),
+])
+def test_bad_input_is_one_line(args, message):
+    done = gpurig_cli("predict", *args, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
