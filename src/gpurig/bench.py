@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpurig.errors import UsageError
-from gpurig.perf.fit import fit_alpha_beta
+from gpurig.perf.fit import fit_latency_bandwidth
 
 SCHEMA = "gpurig-profile/1"
 PARTS = ("comm", "p2p", "compute", "gemm", "copy", "loading", "disk")
@@ -133,7 +133,7 @@ def summarize_engine(rows: list[dict]) -> dict:
         clean = [{k: v for k, v in r.items() if k not in ("event", "engine", "ranks")} for r in mine]
         entry: dict = {"rows": clean, "busbw_gbs": clean[-1]["busbw_gbs"]}
         if len(mine) >= 2:
-            fit = fit_alpha_beta([r["bytes"] for r in mine], [r["seconds"] for r in mine])
+            fit = fit_latency_bandwidth([r["bytes"] for r in mine], [r["seconds"] for r in mine])
             entry.update(alpha_s=fit.alpha, beta_s_per_byte=fit.beta,  # beta <= 0: noise swamped the sizes
                          fitted_gbs=fit.bytes_per_s / 1e9 if fit.beta > 0 else None)
         out[collective] = entry

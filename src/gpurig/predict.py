@@ -164,9 +164,12 @@ def load_hardware(request: PredictRequest) -> Hardware:
     ranks = comm.get("ranks", 2)
     base = machine.profile_topology(profile, _engine_key(profile, request.engine), nodes=nodes)
     per_node = max(1, ranks // nodes)
+    # Emulated nodes share one machine's cores: what a rank computes at depends on all ranks on the machine.
+    per_machine = comm.get("ranks_per_machine", per_node)
     disk = (profile.get("disk") or {}).get("mb_per_s")
     return Hardware(f"{profile.get('cpu') or profile.get('device')} ({profile.get('host', 'this machine')})",
-                    ranks, per_node, lambda n, _p=profile: machine.profile_device(_p, min(n, per_node)),
+                    ranks, per_node,
+                    lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine)),
                     lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile")
 
 

@@ -1,4 +1,4 @@
-"""Latency and bandwidth fitted to measured times: ``time = alpha + bytes × beta`` (least squares)."""
+"""Latency and bandwidth fitted to measured times: ``time = alpha + bytes × beta``."""
 
 from __future__ import annotations
 
@@ -26,32 +26,33 @@ class AlphaBeta:
         return float("inf") if self.beta <= 0 else 1 / self.beta
 
 
-def fit_alpha_beta(nbytes: list[float], seconds: list[float]) -> AlphaBeta:
-    """Least-squares line through (bytes, seconds), each point weighted by 1 / seconds².
+def fit_latency_bandwidth(nbytes: list[float], seconds: list[float]) -> AlphaBeta:
+    """Alpha from the smallest messages, beta from the largest: each parameter where it dominates.
 
-    Weighting by the inverse square of the time minimises *relative* errors, so
-    the small messages (which set alpha) count as much as the large ones (which
-    set beta), even when the times span orders of magnitude. When the best line
-    would have a negative latency, alpha is 0 and beta is refitted through the origin.
+    A straight line through every size is pulled off by what happens in
+    between (a rate limiter's burst lets 256 KB through at line rate, a
+    protocol changes at 64 KB), and predictions of gradient buckets need the
+    megabyte end right. So: beta is the least-squares slope over the sizes
+    within 16x of the largest (at least the two largest); alpha what the
+    smallest message took beyond its bytes at that rate.
 
-    >>> fit = fit_alpha_beta([0, 1e6, 2e6], [1e-5, 1e-5 + 1e-3, 1e-5 + 2e-3])
-    >>> round(fit.alpha * 1e6, 3), round(fit.bytes_per_s / 1e9, 3)
-    (10.0, 1.0)
+    >>> sizes = [1e3, 1e4, 1e5, 1e6, 4e6, 16e6]
+    >>> times = [2e-5, 2e-5, 1e-4, 8e-3, 3.2e-2, 0.128]          # fast bursts, then 125 MB/s
+    >>> fit = fit_latency_bandwidth(sizes, times)
+    >>> round(fit.alpha * 1e6), round(fit.bytes_per_s / 1e6)
+    (12, 125)
     """
     if len(nbytes) != len(seconds) or len(nbytes) < 2:
         raise ValueError("need at least two (bytes, seconds) points")
-    if any(t <= 0 for t in seconds):
-        raise ValueError("times must be positive")
-    weights = [1 / t ** 2 for t in seconds]
-    total = sum(weights)
-    mean_x = sum(w * x for w, x in zip(weights, nbytes)) / total
-    mean_y = sum(w * y for w, y in zip(weights, seconds)) / total
-    sxx = sum(w * (x - mean_x) ** 2 for w, x in zip(weights, nbytes))
-    if sxx == 0:
-        raise ValueError("need at least two different message sizes")
-    beta = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(weights, nbytes, seconds)) / sxx
-    alpha = mean_y - beta * mean_x
-    if alpha < 0:
-        alpha = 0.0
-        beta = sum(w * x * y for w, x, y in zip(weights, nbytes, seconds)) / sum(w * x * x for w, x in zip(weights, nbytes))
-    return AlphaBeta(alpha=alpha, beta=beta)
+    points = sorted(zip(nbytes, seconds))
+    largest = points[-1][0]
+    big = [p for p in points if p[0] * 16 >= largest] or points[-2:]
+    if len(big) < 2:
+        big = points[-2:]
+    mean_x = sum(x for x, _ in big) / len(big)
+    mean_y = sum(y for _, y in big) / len(big)
+    sxx = sum((x - mean_x) ** 2 for x, _ in big)
+    beta = sum((x - mean_x) * (y - mean_y) for x, y in big) / sxx if sxx else mean_y / mean_x
+    if beta <= 0:  # noise swamped the slope: the largest message's average rate
+        beta = points[-1][1] / points[-1][0]
+    return AlphaBeta(alpha=max(0.0, points[0][1] - points[0][0] * beta), beta=beta)

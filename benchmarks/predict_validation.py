@@ -1,0 +1,166 @@
+"""Does gpurig predict get it right? Predicted vs measured step time over a grid of configurations.
+
+    .venv/bin/python benchmarks/predict_validation.py            # needs root (emulated nodes); ~10 min
+    .venv/bin/python benchmarks/predict_validation.py --quick    # fewer configurations
+
+The model is calibrated only from micro-benchmarks, never from training runs:
+``gpurig bench``'s compute part (GEMMs over a grid of shapes, memory bandwidth,
+per-layer overhead, codec costs; on 1 rank and on 2 ranks at once) and, per
+environment, its allreduce measurements by message size (latency and bandwidth
+fitted). Then, per environment — 1 rank; 2 ranks on this machine (MPI, shared
+memory); 2 emulated nodes behind 1 Gbit/s and 10 Gbit/s links — every
+configuration (model × per-rank batch × compression) is trained for a few
+steps and predicted. Printed: predicted vs measured step time, the error, the
+bottleneck each names, and whether the configurations' ranking is preserved.
+Rank 0's numbers go to benchmarks/results/predict_validation.json.
+"""
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gpurig.bench import SCHEMA, summarize_engine
+from gpurig.launch.emulator import Cluster, unavailable
+from gpurig.predict import PredictRequest, predict
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+console = Console(width=None if sys.stdout.isatty() else 170)
+
+
+def run_local(command: list[str], nprocs: int) -> None:
+    done = subprocess.run([sys.executable, "-m", "gpurig", "run", "-n", str(nprocs), "--", *command])
+    if done.returncode:
+        raise SystemExit(f"job failed: {' '.join(command)}")
+
+
+def run_env(env: str, command: list[str]) -> None:
+    """Run ``command`` on 2 ranks of environment ``env`` (local, or emulated nodes at a rate)."""
+    if env == "local":
+        return run_local(command, 2)
+    with Cluster(nodes=2, rate=env) as cluster:
+        if cluster.run(command, engine="mpi"):
+            raise SystemExit(f"job failed in {env}: {' '.join(command)}")
+
+
+def calibrate_compute(tmp: Path) -> dict:
+    """gpurig bench's compute part: 1 rank and 2 ranks at once."""
+    out = tmp / "compute-profile.json"
+    done = subprocess.run([sys.executable, "-m", "gpurig", "bench", "--parts", "compute", "-n", "2",
+                           "--out", str(out), "--json"], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"gpurig bench failed: {done.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def calibrate_links(env: str, tmp: Path) -> dict:
+    """Allreduce by size in ``env`` (gpurig bench's comm measurement), fitted to latency and bandwidth."""
+    events = tmp / f"comm-{env}.jsonl"
+    config = tmp / f"comm-{env}.json"
+    config.write_text(json.dumps({"events": str(events), "collectives": ["allreduce"], "p2p": False,
+                                  "min_bytes": 4096, "max_bytes": 16 << 20, "budget_bytes": 64 << 20,
+                                  "min_iterations": 5, "max_iterations": 100, "warmup": 3}))
+    run_env(env, [sys.executable, "-m", "gpurig.measure.comm", str(config)])
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    rows = [r for r in rows if r.get("event") == "row"]
+    # emulated nodes are namespaces of this one machine: both ranks share its cores
+    return {"ranks": 2, "nodes": 1 if env == "local" else 2, "ranks_per_machine": 2,
+            "engines": {"mpi": summarize_engine(rows)}}
+
+
+def measure(env: str, cases: list[dict], tmp: Path, steps: int) -> list[dict]:
+    out = tmp / f"measured-{env}.json"
+    config = tmp / f"cases-{env}.json"
+    config.write_text(json.dumps({"cases": cases, "warmup": 4, "steps": steps, "out": str(out)}))
+    command = [sys.executable, str(HERE / "predict_validation_ranks.py"), str(config)]
+    if env == "1 rank":
+        run_local(command, 1)
+    else:
+        run_env(env, command)
+    return json.loads(out.read_text())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer configurations")
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args()
+    reason = unavailable()
+    envs = ["local"] + (["1gbit", "10gbit"] if reason is None else [])
+    if reason:
+        console.print(f"[yellow]no emulated nodes ({reason}): local environments only[/]")
+    models, batches = ("mlp", "cnn"), ((32, 128) if args.quick else (32, 64, 128))
+    codecs = ("none", "int8") if args.quick else ("none", "int8", "powersgd")
+    RESULTS.mkdir(exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpurig-validate-") as tmp_name:
+        tmp = Path(tmp_name)
+        profile = {"schema": SCHEMA, "device": "cpu", "cpu": "this machine", **calibrate_compute(tmp)}
+        profile.pop("comm", None)
+        single = [{"model": m, "batch": b, "compression": "none"} for m, b in itertools.product(models, batches)]
+        plan = [("1 rank", single)] + [(env, [{"model": m, "batch": b, "compression": c}
+                                               for m, b, c in itertools.product(models, batches, codecs)])
+                                       for env in envs]
+        for env, cases in plan:
+            console.print(f"[bold]{env}[/]: calibrating, then {len(cases)} configurations")
+            env_profile = dict(profile)
+            env_profile["comm"] = calibrate_links("local" if env == "1 rank" else env, tmp)
+            path = tmp / f"profile-{env.replace(' ', '-')}.json"
+            path.write_text(json.dumps(env_profile))
+            for case in measure(env, cases, tmp, args.steps):
+                gpus = 1 if env == "1 rank" else 2
+                predicted = predict(PredictRequest(model=f"mnist-{case['model']}", cluster=str(path), gpus=gpus,
+                                                   batch=case["batch"], compression=case["compression"]))
+                step = predicted["step"]
+                measured_compute = case["step_ms"] - case["comm_ms"]
+                rows.append({"env": env, **case, "predicted_ms": step["step_ms"], "predicted_comm_ms": step["comm_ms"],
+                             "error": step["step_ms"] / case["step_ms"] - 1,
+                             "measured_bottleneck": "communication" if case["comm_ms"] > measured_compute else "compute",
+                             "predicted_bottleneck": "communication" if step["comm_ms"] > step["compute_ms"]
+                             else "compute"})
+    report(rows)
+    (RESULTS / "predict_validation.json").write_text(json.dumps(rows, indent=2))
+
+
+def ranking_kept(rows: list[dict]) -> float:
+    """Of all pairs of configurations in one environment, the share the prediction orders as measured."""
+    kept = total = 0
+    for env in dict.fromkeys(r["env"] for r in rows):
+        group = [r for r in rows if r["env"] == env]
+        for a, b in itertools.combinations(group, 2):
+            if abs(a["step_ms"] / b["step_ms"] - 1) < 0.05:
+                continue  # measured within noise of each other: no order to keep
+            total += 1
+            kept += (a["step_ms"] < b["step_ms"]) == (a["predicted_ms"] < b["predicted_ms"])
+    return kept / total if total else 1.0
+
+
+def report(rows: list[dict]) -> None:
+    table = Table(title="gpurig predict vs measured, per step (ms)")
+    for column in ("environment", "model", "batch/rank", "compression", "measured", "predicted", "error",
+                   "comm meas.", "comm pred.", "bottleneck meas.", "pred."):
+        table.add_column(column, justify="left" if column in ("environment", "model", "compression") else "right")
+    for r in rows:
+        same = r["measured_bottleneck"] == r["predicted_bottleneck"]
+        table.add_row(r["env"], r["model"], str(r["batch"]), r["compression"], f"{r['step_ms']:.1f}",
+                      f"{r['predicted_ms']:.1f}", f"{r['error']:+.0%}", f"{r['comm_ms']:.1f}",
+                      f"{r['predicted_comm_ms']:.1f}", r["measured_bottleneck"],
+                      r["predicted_bottleneck"] if same else f"[red]{r['predicted_bottleneck']}[/]")
+    console.print(table)
+    errors = [abs(r["error"]) for r in rows]
+    right = sum(r["measured_bottleneck"] == r["predicted_bottleneck"] for r in rows)
+    console.print(f"{len(rows)} configurations: median |error| {statistics.median(errors):.1%}, worst "
+                  f"{max(errors):.1%}; bottleneck right in {right}/{len(rows)}; pairwise ranking kept "
+                  f"{ranking_kept(rows):.0%}")
+
+
+if __name__ == "__main__":
+    main()

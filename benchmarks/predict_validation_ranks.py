@@ -1,0 +1,64 @@
+"""The measured side of benchmarks/predict_validation.py: training steps of each configuration, on every rank.
+
+    gpurig run -n 2 -- python benchmarks/predict_validation_ranks.py CONFIG.json
+
+CONFIG lists configurations (model, per-rank batch, compression); for each,
+rank 0 writes the step time (the slower rank's mean over the timed steps), and
+the part of it spent waiting for communication at the end of backward (the
+least over the ranks: the network's share, not the slower rank's compute).
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import gpurig
+from gpurig import models
+
+
+def measure(comm, model_name: str, batch: int, compression: str, warmup: int, steps: int) -> dict:
+    torch.manual_seed(0)
+    model = models.build(model_name)
+    if comm.size > 1:
+        model = gpurig.DataParallel(model, comm, compression=compression)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(comm.rank)
+    x, y = torch.randn(batch, 784, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    comm.barrier()
+    exposed_before = model.stats.exposed_s if comm.size > 1 else 0.0
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = (time.perf_counter() - start) / steps
+    exposed = ((model.stats.exposed_s if comm.size > 1 else 0.0) - exposed_before) / steps
+    both = comm.allgather(torch.tensor([[elapsed, exposed]], dtype=torch.float64))
+    return {"step_ms": 1000 * both[:, 0].max().item(), "comm_ms": 1000 * both[:, 1].min().item()}
+
+
+def main():
+    config = json.loads(Path(sys.argv[1]).read_text())
+    comm = gpurig.init()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    rows = []
+    for case in config["cases"]:
+        measured = measure(comm, case["model"], case["batch"], case["compression"], config["warmup"],
+                           config["steps"])
+        rows.append({**case, **measured})
+    if comm.rank == 0:
+        Path(config["out"]).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
