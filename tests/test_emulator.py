@@ -82,6 +82,7 @@ def test_auto_compression_turns_on_behind_a_slow_link(tmp_path):
     assert choice["codec"] == "int8", choice  # a quarter of the bytes wins when the link is the bottleneck
     assert choice["methods"] == ["int8"] * len(choice["methods"]), choice  # every bucket: none hides at 100 Mbit/s
     assert choice["bandwidth_gbit_s"] < 0.2, choice  # what the model inferred from the wait: the 0.1 Gbit/s link
+    assert summary["predicted"]["compression"] == "int8" and summary["predicted"]["comm_ms"] > 0
     assert summary["test_accuracy"] > 0.8
 
 

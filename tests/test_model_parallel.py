@@ -38,7 +38,7 @@ def test_split_layers_and_training_on_two_ranks_over_mpi(tmp_path):
 # -- gpurig train --parallel ----------------------------------------------------------------------------------------
 
 def train(*args, checkpoint_dir, timeout=300) -> dict:
-    done = gpurig_cli("train", *args, "--json", "--checkpoint-dir", checkpoint_dir, timeout=timeout)
+    done = gpurig_cli("train", *args, "--no-predict", "--json", "--checkpoint-dir", checkpoint_dir, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -19,7 +19,7 @@ DEFAULT_RUN_ACCURACY = 0.91
 def default_run(tmp_path_factory):
     """The default run without compression (auto's choice depends on timing), uninterrupted."""
     ck = tmp_path_factory.mktemp("uninterrupted")
-    done = gpurig("train", "--compression", "none", "--json", "--checkpoint-dir", ck, timeout=300)
+    done = gpurig("train", "--compression", "none", "--no-predict", "--json", "--checkpoint-dir", ck, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -31,6 +31,11 @@ def test_the_default_command_reaches_the_stated_accuracy(tmp_path):
     assert summary["compression"] == "auto" and summary["test_accuracy"] >= DEFAULT_RUN_ACCURACY
     # two ranks on one machine share memory, not a network: auto keeps gradients uncompressed
     assert summary["compression_choice"]["codec"] == "none", summary["compression_choice"]
+    # next to the measured split, gpurig predict's for the same configuration, from the job's micro-benchmarks
+    predicted, measured = summary["predicted"], summary["epochs"][-1]
+    assert predicted["compression"] == "none" and (tmp_path / "profile.json").is_file()
+    assert 1 / 3 < predicted["step_ms"] / measured["step_ms"] < 3, (predicted, measured)  # units and wiring right
+    assert abs(predicted["compute_ms"] + predicted["comm_ms"] + predicted["data_ms"] - predicted["step_ms"]) < 0.01
 
 
 def test_uncompressed_run_reaches_the_stated_accuracy(default_run):
@@ -43,7 +48,7 @@ def test_uncompressed_run_reaches_the_stated_accuracy(default_run):
 
 
 def test_torch_engine_trains_too(tmp_path):
-    done = gpurig("train", "--engine", "torch", "--model", "cnn", "--epochs", 1, "--json",
+    done = gpurig("train", "--engine", "torch", "--model", "cnn", "--epochs", 1, "--no-predict", "--json",
                   "--checkpoint-dir", tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
@@ -66,7 +71,7 @@ def _rank_processes(job: subprocess.Popen):
 def test_killed_run_resumes_to_the_uninterrupted_weights(default_run, tmp_path):
     import torch
 
-    job = subprocess.Popen([sys.executable, "-m", "gpurig", "train", "--compression", "none", "--json",
+    job = subprocess.Popen([sys.executable, "-m", "gpurig", "train", "--compression", "none", "--no-predict", "--json",
                             "--checkpoint-dir", str(tmp_path)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoint = tmp_path / "checkpoint.pt"
@@ -82,7 +87,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(default_run, tmp_path):
     assert job.returncode != 0 and "SIGKILL" in err.splitlines()[-1]
     assert torch.load(checkpoint, weights_only=True)["epoch"] in (2, 3, 4)
 
-    resumed = gpurig("train", "--compression", "none", "--json", "--resume", "--checkpoint-dir", tmp_path,
+    resumed = gpurig("train", "--compression", "none", "--no-predict", "--json", "--resume", "--checkpoint-dir", tmp_path,
                      timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout)
@@ -117,7 +122,7 @@ def test_help_explains_with_examples():
 @pytest.fixture(scope="module")
 def int8_run(tmp_path_factory):
     ck = tmp_path_factory.mktemp("int8")
-    done = gpurig("train", "--compression", "int8", "--json", "--checkpoint-dir", ck, timeout=300)
+    done = gpurig("train", "--compression", "int8", "--no-predict", "--json", "--checkpoint-dir", ck, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -129,7 +134,7 @@ def test_int8_training_matches_uncompressed_accuracy(default_run, int8_run):
 
 @pytest.mark.parametrize("method", ["int8-dynamic", "powersgd"])
 def test_other_codecs_match_uncompressed_accuracy(default_run, method, tmp_path):
-    done = gpurig("train", "--compression", method, "--json", "--checkpoint-dir", tmp_path, timeout=300)
+    done = gpurig("train", "--compression", method, "--no-predict", "--json", "--checkpoint-dir", tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert abs(summary["test_accuracy"] - default_run["test_accuracy"]) <= 0.005
@@ -138,9 +143,11 @@ def test_other_codecs_match_uncompressed_accuracy(default_run, method, tmp_path)
 
 
 def test_error_feedback_state_resumes_exactly(int8_run, tmp_path):
-    first = gpurig("train", "--compression", "int8", "--epochs", 3, "--json", "--checkpoint-dir", tmp_path, timeout=300)
+    first = gpurig("train", "--compression", "int8", "--epochs", 3, "--no-predict", "--json", "--checkpoint-dir", tmp_path,
+                   timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.glob("feedback-*")) == ["feedback-rank0-epoch3.pt", "feedback-rank1-epoch3.pt"]
-    resumed = gpurig("train", "--compression", "int8", "--resume", "--json", "--checkpoint-dir", tmp_path, timeout=300)
+    resumed = gpurig("train", "--compression", "int8", "--resume", "--no-predict", "--json", "--checkpoint-dir", tmp_path,
+                     timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout)["weights_digest"] == int8_run["weights_digest"]

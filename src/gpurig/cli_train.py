@@ -61,6 +61,8 @@ def add_parser(subparsers) -> None:
                         "batch gathered from all ranks)")
     p.add_argument("--checkpoint-dir", default="runs/train", help="where checkpoint.pt is written each epoch")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--no-predict", dest="predict", action="store_false",
+                   help="skip the few seconds of measurements behind the predicted step split")
     p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")
     p.set_defaults(handler=run)
 
@@ -72,7 +74,7 @@ def _config(args):
                        lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
                        compression=args.compression, parallel=args.parallel,
-                       checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+                       checkpoint_dir=args.checkpoint_dir, resume=args.resume, predict=args.predict)
 
 
 def run(args) -> int:
@@ -155,7 +157,19 @@ class _TrainView:
             table.add_column(header, justify="right")
         for row in done["epochs"]:
             table.add_row(*(self.FORMATS[k].format(row[k]) for k, _ in self.COLUMNS))
+        predicted = done.get("predicted") or {}
+        if "step_ms" in predicted:
+            table.add_section()
+            values = {"epoch": "predicted", "samples_per_s": f"{done['global_batch'] / predicted['step_ms'] * 1000:.0f}",
+                      "step_ms": f"{predicted['step_ms']:.1f}", "compute_ms": f"{predicted['compute_ms']:.1f}",
+                      "comm_ms": f"{predicted['comm_ms']:.1f}", "data_ms": f"{predicted['data_ms']:.1f}"}
+            table.add_row(*(values.get(k, "") for k, _ in self.COLUMNS))
         self.console.print(table)
         self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")
+        if "step_ms" in predicted:
+            self.console.print(f"predicted by gpurig predict from this job's own micro-benchmarks "
+                               f"({predicted['profile']}), compression {predicted['compression']}")
+        elif predicted:
+            self.console.print(f"no prediction: {predicted['error']}")
 
 

@@ -31,6 +31,12 @@ from gpurig.perf.collectives import Topology
 from gpurig.perf.step import DataParallelSetup, Device, LayerCost, StepPrediction, backward_of, predict_step
 
 PARALLEL = ("data", "model", "hybrid")
+PARALLEL_WHY = {
+    "data": "each GPU its part of the batch; every gradient averaged over the network",
+    "model": "the fully connected layers split: their activations travel instead of their gradients, "
+             "but every GPU computes the rest on the whole batch",
+    "hybrid": "Krizhevsky's scheme: convolutions data-parallel, fully connected layers split on the gathered batch",
+}
 DEFAULT_BATCH = {"mnist-mlp": 64, "mnist-cnn": 64}  # per GPU; else the source's 64-per-GPU rule of thumb
 
 
@@ -161,8 +167,13 @@ def load_hardware(request: PredictRequest) -> Hardware:
                          "(--cluster runs/bench/profile.json)")
     comm = profile.get("comm") or {}
     nodes = comm.get("nodes", 1)
-    ranks = comm.get("ranks", 2)
-    base = machine.profile_topology(profile, _engine_key(profile, request.engine), nodes=nodes)
+    ranks = comm.get("ranks", 1)
+    if comm:
+        base = machine.profile_topology(profile, _engine_key(profile, request.engine), nodes=nodes)
+    else:  # a profile of one rank: nothing to communicate with
+        from gpurig.perf.collectives import Link
+
+        base = Topology(1, 1, Link(0.0, float("inf")), Link(0.0, float("inf")))
     per_node = max(1, ranks // nodes)
     # Emulated nodes share one machine's cores: what a rank computes at depends on all ranks on the machine.
     per_machine = comm.get("ranks_per_machine", per_node)
@@ -252,7 +263,48 @@ def _check(request: PredictRequest) -> None:
 def _step_at(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int) -> StepPrediction:
     topology = hardware.topology_for(ranks)
     device = hardware.device_for(min(ranks, hardware.ranks_per_node))
+    if request.parallel != "data" and ranks > 1:
+        return split_step(spec, request, device, topology)
     return data_parallel_step(spec, layers, device, topology, request, hardware)
+
+
+def split_plan(request: PredictRequest, spec) -> tuple[dict[int, str], dict[int, tuple[int, int]], set[int]]:
+    """Krizhevsky's plan for the model (:func:`gpurig.krizhevsky_plan`) as layer indices of ``spec``.
+
+    Returns (index → column/row, index → (in, out) features, the column layers fed by the data).
+
+    >>> from gpurig.zoo import model_spec
+    >>> split_plan(PredictRequest(model="mnist-mlp"), model_spec("mnist-mlp"))
+    ({0: 'column', 2: 'row'}, {0: (784, 1200), 2: (1200, 1200)}, {0})
+    """
+    from gpurig.parallel.plan import krizhevsky_plan
+    from gpurig.zoo import load_factory, preset
+
+    module = load_factory(request.model) if ":" in request.model else preset(request.model).build()
+    modules = dict(module.named_modules())
+    names = {layer.name: i for i, layer in enumerate(spec.layers)}
+    plan, widths = {}, {}
+    for name, how in krizhevsky_plan(module).items():
+        if name in names:
+            plan[names[name]] = how
+            widths[names[name]] = (modules[name].in_features, modules[name].out_features)
+    first_with_weights = next((i for i, layer in enumerate(spec.layers) if layer.parameters), None)
+    fed_by_data = {i for i, how in plan.items() if how == "column" and i == first_with_weights}
+    return plan, widths, fed_by_data
+
+
+def split_step(spec, request: PredictRequest, device: Device, topology: Topology) -> StepPrediction:
+    """Model or hybrid parallelism of ``spec`` (its batch per rank) over ``topology``'s ranks."""
+    from gpurig.perf.model_parallel import predict_split_step
+    from gpurig.zoo import model_spec
+
+    ranks = topology.ranks
+    plan, widths, fed_by_data = split_plan(request, spec)
+    if not plan:
+        raise UsageError(f"{spec.name} has no pair of fully connected layers to split: use --parallel data")
+    whole = model_spec(request.model, batch=spec.batch * ranks, tokens=request.tokens, sample=request.sample)
+    return predict_split_step(layer_costs(whole), layer_costs(spec), plan, widths, device, topology,
+                              request.parallel, spec.batch * ranks, fed_by_data, request.optimizer)
 
 
 def predict(request: PredictRequest) -> dict:
@@ -319,6 +371,16 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
         tier = "network" if topology.nodes > 1 else "link between GPUs"
         items.append({"what": f"a 10x faster {tier}", "why": "what the link, not the GPU, costs",
                       "samples_per_s_gain": gain(predicted)})
+    if ranks > 1:
+        for mode in PARALLEL:
+            if mode == request.parallel:
+                continue
+            try:
+                predicted = _step_at(spec, layers, replace(request, parallel=mode), hardware, ranks)
+            except UsageError:
+                break  # nothing to split
+            items.append({"what": f"--parallel {mode}", "why": PARALLEL_WHY[mode],
+                          "samples_per_s_gain": gain(predicted)})
     if hardware.host_to_device_bytes_per_s and step.data_s > 0.05 * step.step_s:
         items.append({"what": "pinned memory and asynchronous loading", "why": f"{1000 * step.data_s:.1f} ms of "
                       "each step move the batch to the GPU", "samples_per_s_gain": None})
@@ -342,3 +404,15 @@ def split_of(step: StepPrediction) -> dict:
             "backward_ms": 1000 * step.backward_s, "optimizer_ms": 1000 * step.optimizer_s,
             "comm_ms": 1000 * step.comm_s, "comm_total_ms": 1000 * step.comm_total_s,
             "codec_ms": 1000 * step.codec_s, "data_ms": 1000 * step.data_s}
+
+
+def predicted_split(model: str, profile_path: str, ranks: int, per_rank_batch: int, compression: str,
+                    parallel: str, engine: str) -> dict:
+    """What ``gpurig train`` prints next to its measured split: the predicted step for the same configuration.
+
+    >>> predicted_split("mlp", "runs/train/profile.json", 2, 64, "int8", "data", "mpi")["step_ms"]   # doctest: +SKIP
+    36.2
+    """
+    request = PredictRequest(model=f"mnist-{model}", cluster=profile_path, batch=per_rank_batch, gpus=ranks,
+                             compression=compression, parallel=parallel, engine=engine)
+    return predict(request)["step"]

@@ -54,6 +54,7 @@ class TrainConfig:
     parallel: str = "data"
     checkpoint_dir: str = "runs/train"
     resume: bool = False
+    predict: bool = True
     events: str | None = None
 
     @property
@@ -282,6 +283,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     keeps_feedback = dp is not None and dp.compresses
     if config.resume and keeps_feedback:
         dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
+    profile_path = calibrate(comm, config) if config.predict else None
     batches = gpurig.shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed, split=config.parallel != "model")
     events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model, compression=config.compression,
@@ -352,8 +354,42 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "checkpoint": str(config.checkpoint_path),
         "weights_digest": weights_digest(whole_model_state(wrapped)),
     }
+    if profile_path is not None and comm.rank == 0:
+        summary["predicted"] = prediction(config, comm, profile_path, dp)
     events.emit("done", **summary)
     return summary
+
+
+def calibrate(comm, config: TrainConfig) -> str:
+    """Measure this job's ranks and links (:mod:`gpurig.measure.calibrate`, a few seconds); rank 0 saves the profile.
+
+    Returns where: ``<checkpoint dir>/profile.json``, which ``gpurig predict --cluster`` also reads.
+    """
+    import json as json_
+
+    from gpurig.measure.calibrate import job_profile
+
+    profile = job_profile(comm)
+    path = Path(config.checkpoint_dir) / "profile.json"
+    if comm.rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json_.dumps(profile, indent=2))
+    return str(path)
+
+
+def prediction(config: TrainConfig, comm, profile_path: str, dp) -> dict:
+    """``gpurig predict``'s step split for this run's configuration (rank 0), or why there is none."""
+    from gpurig.predict import predicted_split
+
+    method = config.compression
+    if method == "auto":
+        method = (dp.auto_choice or {}).get("codec", "none") if dp is not None else "none"
+    try:
+        split = predicted_split(config.model, profile_path, comm.size, config.global_batch // comm.size, method,
+                                config.parallel, comm.engine_name)
+    except Exception as error:  # a prediction must never cost the user the run
+        return {"error": str(error).splitlines()[0]}
+    return {**{k: round(v, 3) for k, v in split.items()}, "compression": method, "profile": profile_path}
 
 
 def wrap_model(model: torch.nn.Module, config: TrainConfig, comm) -> torch.nn.Module:

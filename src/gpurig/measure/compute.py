@@ -104,20 +104,29 @@ def _slowest(comm, seconds: float) -> float:
     return comm.allgather(torch.tensor([seconds], dtype=torch.float64)).max().item()
 
 
+def measure_all(comm, quick: bool = False) -> dict:
+    """Every compute measurement, on all of ``comm``'s ranks at once (call it on every rank).
+
+    >>> measure_all(gpurig.init(), quick=True)["ranks"]      # doctest: +SKIP
+    2
+    """
+    device = comm.device
+    best = _timer(device)
+    return {
+        "ranks": comm.size, "threads_per_rank": torch.get_num_threads(), "device": str(device),
+        "gemm": gemm_rows(QUICK_GEMM_GRID if quick else GEMM_GRID, device, best, comm),
+        "memory_bytes_per_s": memory_bytes_per_s(device, best, comm),
+        "layer_overhead_s": layer_overhead_seconds(device, best, comm),
+        "codecs": codec_seconds_per_value(device, best, comm, n=1 << 18 if quick else 1 << 20),
+    }
+
+
 def run(config: dict) -> dict:
     """All compute measurements on this job's ranks; rank 0 writes them to ``config["out"]``."""
     import gpurig
 
     comm = gpurig.init()
-    device = comm.device
-    best = _timer(device)
-    result = {
-        "ranks": comm.size, "threads_per_rank": torch.get_num_threads(), "device": str(device),
-        "gemm": gemm_rows(QUICK_GEMM_GRID if config.get("quick") else GEMM_GRID, device, best, comm),
-        "memory_bytes_per_s": memory_bytes_per_s(device, best, comm),
-        "layer_overhead_s": layer_overhead_seconds(device, best, comm),
-        "codecs": codec_seconds_per_value(device, best, comm),
-    }
+    result = measure_all(comm, quick=config.get("quick", False))
     if comm.rank == 0:
         Path(config["out"]).write_text(json.dumps(result, indent=2))
     return result

@@ -1,0 +1,58 @@
+"""A machine profile measured from inside a running job: what ``gpurig train`` predicts itself with.
+
+The same micro-benchmarks as ``gpurig bench`` (:mod:`gpurig.measure.compute`,
+:mod:`gpurig.measure.comm`), quick sizes, run by every rank of the job before
+training starts: so the compute is measured with exactly the neighbours the
+training will have, and the links are the job's own. A few seconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+
+import torch
+
+ALLREDUCE_SIZES = (4 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+
+
+def job_profile(comm) -> dict:
+    """A ``gpurig-profile/1`` dict for this job (every rank calls it; all get the same profile).
+
+    >>> profile = job_profile(gpurig.init())          # doctest: +SKIP
+    >>> sorted(profile["comm"]["engines"])             # doctest: +SKIP
+    ['mpi']
+    """
+    from gpurig.bench import SCHEMA, summarize_engine
+    from gpurig.measure.comm import iterations, measure_collective
+    from gpurig.measure.compute import measure_all
+
+    compute = measure_all(comm, quick=True)
+    rows = []
+    if comm.size > 1:
+        for nbytes in ALLREDUCE_SIZES:
+            n = iterations(nbytes, 48 << 20, 3, 30)
+            rows.append(measure_collective(comm, "allreduce", nbytes, n, warmup=2))
+    # Hostnames tell nodes apart; the kernel's boot id tells machines apart (emulated nodes are network
+    # namespaces of one machine and share its cores, which is what the compute measurements saw).
+    nodes = len(set(comm.allgather_bytes(platform.node().encode())))
+    machines = comm.allgather_bytes(_boot_id().encode())
+    per_machine = machines.count(machines[comm.rank])
+    device = comm.device
+    return {
+        "schema": SCHEMA, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "cpu": platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "quick": True, "measured_by": "gpurig train (in the job, before training)",
+        "compute": {str(per_machine): compute},
+        "comm": {"ranks": comm.size, "nodes": nodes, "ranks_per_machine": per_machine,
+                 "engines": {comm.engine_name: summarize_engine(rows)}} if rows else None,
+    }
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return platform.node()
