@@ -47,6 +47,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--gpus", type=int, default=None, help="predict up to this many GPUs (default: all)")
     p.add_argument("--engine", default="mpi", help="with a profile: whose link measurements (mpi, torch)")
     p.add_argument("--algorithm", default="best", help="allreduce: best (default), ring, tree, hierarchical, naive")
+    p.add_argument("--network-efficiency", type=float, default=None,
+                   help="fraction of the network's rate gradients get (default: 0.9 InfiniBand/RDMA, 0.93 TCP up "
+                        "to 10 Gbit/s, 0.6 TCP beyond)")
     p.add_argument("--plot", default=None, metavar="PNG", help="write speed-up vs GPU count as a PNG plot")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.set_defaults(handler=run)
@@ -58,7 +61,7 @@ def request_from(args):
     return PredictRequest(model=args.model, cluster=args.cluster, profile=args.profile, batch=args.batch,
                           tokens=args.tokens, sample=args.sample, parallel=args.parallel,
                           compression=args.compression, precision=args.precision, engine=args.engine,
-                          gpus=args.gpus, algorithm=args.algorithm)
+                          gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency)
 
 
 def run(args) -> int:
@@ -89,13 +92,14 @@ def show(result: dict) -> None:
                   f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
                   f"compression {result['compression']}")
     split = Table(title=f"one step on {result['gpus']} GPU(s), ms")
-    for column in ("step", "compute", "forward", "backward", "optimizer", "comm", "comm total", "codec", "data"):
+    for column in ("step", "compute", "forward", "backward", "optimizer", "comm", "wait", "data", "comm total",
+                   "codec"):
         split.add_column(column, justify="right")
     split.add_row(*(f"{step[k]:.2f}" for k in ("step_ms", "compute_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                                                 "comm_ms", "comm_total_ms", "codec_ms", "data_ms")))
+                                                 "comm_ms", "wait_ms", "data_ms", "comm_total_ms", "codec_ms")))
     console.print(split)
-    console.print("comm: communication not hidden under backward; comm total: all of it; codec: compression's "
-                  "arithmetic (counted in backward on a CPU)")
+    console.print("step = compute + comm + wait + data. comm: communication not hidden under backward; wait: for the "
+                  "slowest rank; comm total: all communication; codec: compression's arithmetic (in backward on a CPU)")
     scaling = Table(title="speed-up by GPU count (per-GPU batch fixed)")
     for column in ("GPUs", "nodes", "step ms", "speed-up", "efficiency", "bottleneck"):
         scaling.add_column(column, justify="right")

@@ -162,7 +162,8 @@ class _TrainView:
             table.add_section()
             values = {"epoch": "predicted", "samples_per_s": f"{done['global_batch'] / predicted['step_ms'] * 1000:.0f}",
                       "step_ms": f"{predicted['step_ms']:.1f}", "compute_ms": f"{predicted['compute_ms']:.1f}",
-                      "comm_ms": f"{predicted['comm_ms']:.1f}", "data_ms": f"{predicted['data_ms']:.1f}"}
+                      "comm_ms": f"{predicted['comm_ms']:.1f}", "wait_ms": f"{predicted['wait_ms']:.1f}",
+                      "data_ms": f"{predicted['data_ms']:.1f}"}
             table.add_row(*(values.get(k, "") for k, _ in self.COLUMNS))
         self.console.print(table)
         self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")

@@ -60,6 +60,7 @@ class PredictRequest:
     optimizer: str = "momentum"
     prefetch: bool = True
     pinned: bool = True
+    network_efficiency: float | None = None  # of the network's data rate; default by kind (docs/predict.md)
 
 
 # -- the model -----------------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def load_hardware(request: PredictRequest) -> Hardware:
     if spec is not None and spec.nodes[0].gpu is not None:
         gpu = spec.nodes[0].gpu
         per_node = spec.nodes[0].gpus
-        base = machine.spec_topology(spec)
+        base = machine.spec_topology(spec, network_efficiency=request.network_efficiency)
         if profile is not None and profile.get("device") not in (None, "cpu"):
             def device_for(ranks, _p=profile):
                 return machine.profile_device(_p, ranks)
@@ -258,6 +259,8 @@ def _check(request: PredictRequest) -> None:
         raise UsageError(f"--batch must be at least 1 per GPU, got {request.batch}")
     if request.gpus is not None and request.gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {request.gpus}")
+    if request.network_efficiency is not None and not 0 < request.network_efficiency <= 1:
+        raise UsageError(f"--network-efficiency must be in (0, 1], got {request.network_efficiency}")
 
 
 def _step_at(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int) -> StepPrediction:
@@ -402,7 +405,7 @@ def split_of(step: StepPrediction) -> dict:
     """A predicted step in ``gpurig train``'s terms, milliseconds."""
     return {"step_ms": 1000 * step.step_s, "compute_ms": 1000 * step.compute_s, "forward_ms": 1000 * step.forward_s,
             "backward_ms": 1000 * step.backward_s, "optimizer_ms": 1000 * step.optimizer_s,
-            "comm_ms": 1000 * step.comm_s, "comm_total_ms": 1000 * step.comm_total_s,
+            "comm_ms": 1000 * step.comm_s, "wait_ms": 1000 * step.wait_s, "comm_total_ms": 1000 * step.comm_total_s,
             "codec_ms": 1000 * step.codec_s, "data_ms": 1000 * step.data_s}
 
 

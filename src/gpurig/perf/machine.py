@@ -20,10 +20,13 @@ from gpurig.perf.step import Device
 # Datasheet peaks are not what training reaches. These are the assumptions used when nothing is measured.
 GEMM_EFFICIENCY = 0.7          # of peak FLOPS on large GEMMs (cuBLAS on big matrices reaches 70-90 %)
 MEMORY_EFFICIENCY = 0.85       # of peak memory bandwidth on streaming kernels
-LINK_EFFICIENCY = 0.9          # of a link's data rate, after protocol overhead
+LINK_EFFICIENCY = 0.9          # of a link's data rate, after protocol overhead (PCIe, NVLink, RDMA)
+TCP_EFFICIENCY = {10: 0.93, 1e9: 0.6}  # TCP over Ethernet: up to 10 Gbit/s near line rate (0.93-0.96 measured
+                                        # here at 1 Gbit/s); faster links outrun one TCP stream's CPU
 KERNEL_OVERHEAD_S = 5e-6       # per GPU kernel launch
 LAYER_OVERHEAD_S = 30e-6       # per layer per pass in a framework (dispatch, autograd bookkeeping) on a GPU
 LATENCY_S = {"infiniband": 2e-6, "ethernet": 30e-6, "other": 30e-6, "pcie": 5e-6, "nvlink": 3e-6}
+JITTER = 0.03                 # a GPU rank's step-to-step variation of compute time (for the slowest-rank wait)
 CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 24}  # memory passes per value, encode + decode
 TILE = (128, 128)              # the output tile of a tensor-core GEMM; pre-Volta cuBLAS used 64 x 128
 OLD_TILE = (64, 128)
@@ -46,10 +49,11 @@ def gpu_device(gpu, precision: str = "fp32") -> Device:
                      getattr(gpu, "compute_units", None))
     # encode (with error feedback) is about two thirds of the passes, decode one third
     per_value = {name: (passes * 4 / memory * 2 / 3, passes * 4 / memory / 3) for name, passes in CODEC_PASSES.items()}
-    return Device(gpu.name, gemm, memory, LAYER_OVERHEAD_S, is_gpu=True, codec_seconds_per_value=per_value)
+    return Device(gpu.name, gemm, memory, LAYER_OVERHEAD_S, is_gpu=True, codec_seconds_per_value=per_value,
+                  jitter=JITTER)
 
 
-def spec_topology(spec, pcie_bytes_per_s: float | None = None) -> Topology:
+def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:
     """Nodes, GPUs per node and the links between them, from a cluster spec.
 
     Inside a node GPUs talk over NVLink when the catalog lists it, else PCIe;
@@ -75,7 +79,12 @@ def spec_topology(spec, pcie_bytes_per_s: float | None = None) -> Topology:
     network = pcie_link
     if spec.network is not None:
         kind = spec.network.kind if spec.network.kind in LATENCY_S else "other"
-        network = Link(LATENCY_S[kind], spec.network.data_gbit_per_s * 1e9 / 8 * LINK_EFFICIENCY)
+        gbit = spec.network.data_gbit_per_s
+        efficiency = LINK_EFFICIENCY
+        if kind != "infiniband" and not spec.gpudirect_rdma:  # TCP, not RDMA
+            efficiency = next(e for limit, e in sorted(TCP_EFFICIENCY.items()) if gbit <= limit)
+        efficiency = network_efficiency or efficiency
+        network = Link(LATENCY_S[kind], gbit * 1e9 / 8 * efficiency)
     return Topology(nodes=spec.node_count, gpus_per_node=max(node.gpus, 1), local=local, network=network,
                     nic_shared=True, staging=None if spec.gpudirect_rdma else pcie_link)
 
@@ -94,7 +103,7 @@ def profile_device(profile: dict, ranks_per_node: int) -> Device:
     codecs = {name: (c["encode_s_per_value"], c["decode_s_per_value"]) for name, c in data["codecs"].items()}
     is_gpu = data["device"].startswith("cuda")
     return Device(profile.get("device", "cpu"), gemm, data["memory_bytes_per_s"], data["layer_overhead_s"],
-                  is_gpu=is_gpu, codec_seconds_per_value=codecs)
+                  is_gpu=is_gpu, codec_seconds_per_value=codecs, jitter=data.get("jitter", JITTER))
 
 
 def allreduce_link(alpha_s: float, beta_s_per_byte: float, ranks: int) -> Link:

@@ -28,7 +28,7 @@ from dataclasses import replace
 from gpurig.perf import overlap
 from gpurig.perf.collectives import Topology, allreduce_seconds, ring_seconds
 from gpurig.perf.compute import DTYPE_BYTES, memory_seconds
-from gpurig.perf.step import OPTIMIZER_BYTES, Device, LayerCost, StepPrediction, layer_seconds
+from gpurig.perf.step import OPTIMIZER_BYTES, Device, LayerCost, StepPrediction, layer_seconds, straggler_seconds
 
 MODES = ("model", "hybrid")
 
@@ -119,4 +119,5 @@ def predict_split_step(whole: list[LayerCost], per_rank: list[LayerCost], plan: 
     return StepPrediction(forward_s=forward, backward_s=backward, optimizer_s=optimizer_s,
                           comm_total_s=comm + total, comm_s=comm + exposed, codec_s=0.0, data_s=0.0, buckets=[],
                           layers=[{"name": layer.name, "forward_s": f, "backward_s": b, "params": layer.params}
-                                  for layer, (f, b) in zip(costs, per_layer)])
+                                  for layer, (f, b) in zip(costs, per_layer)],
+                          wait_s=straggler_seconds(forward + backward + optimizer_s, device.jitter, ranks))

@@ -75,6 +75,7 @@ class Device:
     layer_overhead_s: float = 0.0
     is_gpu: bool = False
     codec_seconds_per_value: dict = field(default_factory=dict)   # codec -> (encode, decode) seconds per value
+    jitter: float = 0.0    # coefficient of variation of one rank's compute time from step to step
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class StepPrediction:
     data_s: float
     buckets: list[dict]
     layers: list[dict]
+    wait_s: float = 0.0    # for the slowest rank: every step lasts as long as its slowest rank's
 
     @property
     def compute_s(self) -> float:
@@ -117,12 +119,26 @@ class StepPrediction:
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.comm_s + self.data_s
+        return self.compute_s + self.comm_s + self.wait_s + self.data_s
 
     def bottleneck(self) -> str:
         """The largest part of the step: compute, communication or data."""
         parts = {"compute": self.compute_s, "communication": self.comm_s, "data loading": self.data_s}
         return max(parts, key=parts.get)
+
+
+def straggler_seconds(compute_s: float, jitter: float, ranks: int) -> float:
+    """Expected wait for the slowest of ``ranks`` ranks whose compute varies by ``jitter`` (its coefficient of variation).
+
+    A synchronous step ends when the slowest rank is done: for P normally
+    distributed times that is about σ·sqrt(2 ln P) past the mean.
+
+    >>> round(straggler_seconds(0.1, 0.03, 128) * 1000, 2), straggler_seconds(0.1, 0.03, 1)
+    (9.35, 0.0)
+    """
+    import math
+
+    return jitter * compute_s * math.sqrt(2 * math.log(ranks)) if ranks > 1 else 0.0
 
 
 def layer_seconds(layer: LayerCost, device: Device) -> tuple[float, float]:
@@ -186,11 +202,13 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
     if setup.load_seconds:
         busy = forward + backward + optimizer + exposed
         data += max(0.0, setup.load_seconds - busy) if setup.prefetch else setup.load_seconds
+    backward += codec if not device.is_gpu else 0.0
     return StepPrediction(
-        forward_s=forward, backward_s=backward + (codec if not device.is_gpu else 0.0), optimizer_s=optimizer,
+        forward_s=forward, backward_s=backward, optimizer_s=optimizer,
         comm_total_s=comm_total, comm_s=max(0.0, exposed), codec_s=codec, data_s=data, buckets=buckets,
         layers=[{"name": layer.name, "forward_s": f, "backward_s": b, "params": layer.params}
-                for layer, (f, b) in zip(layers, per_layer)])
+                for layer, (f, b) in zip(layers, per_layer)],
+        wait_s=straggler_seconds(forward + backward + optimizer, device.jitter, setup.ranks))
 
 
 def speedup_curve(step_for, ranks: list[int], batch_scaling: str = "weak") -> list[dict]:
