@@ -19,6 +19,8 @@ step "gpurig bench (GPU parts)"
 timeout 300 $PY -m gpurig bench --quick --parts gemm,copy,loading,disk --out "$OUT/profile.json" --plot "$OUT" 2>&1 | tee "$OUT/bench.txt"
 step "codec throughput on the GPU"
 timeout 120 $PY benchmarks/codec_throughput.py --device cuda --out "$OUT/codecs-gpu.json" && cat "$OUT/codecs-gpu.json"
+step "predict vs measured training steps on this GPU"
+timeout 300 $PY benchmarks/gpu_validation.py --out "$OUT/gpu_validation.json"
 step "train: 1 rank, torch engine (NCCL), int8"
 timeout 300 $PY -m gpurig train -n 1 --engine torch --epochs 2 --compression int8 --checkpoint-dir /tmp/ck1 --json 2>&1 | tail -40
 step "train: 2 ranks over MPI on one GPU (host-staged), int8 and powersgd"

@@ -24,6 +24,8 @@ import torch
 
 GEMM_GRID = [(m, n, k) for m in (16, 64, 256, 1024) for (n, k) in ((128, 128), (1024, 1024), (1024, 4096),
                                                                    (4096, 1024), (10, 1024))]
+GPU_GEMM_GRID = [(m, n, k) for m in (64, 512, 4096, 32768) for (n, k) in ((256, 256), (1024, 1024), (4096, 4096),
+                                                                     (1024, 8192), (64, 4096))]
 QUICK_GEMM_GRID = [(m, n, k) for m in (16, 256) for (n, k) in ((128, 128), (1024, 1024), (10, 1024))]
 
 
@@ -114,7 +116,8 @@ def measure_all(comm, quick: bool = False) -> dict:
     best = _timer(device)
     return {
         "ranks": comm.size, "threads_per_rank": torch.get_num_threads(), "device": str(device),
-        "gemm": gemm_rows(QUICK_GEMM_GRID if quick else GEMM_GRID, device, best, comm),
+        "gemm": gemm_rows(QUICK_GEMM_GRID if quick else GPU_GEMM_GRID if device.type == "cuda" else GEMM_GRID,
+                          device, best, comm, budget_flops=5e10 if device.type == "cuda" else 5e8),
         "memory_bytes_per_s": memory_bytes_per_s(device, best, comm),
         "layer_overhead_s": layer_overhead_seconds(device, best, comm),
         "codecs": codec_seconds_per_value(device, best, comm, n=1 << 18 if quick else 1 << 20),

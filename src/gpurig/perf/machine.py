@@ -24,7 +24,7 @@ LINK_EFFICIENCY = 0.9          # of a link's data rate, after protocol overhead 
 TCP_EFFICIENCY = {10: 0.93, 1e9: 0.6}  # TCP over Ethernet: up to 10 Gbit/s near line rate (0.93-0.96 measured
                                         # here at 1 Gbit/s); faster links outrun one TCP stream's CPU
 KERNEL_OVERHEAD_S = 5e-6       # per GPU kernel launch
-LAYER_OVERHEAD_S = 30e-6       # per layer per pass in a framework (dispatch, autograd bookkeeping) on a GPU
+LAYER_OVERHEAD_S = 90e-6       # per layer, forward + backward, in a framework (dispatch, autograd bookkeeping)
 LATENCY_S = {"infiniband": 2e-6, "ethernet": 30e-6, "other": 30e-6, "pcie": 5e-6, "nvlink": 3e-6}
 JITTER = 0.03                 # a GPU rank's step-to-step variation of compute time (for the slowest-rank wait)
 CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 24}  # memory passes per value, encode + decode

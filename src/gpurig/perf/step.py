@@ -72,7 +72,7 @@ class Device:
     name: str
     gemm: GemmModel
     memory_bytes_per_s: float
-    layer_overhead_s: float = 0.0
+    layer_overhead_s: float = 0.0     # per layer, forward and backward together (dispatch, autograd)
     is_gpu: bool = False
     codec_seconds_per_value: dict = field(default_factory=dict)   # codec -> (encode, decode) seconds per value
     jitter: float = 0.0    # coefficient of variation of one rank's compute time from step to step
@@ -149,9 +149,14 @@ def layer_seconds(layer: LayerCost, device: Device) -> tuple[float, float]:
     (2e-06, 4e-06)
     """
     forward = sum(device.gemm.seconds(*g) for g in layer.forward_gemms)
+    forward += memory_seconds(layer.forward_bytes, device.memory_bytes_per_s)
     backward = sum(device.gemm.seconds(*g) for g in layer.backward_gemms)
-    return (forward + memory_seconds(layer.forward_bytes, device.memory_bytes_per_s) + device.layer_overhead_s,
-            backward + memory_seconds(layer.backward_bytes, device.memory_bytes_per_s) + 2 * device.layer_overhead_s)
+    backward += memory_seconds(layer.backward_bytes, device.memory_bytes_per_s)
+    # the fixed cost is measured per layer for forward and backward together: a third of it is forward's
+    fixed_forward, fixed_backward = device.layer_overhead_s / 3, 2 * device.layer_overhead_s / 3
+    if device.is_gpu:  # the host queues kernels while the GPU runs earlier ones: the longer of the two counts
+        return max(forward, fixed_forward), max(backward, fixed_backward)
+    return forward + fixed_forward, backward + fixed_backward
 
 
 def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSetup) -> StepPrediction:
