@@ -16,7 +16,7 @@ import torch
 
 from gpurig import models
 from gpurig.parallel import codecs, powersgd
-from gpurig.parallel.codecs import best_seconds
+from gpurig.timing import device_sync, timed
 
 
 def main():
@@ -34,19 +34,15 @@ def main():
     out = torch.empty_like(x)
     nbytes = values * 4
 
-    def timed(fn):
-        def run():
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        return best_seconds(run, args.repeats)
+    def best(fn):
+        return timed(fn, args.repeats, sync=device_sync(device))
 
-    memcpy = nbytes / timed(lambda: out.copy_(x))
+    memcpy = nbytes / best(lambda: out.copy_(x))
     rows = {}
     for name, codec in codecs.CODECS.items():
         payload = codecs.empty_payload(codec, n, device)
-        encode = timed(lambda: codec.encode(x, payload))
-        decode = timed(lambda: codec.decode(payload, out))
+        encode = best(lambda: codec.encode(x, payload))
+        decode = best(lambda: codec.decode(payload, out))
         rows[name] = {"encode_ms": 1000 * encode, "decode_ms": 1000 * decode,
                       "gb_per_s": nbytes / (encode + decode) / 1e9,
                       "fraction_of_memcpy": nbytes / (encode + decode) / memcpy,
@@ -71,8 +67,8 @@ def main():
         for (p_hat, q), target in zip(factors, decoded):
             torch.matmul(p_hat, q.T, out=target)
 
-    encode = timed(lowrank_encode)
-    decode = timed(lowrank_decode)
+    encode = best(lowrank_encode)
+    decode = best(lowrank_decode)
     rows[f"powersgd (rank {rank})"] = {
         "encode_ms": 1000 * encode, "decode_ms": 1000 * decode, "gb_per_s": nbytes / (encode + decode) / 1e9,
         "fraction_of_memcpy": nbytes / (encode + decode) / memcpy,

@@ -19,7 +19,7 @@ import platform
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpurig.errors import UsageError

@@ -14,7 +14,7 @@ import platform
 from gpurig import rules
 from gpurig.probe import mpi as mpi_probe
 from gpurig.probe import nvml, system
-from gpurig.rules import INFO, OK, PROBLEM, WARNING, Verdict
+from gpurig.rules import INFO, OK, WARNING, Verdict
 from gpurig.spec import catalog
 from gpurig.spec.build import build_from
 from gpurig.spec.cluster import CPU, NIC, ClusterSpec, Disk, NodeSpec, save_spec, spec_to_dict

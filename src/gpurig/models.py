@@ -8,7 +8,7 @@ parameters), compute-heavy for its size.
 
 from __future__ import annotations
 
-import torch
+import torch  # noqa: F401 (docstring examples)
 from torch import nn
 
 

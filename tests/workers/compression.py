@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import gpurig
 from casekit import case, write
-from gpurig.parallel import codecs, powersgd
+from gpurig.parallel import codecs
 from gpurig.parallel.compression import FeedbackState, average, compressed_average, switch_method, wire_bytes
 
 comm = gpurig.init()

@@ -5,7 +5,6 @@ and compares. Tolerance: float32 reduction order differs between one big batch
 and averaged per-rank means, so weights agree to 1e-5 relative / 1e-6 absolute.
 """
 
-import copy
 import warnings
 
 import torch

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from gpurig.timing import device_sync, timed
 
 GEMM_GRID = [(m, n, k) for m in (16, 64, 256, 1024) for (n, k) in ((128, 128), (1024, 1024), (1024, 4096),
                                                                    (4096, 1024), (10, 1024))]
@@ -30,20 +31,9 @@ QUICK_GEMM_GRID = [(m, n, k) for m in (16, 256) for (n, k) in ((128, 128), (1024
 
 
 def _timer(device: torch.device):
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-    def best(fn, repeats: int) -> float:
-        fn()
-        sync()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]  # the median: under contention the best case is not typical
-
-    return best
+    """The typical time of a run on ``device`` (the median: under contention the best case is not typical)."""
+    sync = device_sync(device)
+    return lambda fn, repeats: timed(fn, repeats, sync=sync, typical=True)
 
 
 def gemm_rows(shapes, device, best, comm, budget_flops: float = 5e8) -> list[dict]:

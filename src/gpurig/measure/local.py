@@ -15,23 +15,7 @@ import time
 import numpy as np
 import torch
 
-
-def _best_seconds(fn, repeats: int, sync=lambda: None) -> float:
-    """Fastest of ``repeats`` timed runs of ``fn``, after one warm-up run (the least disturbed by other work)."""
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def device_sync(device: torch.device):
-    """A function that waits for ``device``'s queued work (a no-op on CPU)."""
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+from gpurig.timing import device_sync, timed
 
 
 def gemm(batches: list[int], k: int, n: int, device: torch.device, repeats: int = 5,
@@ -56,7 +40,7 @@ def gemm(batches: list[int], k: int, n: int, device: torch.device, repeats: int 
             for _ in range(inner):
                 torch.mm(x, weight)
 
-        seconds = _best_seconds(run, repeats, sync) / inner
+        seconds = timed(run, repeats, sync) / inner
         rows.append({"batch": batch, "k": k, "n": n, "seconds": seconds,
                      "tflops": 2 * batch * k * n / seconds / 1e12, "multiple_of": _multiple(batch)})
     return rows
@@ -88,7 +72,7 @@ def host_device(sizes: list[int], repeats: int = 5) -> dict:
             host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
             for direction, fn in (("h2d", lambda: gpu.copy_(host, non_blocking=pinned)),
                                   ("d2h", lambda: host.copy_(gpu, non_blocking=pinned))):
-                seconds = _best_seconds(fn, repeats, sync)
+                seconds = timed(fn, repeats, sync)
                 rows.append({"direction": direction, "pinned": pinned, "bytes": nbytes, "seconds": seconds,
                              "gbs": nbytes / seconds / 1e9})
     return {"available": True, "device": torch.cuda.get_device_name(device), "rows": rows}
@@ -154,9 +138,9 @@ def loading(batch_bytes: int, steps: int, compute_size: int = 256, directory: st
             path = os.path.join(tmp, "batches.bin")
             _write_batches(path, batch_bytes, steps)
             _drop_cache(path)
-            load_s = _best_seconds(lambda: _read_batch(path, 0, batch_bytes), 3)
-            reps = max(1, round(load_s / _best_seconds(compute, 3)))
-            compute_s = _best_seconds(compute, 3)
+            load_s = timed(lambda: _read_batch(path, 0, batch_bytes), 3)
+            reps = max(1, round(load_s / timed(compute, 3)))
+            compute_s = timed(compute, 3)
 
             _drop_cache(path)
             start = time.perf_counter()

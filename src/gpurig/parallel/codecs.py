@@ -28,7 +28,6 @@ The low-rank codec (PowerSGD) is not element-wise: it lives in
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -280,20 +279,6 @@ def encode_with_feedback(codec: Codec, x: torch.Tensor, residual: torch.Tensor |
     return torch.sub(x, residual, out=residual)
 
 
-def best_seconds(fn, repeats: int = 3) -> float:
-    """The fastest of ``repeats`` runs of ``fn()`` (the first run also pays for allocation), in seconds.
-
-    >>> best_seconds(lambda: None) < 0.01
-    True
-    """
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def cost_seconds(codec: Codec, n: int, ranks: int, device=None) -> float:
     """Seconds of arithmetic :func:`~gpurig.parallel.compression.compressed_average` spends on ``n`` values here.
 
@@ -304,17 +289,11 @@ def cost_seconds(codec: Codec, n: int, ranks: int, device=None) -> float:
     >>> cost_seconds(get("fp16"), 4096, ranks=2) > 0
     True
     """
+    from gpurig.timing import device_sync, timed
+
     n = padded_length(n, codec)
     x, residual = torch.randn(n, device=device), torch.zeros(n, device=device)
     payload, out = empty_payload(codec, n, device), torch.empty(n, device=device)
-    sync = torch.cuda.synchronize if out.is_cuda else (lambda: None)
-
-    def encode_once():
-        encode_with_feedback(codec, x, residual, payload)
-        sync()
-
-    def decode_once():
-        codec.decode(payload, out)
-        sync()
-
-    return best_seconds(encode_once) + best_seconds(decode_once) * (2 - 1 / ranks)
+    sync = device_sync(out.device)
+    return (timed(lambda: encode_with_feedback(codec, x, residual, payload), sync=sync)
+            + timed(lambda: codec.decode(payload, out), sync=sync) * (2 - 1 / ranks))

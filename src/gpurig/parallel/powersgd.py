@@ -138,13 +138,11 @@ def local_seconds(shapes: list[torch.Size], rank: int, device=None) -> float:
     >>> local_seconds([torch.Size([256, 256])], rank=4) > 0
     True
     """
-    from gpurig.parallel.codecs import best_seconds
+    from gpurig.timing import device_sync, timed
 
     matrices, _ = split(shapes, rank)
     work = [(torch.randn(n, m, device=device), torch.randn(m, rank, device=device), torch.empty(n, m, device=device))
             for _, n, m in matrices]
-    sync = torch.cuda.synchronize if torch.device(device or "cpu").type == "cuda" else (lambda: None)
-
     def once():
         for m_, q, scratch in work:
             m_.add_(scratch, alpha=0.0)   # the residual added back
@@ -152,6 +150,5 @@ def local_seconds(shapes: list[torch.Size], rank: int, device=None) -> float:
             q_local = m_.T @ p
             torch.addmm(m_, p, q_local.T, alpha=-1, out=scratch)
             torch.matmul(p, q_local.T, out=scratch)
-        sync()
 
-    return best_seconds(once)
+    return timed(once, sync=device_sync(torch.device(device or "cpu")))

@@ -18,7 +18,7 @@ import inspect
 from collections import Counter
 from dataclasses import dataclass, field
 
-import torch
+import torch  # noqa: F401 (docstring examples)
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
