@@ -43,10 +43,10 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
             assert entry["alpha_s"] >= 0 and "beta_s_per_byte" in entry   # beta can be swamped by noise here
         # gpurig's calls and the raw engine calls, timed interleaved: the same bandwidth within noise (this
         # machine is shared; on a quiet one gpurig/raw is 0.88-0.99 at 1 MB, docs/benchmarks.md)
+        # (each iteration's raw/gpurig ratio, median: the pairs ran back to back, so load hits both alike)
         for name in ("allreduce", "allgather", "broadcast"):
             largest = collectives[name]["rows"][-1]
-            raw = nccl_tests_busbw(name, largest["bytes"], largest["raw_seconds"], 2)
-            assert 0.5 < largest["busbw_gbs"] / raw < 2, (engine, name, largest)
+            assert 0.5 < largest["raw_over_gpurig"] < 2, (engine, name, largest)
     assert (tmp_path / "busbw.png").stat().st_size > 1000
 
 
