@@ -4,9 +4,10 @@ The decision is a small model of one backward pass, fed only with measurements:
 
 - when each bucket leaves (how much backward is still to run after its
   gradients are ready: its *lead*), from the run's own steps;
-- the network: the latency of one collective (a few tiny allreduces) and the
-  bandwidth that explains the wait the run's last steps measured at the end of
-  backward (:func:`fit_bandwidth`), so contention and the real link are in it;
+- the network: the latency of one collective (a few tiny allreduces) and its
+  bandwidth (the largest bucket allreduced on its own); the bandwidth that would
+  explain the wait the steps measured at the end of backward
+  (:func:`fit_bandwidth`) is kept beside it, to show how well the model fits;
 - what each method costs on this device for each bucket (timed here).
 
 Buckets travel one after another on one link: bucket b starts when it is ready

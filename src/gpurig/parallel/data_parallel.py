@@ -382,19 +382,36 @@ class DataParallel(torch.nn.Module):
             times.append(time.perf_counter() - begin)
         return sorted(times)[len(times) // 2]
 
-    def _choose_methods(self) -> None:
-        """Pick each bucket's method from the last steps' measurements (every rank reaches the same choice).
+    def _link_bandwidth(self, latency_s: float) -> float:
+        """Bytes per second the link carries: the largest bucket allreduced on its own (best of two), now."""
+        largest = max(self.buckets, key=lambda b: b.numel)
+        probe, times = largest.flat.new_zeros(largest.numel), []
+        for _ in range(2):
+            self.comm.barrier()
+            begin = time.perf_counter()
+            self.comm.allreduce(probe, op="sum")
+            times.append(time.perf_counter() - begin)
+        return wire_bytes("none", largest.shapes, self.comm.size) / max(min(times) - latency_s, 1e-9)
 
-        The wait at the end of backward is the median over the recent steps and
-        the least over the ranks (the rank that finished backward last waited
-        only for the network; the others also waited for it).
+    def _choose_methods(self) -> None:
+        """Pick each bucket's method from measurements (every rank reaches the same choice).
+
+        The link's latency and bandwidth are measured directly (tiny allreduces,
+        and the largest bucket allreduced alone); when each bucket leaves comes
+        from the recent steps; each method's codec cost was timed once. The wait
+        the steps saw at the end of backward (median over the steps, least over
+        the ranks: the rank that finished backward last waited only for the
+        network) is kept, with the bandwidth that would explain it, to show how
+        well the model fits.
         """
         if self._method_costs is None:
             self._method_costs = self._measure_method_costs()
         recent = torch.tensor(list(self._recent)[1:] if self.auto_choice is None else list(self._recent),
                               dtype=torch.float64)
         methods = [m for m in auto.CANDIDATES]
-        mine = torch.cat([recent.median(dim=0).values, torch.tensor([self._collective_latency()], dtype=torch.float64),
+        latency_here = self._collective_latency()
+        link = [latency_here, self._link_bandwidth(latency_here)]
+        mine = torch.cat([recent.median(dim=0).values, torch.tensor(link, dtype=torch.float64),
                           torch.tensor([[c.get(m, float("nan")) for m in methods] for c in self._method_costs],
                                        dtype=torch.float64).view(-1)])
         everyone = self.comm.allgather(mine.view(1, -1))
@@ -402,7 +419,8 @@ class DataParallel(torch.nn.Module):
         exposed = everyone[:, 0].min().item()
         leads = everyone[:, 1: 1 + buckets_n].mean(dim=0).tolist()
         latency = everyone[:, 1 + buckets_n].mean().item()
-        costs = everyone[:, 2 + buckets_n:].mean(dim=0).view(buckets_n, len(methods))
+        bandwidth = everyone[:, 2 + buckets_n].mean().item()
+        costs = everyone[:, 3 + buckets_n:].mean(dim=0).view(buckets_n, len(methods))
         model = []
         for bucket, lead, cost in zip(self.buckets, leads, costs.tolist()):
             usable = [m for m, c in zip(methods, cost) if c == c]  # NaN: not possible for this bucket
@@ -412,14 +430,15 @@ class DataParallel(torch.nn.Module):
                 collectives={m: 1 if m == "none" else 2 for m in usable},
                 compute_s={m: c for m, c in zip(methods, cost) if m in usable}))
         on_cores = self.buckets[0].flat.device.type == "cpu"
-        bandwidth = auto.fit_bandwidth(model, self.methods, latency, exposed, on_cores)
+        explaining = auto.fit_bandwidth(model, self.methods, latency, exposed, on_cores)
         chosen, predictions = auto.choose(model, auto.Network(latency, bandwidth), on_cores)
         for bucket, method in zip(self.buckets, chosen):
             switch_method(bucket.state, bucket.method, method, self.comm.rank, self.comm.size)
             bucket.method = method
         self.auto_choice = {"codec": _summary(chosen, self.buckets), "methods": chosen, "step": self.stats.steps,
                             "exposed_ms": 1000 * exposed, "latency_us": 1e6 * latency,
-                            "bandwidth_gbit_s": 8 * bandwidth / 1e9, **predictions}
+                            "bandwidth_gbit_s": 8 * bandwidth / 1e9, "explaining_gbit_s": 8 * explaining / 1e9,
+                            **predictions}
 
     # -- conveniences users of DDP expect ---------------------------------
     def state_dict(self, *args, **kwargs):
