@@ -66,7 +66,7 @@ def calibrate_links(env: str, tmp: Path) -> dict:
     events = tmp / f"comm-{env}.jsonl"
     config = tmp / f"comm-{env}.json"
     config.write_text(json.dumps({"events": str(events), "collectives": ["allreduce"], "p2p": False,
-                                  "min_bytes": 4096, "max_bytes": 16 << 20, "budget_bytes": 64 << 20,
+                                  "min_bytes": 4096, "max_bytes": 8 << 20, "budget_bytes": 64 << 20,
                                   "min_iterations": 5, "max_iterations": 100, "warmup": 3}))
     run_env(env, [sys.executable, "-m", "gpurig.measure.comm", str(config)])
     rows = [json.loads(line) for line in events.read_text().splitlines()]

@@ -13,7 +13,7 @@ import platform
 
 import torch
 
-ALLREDUCE_SIZES = (4 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+ALLREDUCE_SIZES = (4 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20)  # up to a gradient bucket's size
 
 
 def job_profile(comm) -> dict:
