@@ -153,6 +153,10 @@ class MPIEngine:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def abort(self, code: int) -> None:
+        """End the whole job now (from any thread; a blocked MPI call cannot be interrupted otherwise)."""
+        self.comm.Abort(code)
+
     def shutdown(self) -> None:
         for op in self._half_ops.values():
             op.Free()
