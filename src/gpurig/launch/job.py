@@ -19,6 +19,7 @@ import threading
 
 from gpurig.errors import RankFailed, UsageError
 from gpurig.launch.hosts import is_this_host, parse_hosts
+from gpurig.launch.iface import confine
 from gpurig.launch.local import run_local
 from gpurig.launch.mpirun import run_mpirun
 from gpurig.launch.processes import as_rank_program
@@ -93,11 +94,13 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
 
 
 def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | None = None,
-            env: dict | None = None, mpi_args: str = "") -> int:
+            env: dict | None = None, mpi_args: str = "", iface: str | None = None) -> int:
     """Run ``command`` on ``nprocs`` ranks; return 0, or the exit code of the first rank that failed.
 
     ``env`` is the environment the ranks start from (default: this process's);
-    gpurig adds its variables to it (see :mod:`gpurig.launch.rank_env`). Raises
+    gpurig adds its variables to it (see :mod:`gpurig.launch.rank_env`). The
+    job's sockets stay on ``iface``, or on loopback when every rank runs here
+    (:func:`gpurig.launch.iface.confine`). Raises
     :class:`UsageError` for a request that cannot run; when a rank fails, prints
     one line naming the first failing rank, its host and how it ended.
 
@@ -106,6 +109,7 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
     """
     env = dict(os.environ if env is None else env)
     host_list = check_request(command, nprocs, engine, hosts, env)
+    env, mpi_args = confine(env, engine, all(is_this_host(host) for host, _ in host_list), iface, mpi_args)
     command = as_rank_program(command, rank_path(env))
     with tempfile.TemporaryDirectory(prefix="gpurig-run-", ignore_cleanup_errors=True) as status_dir, \
             _termination_as_interrupt():
@@ -115,7 +119,8 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
         elif srun_step(env):
             failure, others = run_local(command, [srun_torch_env(env)]), 0
         else:
-            failure, others = run_local(command, local_torch_envs(env, nprocs)), nprocs - 1
+            failure, others = run_local(command, local_torch_envs(env, nprocs, env.get("MASTER_ADDR") if iface
+                                                                   else "127.0.0.1")), nprocs - 1
         if failure is None:
             return 0
         failure = first_failure(status_dir) or failure

@@ -86,7 +86,8 @@ def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    exported = [name for name in EXPORTED if name in env] + [n for n in given if n not in EXPORTED]
+    ours = [name for name in env if name.startswith("GPURIG_") or name == "TORCH_CPP_LOG_LEVEL"]
+    exported = list(dict.fromkeys([name for name in EXPORTED if name in env] + ours + given))
     line = mpirun_command(command, nprocs, hosts, mpi_args, exported)
     proc = subprocess.Popen(line, env=env, stderr=subprocess.PIPE,
                             preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
