@@ -14,10 +14,23 @@ examples:
   gpurig train --epochs 8 --resume          # continue from the last checkpoint to epoch 8
   gpurig train --compression int8           # 8-bit gradients with error feedback (slow networks)
   gpurig train --json | jq .test_accuracy   # machine-readable summary
+  gpurig train --on-nonfinite skip          # skip steps whose averaged gradients hold NaN or Inf
 
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data).
+
+Checkpoints: checkpoint-epochN.pt after every epoch (with a SHA-256 line that
+loading checks), the last --keep-checkpoints kept, `latest` naming the newest.
+--resume continues from the newest one that is intact, saying which damaged
+ones it passed over. A rank that dies or stops is reported within
+--failure-timeout seconds, naming it, its host and its collective.
 """
+
+
+def add_reliability_flags(p) -> None:
+    from gpurig.cli import add_reliability_flags as add
+
+    add(p)
 
 
 def add_parser(subparsers) -> None:
@@ -47,8 +60,15 @@ def add_parser(subparsers) -> None:
                    help="gradient compression: auto (default: measure the first steps, then per bucket compress "
                         "only where the network is the bottleneck), none, fp16, bf16, int8, int8-dynamic (8 bits: "
                         "4x fewer bytes), powersgd or powersgd:R (rank-R factors, default 4); all with error feedback")
-    p.add_argument("--checkpoint-dir", default="runs/train", help="where checkpoint.pt is written each epoch")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--checkpoint-dir", default="runs/train",
+                   help="where checkpoint-epochN.pt is written after each epoch (a fresh run clears it)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest intact checkpoint in --checkpoint-dir (any rank count)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
+    p.add_argument("--on-nonfinite", default="stop",
+                   help="when averaged gradients hold NaN or Inf: stop (default: raise naming the parameter; "
+                        "the last checkpoint is intact), skip (leave the weights alone for that step) or ignore")
+    add_reliability_flags(p)
     p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")
     p.set_defaults(handler=run)
 
@@ -60,7 +80,16 @@ def _config(args):
                        lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
                        compression=args.compression,
-                       checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+                       checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                       keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
+                       failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
+                       stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
+
+
+def _seconds(text, flag):
+    from gpurig.launch.settings import seconds
+
+    return None if text is None else seconds(text, flag)
 
 
 def run(args) -> int:

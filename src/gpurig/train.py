@@ -25,9 +25,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpurig import checkpoint
+from gpurig import checkpoint, checkpoint_series
 from gpurig.errors import UsageError
+from gpurig.faults import Injector
 from gpurig.launch.events import follow_jsonl as _follow
+from gpurig.launch.processes import say
 
 CHECKPOINT_FORMAT = "gpurig-train/1"
 ENGINES = ("mpi", "torch")
@@ -52,15 +54,16 @@ class TrainConfig:
     compression: str = "auto"
     checkpoint_dir: str = "runs/train"
     resume: bool = False
+    keep_checkpoints: int = checkpoint_series.KEEP
+    on_nonfinite: str = "stop"
+    iface: str | None = None
+    failure_timeout: float | None = None
+    stall_timeout: float | None = None
     events: str | None = None
-
-    @property
-    def checkpoint_path(self) -> Path:
-        return Path(self.checkpoint_dir) / "checkpoint.pt"
 
     def feedback_path(self, rank: int, epoch: int) -> Path:
         """Where a rank keeps its error-feedback residuals after ``epoch`` (they differ per rank)."""
-        return Path(self.checkpoint_dir) / f"feedback-rank{rank}-epoch{epoch}.pt"
+        return checkpoint_series.epoch_path(self.checkpoint_dir, epoch, f"feedback-rank{rank}")
 
 
 def validate(config: TrainConfig, nprocs: int) -> None:
@@ -99,8 +102,32 @@ def validate(config: TrainConfig, nprocs: int) -> None:
             raise UsageError(f"{e} (or auto)") from None
     if config.bucket_mb is not None and not config.bucket_mb > 0:
         raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
-    if config.resume and not config.checkpoint_path.is_file():
-        raise UsageError(f"--resume: no checkpoint at {config.checkpoint_path}")
+    if config.resume and not checkpoint_series.saved_epochs(config.checkpoint_dir):
+        raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
+    _validate_reliability(config)
+
+
+def _validate_reliability(config: TrainConfig) -> None:
+    """``--keep-checkpoints``, ``--on-nonfinite``, ``--failure-timeout``, ``--iface``.
+
+    >>> _validate_reliability(TrainConfig(on_nonfinite="retry"))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --on-nonfinite must be one of stop, skip, ignore, got 'retry'
+    """
+    from gpurig.launch.iface import interface_address
+    from gpurig.launch.settings import seconds
+    from gpurig.parallel.numerics import ACTIONS
+
+    if config.keep_checkpoints < 1:
+        raise UsageError(f"--keep-checkpoints must be at least 1, got {config.keep_checkpoints}")
+    if config.on_nonfinite not in ACTIONS:
+        raise UsageError(f"--on-nonfinite must be one of {', '.join(ACTIONS)}, got {config.on_nonfinite!r}")
+    for value, flag in ((config.failure_timeout, "--failure-timeout"), (config.stall_timeout, "--stall-timeout")):
+        if value is not None:
+            seconds(str(value), flag)
+    if config.iface is not None:
+        interface_address(config.iface)
 
 
 # -- the launching side ------------------------------------------------------
@@ -142,8 +169,14 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
         follower = threading.Thread(target=_follow, args=(events_path, relay, stop), daemon=True)
         follower.start()
         try:
+            env = dict(os.environ)
+            for value, variable in ((config.failure_timeout, "GPURIG_FAILURE_TIMEOUT"),
+                                    (config.stall_timeout, "GPURIG_STALL_TIMEOUT")):
+                if value is not None:
+                    env[variable] = str(value)
             code = launch.run_job([sys.executable, "-m", "gpurig.train", str(config_path)], nprocs,
-                                  engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args)
+                                  engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args, env=env,
+                                  iface=config.iface)
         finally:
             stop.set()
             follower.join()
@@ -236,21 +269,27 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     start_epoch, history = 0, []
     if config.resume:
-        state = checkpoint.load(config.checkpoint_path)
-        if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
-            raise checkpoint.CheckpointError(f"{config.checkpoint_path} is not a checkpoint of a {config.model} run")
+        state = resume_state(config, comm)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch, history = state["epoch"], list(state["history"])
-    dp = gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression)
+    elif comm.rank == 0:
+        checkpoint_series.clear(config.checkpoint_dir)  # a fresh run starts a new series
+    dp = gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression,
+                             nonfinite=config.on_nonfinite)
     if config.resume and dp.compresses:
-        dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
+        if state.get("ranks", comm.size) == comm.size:
+            dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
+        elif comm.rank == 0:  # residuals are per rank: on another rank count error feedback starts afresh
+            say(f"gpurig: the checkpoint is from {state['ranks']} ranks, this run has {comm.size}: "
+                "compression's error-feedback residuals start from zero")
     batches = gpurig.shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed)
     events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model, compression=config.compression,
                 parameters=sum(p.numel() for p in model.parameters()), epochs=config.epochs,
                 first_epoch=start_epoch, steps_per_epoch=len(batches), global_batch=config.global_batch)
 
+    faults = Injector(comm.rank)
     for epoch in range(start_epoch, config.epochs):
         batches.set_epoch(epoch)
         comm.barrier()  # start together, so rank 0's checkpoint write is not timed as the others' waiting
@@ -258,6 +297,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         epoch_start = time.perf_counter()
         loading = time.perf_counter()
         for x, y in batches:
+            faults.step(epoch * len(batches) + steps)
             x, y = x.to(comm.device), y.to(comm.device)
             started = time.perf_counter()
             split.data += started - loading
@@ -286,14 +326,11 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         if dp.compresses:  # every rank's residuals first, then the checkpoint that points at them
             checkpoint.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
             comm.barrier()
-        if comm.rank == 0:
-            checkpoint.save(config.checkpoint_path, {
-                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1,
+        if comm.rank == 0:  # the last --keep-checkpoints stay (older residuals go with them)
+            checkpoint_series.save_epoch(config.checkpoint_dir, epoch + 1, {
+                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1, "ranks": comm.size,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
-            })
-        if dp.compresses:  # the new checkpoint is on disk: the previous residuals can go
-            comm.barrier()
-            config.feedback_path(comm.rank, epoch).unlink(missing_ok=True)
+            }, keep=config.keep_checkpoints)
         events.emit("epoch", **record)
 
     summary = {
@@ -302,11 +339,33 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "bytes_sent_per_step": dp.stats.bytes_sent // max(dp.stats.steps, 1),
         "global_batch": config.global_batch, "per_rank_batch": config.global_batch // comm.size,
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
-        "checkpoint": str(config.checkpoint_path),
+        "checkpoint": str(checkpoint_series.epoch_path(config.checkpoint_dir, config.epochs)),
+        "skipped_steps": dp.stats.skipped_steps,
         "weights_digest": weights_digest(model),
     }
     events.emit("done", **summary)
     return summary
+
+
+def resume_state(config: TrainConfig, comm) -> dict:
+    """The newest good checkpoint in ``config.checkpoint_dir``, the same on every rank; damaged newer ones are
+    reported (by rank 0) and passed over.
+
+    >>> state = resume_state(TrainConfig(resume=True), gpurig.init())   # doctest: +SKIP
+    """
+    state, path, problems = checkpoint_series.load_newest(config.checkpoint_dir)
+    if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
+        raise checkpoint.CheckpointError(f"{path} is not a checkpoint of a {config.model} run")
+    epochs = comm.allgather(torch.tensor([state["epoch"]], dtype=torch.int64), name="resume epoch").tolist()
+    if len(set(epochs)) != 1:
+        raise checkpoint.CheckpointError(f"the ranks found different newest checkpoints (epochs {epochs}): "
+                                         f"is {config.checkpoint_dir} one directory shared by all of them?")
+    if comm.rank == 0:
+        for problem in problems:
+            say(f"gpurig: {problem}; using an older checkpoint")
+        if problems:
+            say(f"gpurig: resuming from {path}")
+    return state
 
 
 def weights_digest(model: torch.nn.Module) -> str:
