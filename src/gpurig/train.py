@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import tempfile
@@ -89,8 +90,8 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     if config.global_batch < nprocs:
         raise UsageError(f"--global-batch {config.global_batch} over {nprocs} ranks leaves "
                          f"{nprocs - max(config.global_batch, 0)} rank(s) with no samples: use at least {nprocs}")
-    if not config.lr > 0:
-        raise UsageError(f"--lr must be positive, got {config.lr}")
+    if not 0 < config.lr < math.inf:
+        raise UsageError(f"--lr must be a positive number, got {config.lr}")
     if not 0 <= config.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
     from gpurig.parallel.compression import parse_method
@@ -100,8 +101,8 @@ def validate(config: TrainConfig, nprocs: int) -> None:
             parse_method(config.compression)
         except ValueError as e:
             raise UsageError(f"{e} (or auto)") from None
-    if config.bucket_mb is not None and not config.bucket_mb > 0:
-        raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
+    if config.bucket_mb is not None and not 0 < config.bucket_mb < math.inf:
+        raise UsageError(f"--bucket-mb must be a positive number, got {config.bucket_mb}")
     if config.resume and not checkpoint_series.saved_epochs(config.checkpoint_dir):
         raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
     _validate_reliability(config)

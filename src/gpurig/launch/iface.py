@@ -24,7 +24,7 @@ def interface_address(name: str) -> str:
     '127.0.0.1'
     """
     addresses = psutil.net_if_addrs()
-    if name not in addresses:
+    if not name or name not in addresses:
         raise UsageError(f"--iface {name!r}: no such network interface here (have: {', '.join(sorted(addresses))})")
     for address in addresses[name]:
         if address.family == socket.AF_INET:
@@ -94,7 +94,7 @@ def confine(env: dict, engine: str, all_here: bool, iface: str | None, mpi_args:
     '127.0.0.1'
     """
     env = dict(env)
-    if iface:
+    if iface is not None:
         address = interface_address(iface)
         env.update({IFACE_VARIABLE: iface, "GLOO_SOCKET_IFNAME": iface, "MASTER_ADDR": address})
         if engine == "mpi" and "if_include" not in mpi_args and "if_exclude" not in mpi_args:

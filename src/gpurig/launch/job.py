@@ -21,7 +21,7 @@ from gpurig.errors import RankFailed, UsageError
 from gpurig.launch.hosts import is_this_host, parse_hosts
 from gpurig.launch.iface import confine
 from gpurig.launch.local import run_local
-from gpurig.launch.mpirun import run_mpirun
+from gpurig.launch.mpirun import mpi_arg_words, run_mpirun
 from gpurig.launch.processes import as_rank_program
 from gpurig.launch.rank_env import local_torch_envs, rank_path, srun_step, srun_torch_env
 from gpurig.launch.status import STATUS_DIR_VARIABLE, first_failure
@@ -57,6 +57,21 @@ def default_nprocs(hosts: str | None = None, env: dict | None = None) -> int:
     return step[1] if step else gpu_count() or 2
 
 
+def check_ranks_here(nprocs: int) -> None:
+    """Refuse more ranks on this one machine than it could ever hold (a typo must not fork thousands of processes).
+
+    >>> check_ranks_here(100_000)    # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: -n 100000 would start 100000 processes on this machine (...): at most ... here; name more machines with --hosts
+    """
+    cores = os.cpu_count() or 1
+    limit = max(64, 8 * cores)
+    if nprocs > limit:
+        raise UsageError(f"-n {nprocs} would start {nprocs} processes on this machine ({cores} cores): at most "
+                         f"{limit} here; name more machines with --hosts")
+
+
 def check_request(command: list[str], nprocs: int, engine: str, hosts: str | None, env: dict) -> list[tuple[str, int]]:
     """Refuse, as one :class:`UsageError` line, what cannot run; return the parsed host list.
 
@@ -72,6 +87,8 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise UsageError(f"-n must be at least 1, got {nprocs}")
     host_list = parse_hosts(hosts) if hosts else []
+    if not host_list and not srun_step(env):
+        check_ranks_here(nprocs)
     slots = sum(s for _, s in host_list)
     if host_list and slots < nprocs:
         raise UsageError(f"-n {nprocs} needs {nprocs} slots but --hosts {hosts} has {slots}")
@@ -108,6 +125,7 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
     0
     """
     env = dict(os.environ if env is None else env)
+    mpi_arg_words(mpi_args)  # refused even where unused (--engine torch): it is a mistake either way
     host_list = check_request(command, nprocs, engine, hosts, env)
     env, mpi_args = confine(env, engine, all(is_this_host(host) for host, _ in host_list), iface, mpi_args)
     command = as_rank_program(command, rank_path(env))
