@@ -18,6 +18,7 @@ that such messages use, as Horovod's ``name=`` does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import re
@@ -41,8 +42,8 @@ class Handle:
     tensor([1., 1., 1., 1.])
     """
 
-    def __init__(self, future: Future | None = None, work=None, finish=None):
-        self._future, self._work, self._finish = future, work, finish
+    def __init__(self, future: Future | None = None, work=None, finish=None, errors=contextlib.nullcontext):
+        self._future, self._work, self._finish, self._errors = future, work, finish, errors
         self._result = None
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
@@ -50,7 +51,8 @@ class Handle:
         if self._future is not None:
             return self._future.result(timeout)
         if self._finish is not None:
-            self._work.wait()
+            with self._errors():
+                self._work.wait()
             self._result, self._finish = self._finish(), None
         return self._result
 
@@ -184,22 +186,26 @@ class Communicator:
         return Handle(self._worker.submit(fn))
 
     def _guarded(self, signature: Signature, nbytes: int, fn):
-        """Run ``fn`` (the engine's part of a collective) after the guard's check, recorded as in flight.
-
-        An engine error becomes a :class:`CollectiveFailed` naming the collective.
-        """
-        try:
+        """Run ``fn`` (the engine's part of a collective) after the guard's check, recorded as in flight."""
+        with self._engine_errors():
             self.guard.begin(signature, nbytes)
             try:
                 return fn()
             finally:
                 self.guard.end()
+
+    @contextlib.contextmanager
+    def _engine_errors(self):
+        """An engine error becomes a :class:`CollectiveFailed` naming the collective (and, when the watch
+        knows, the rank whose end broke it)."""
+        try:
+            yield
         except CollectiveMismatchError:
             raise
         except RuntimeError as error:
-            what = self.guard.progress.describe() if self.guard.progress.signature == signature else \
-                signature.describe()
-            raise CollectiveFailed(f"{what} failed: {engine_message(error)}") from error
+            cause = self.watch.explain() if self.watch is not None else None
+            raise CollectiveFailed(f"{self.guard.progress.describe()} failed: {engine_message(error)}"
+                                   + (f" ({cause})" if cause else "")) from error
 
     def expect(self, signatures: list[Signature]) -> None:
         """Check the next collectives (their :class:`Signature` s, in order) against the other ranks' at once.
@@ -209,7 +215,11 @@ class Communicator:
 
         >>> comm.expect([Signature.of("allreduce", b, f"bucket {i}", "sum") for i, b in enumerate(buckets)])  # doctest: +SKIP
         """
-        self._run(lambda: self.guard.expect(signatures), blocking=False)
+        def announce():
+            with self._engine_errors():
+                self.guard.expect(signatures)
+
+        self._run(announce, blocking=False)
 
     def run_async(self, job) -> Handle:
         """Run ``job()`` on the background thread, in order with other asynchronous collectives.
@@ -296,8 +306,10 @@ class Communicator:
             return tensor
 
         if not blocking and self._native_async_for(flat):
-            self.guard.begin(signature, flat.nbytes)
-            return Handle(work=self.engine.allreduce_sum(flat, async_op=True), finish=lambda: self._ended(finish(flat)))
+            with self._engine_errors():
+                self.guard.begin(signature, flat.nbytes)
+                work = self.engine.allreduce_sum(flat, async_op=True)
+            return Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors)
 
         def work():
             buf = self._to_engine(flat)
@@ -408,9 +420,10 @@ class Communicator:
             return tensor
 
         if not blocking and self._native_async_for(flat):
-            self.guard.begin(signature, flat.nbytes)
-            return Handle(work=self.engine.broadcast(flat, root, async_op=True),
-                          finish=lambda: self._ended(finish(flat)))
+            with self._engine_errors():
+                self.guard.begin(signature, flat.nbytes)
+                work = self.engine.broadcast(flat, root, async_op=True)
+            return Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors)
 
         def work():
             buf = self._to_engine(flat)

@@ -98,26 +98,32 @@ class Guard:
         self.progress = Progress()
         self.progress_file = ProgressWriter()  # the rank wrapper's copy, for a rank that gets killed
         self._expected: collections.deque = collections.deque()
-        self._pending: CollectiveMismatchError | None = None
+        self._batch_error: CollectiveMismatchError | None = None  # the announced batch's failed check
 
     def begin(self, signature: Signature, nbytes: int, check: bool = True) -> None:
-        """Before a collective's data moves: mark it in flight, then check it (unless :meth:`expect` did)."""
-        if self._pending is not None:
-            error, self._pending = self._pending, None
-            raise error
+        """Before a collective's data moves: mark it in flight, then check it (unless :meth:`expect` did).
+
+        A collective announced by a batch whose check failed raises that error
+        instead (no rank sends it). One that was not announced ends the batch (its
+        caller stopped short, say on an error) and is checked on its own.
+        """
+        if self._expected and self._expected[0] == signature:
+            self._expected.popleft()
+            error = self._batch_error
+            if not self._expected:
+                self._batch_error = None
+            if error is not None:
+                raise error
+            checked = True
+        else:
+            self._expected.clear()
+            self._batch_error = None
+            checked = False
         # In flight from here: the check exchange is where a rank waits for a peer that never comes.
         self.progress = p = Progress(self.progress.seq + 1, signature, nbytes, True, time.monotonic())
         self.progress_file.update(p.seq, True, signature.kind, p.detail())
-        if self.check and check:
-            if self._expected:
-                expected = self._expected.popleft()
-                if expected != signature:
-                    self._expected.clear()
-                    raise CollectiveMismatchError(
-                        f"collective #{self.progress.seq} is {signature.describe()}, but this rank announced "
-                        f"{expected.describe()} for it (a collective called in the middle of a checked batch)")
-            else:
-                self._exchange([signature], self.progress.seq)
+        if self.check and check and not checked:
+            self._exchange([signature], self.progress.seq)
 
     def end(self) -> None:
         """The collective begun last has finished on this rank."""
@@ -129,16 +135,21 @@ class Guard:
         """Check the next ``len(signatures)`` collectives with one exchange; each is then begun without one.
 
         Every rank must call it at the same point of its sequence of collectives.
-        A mismatch is raised by the next :meth:`begin` (the exchange may run on a
-        background thread, the collectives' errors reach their callers).
+        A mismatch is raised by each announced collective this rank then begins
+        (the exchange may run on a background thread; the collectives' errors
+        reach their callers), and none of them moves data: ranks whose batches
+        differ in length must not be left waiting.
         """
         if self.check and signatures:
             self._expected.clear()
+            before = self.progress  # in flight meanwhile: a rank whose peers never come waits in this exchange
+            self.progress = Progress(before.seq + 1, signatures[0], signatures[0].nbytes, True, time.monotonic())
             try:
-                self._exchange(signatures, self.progress.seq + 1)
+                self._exchange(signatures, before.seq + 1)
+                self._batch_error = None
             except CollectiveMismatchError as error:
-                self._pending = error
-                return
+                self._batch_error = error
+            self.progress = before  # (an engine error leaves it in flight: that is where it broke)
             self._expected.extend(signatures)
 
     def _exchange(self, signatures: list[Signature], first_seq: int) -> None:

@@ -23,6 +23,7 @@ _DIGESTS: dict = {}  # a training loop submits the same few signatures over and 
 _DTYPES = {dtype: str(dtype).removeprefix("torch.") for dtype in
            (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
             torch.int32, torch.int64, torch.bool)}
+_ITEM_BYTES = {name: torch.empty(0, dtype=dtype).element_size() for dtype, name in _DTYPES.items()}
 
 
 class Signature(NamedTuple):
@@ -60,6 +61,20 @@ class Signature(NamedTuple):
         name = f" {self.name!r}" if self.name is not None else ""
         detail = f" {self.detail}" if self.detail else ""
         return f"{self.kind}{name} {self.dtype}[{dims}]{detail}"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor (0 where a dimension may differ across ranks).
+
+        >>> Signature("allreduce", None, "float32", (1000,)).nbytes
+        4000
+        """
+        if any(d is None for d in self.shape):
+            return 0
+        n = _ITEM_BYTES.get(self.dtype, 0)
+        for d in self.shape:
+            n *= d
+        return n
 
     def fields(self) -> list:
         """The signature as JSON-ready data, for the exchange after a mismatch."""

@@ -166,6 +166,32 @@ class Watch:
         except Exception:
             pass
 
+    def explain(self) -> str | None:
+        """Why this rank's collective may have broken, from the beats: another rank's reported failure, or a rank
+        that finished its program before this collective. Waits up to two beats for news.
+
+        >>> watch.explain()           # doctest: +SKIP
+        'rank 0 on host vm finished its program after collective #4'
+        """
+        deadline = time.monotonic() + 2 * self.beat
+        while True:
+            answered = self._answered
+            found = self._explanation()
+            if found is not None or time.monotonic() >= deadline or not self._threads:
+                return found
+            while self._answered == answered and time.monotonic() < deadline:
+                time.sleep(self.beat / 10)
+
+    def _explanation(self) -> str | None:
+        me = self.guard.progress
+        for r, beat in enumerate(self._beats):
+            if beat is not None and beat.failure:
+                return beat.failure
+        for r, beat in enumerate(self._beats):
+            if beat is not None and beat.finished and beat.seq < me.seq and r != self.rank:
+                return f"rank {r} on host {beat.host} finished its program after collective #{beat.seq}"
+        return None
+
     # -- the two threads ----------------------------------------------------------
     @staticmethod
     def _key(rank: int) -> str:
@@ -213,11 +239,16 @@ class Watch:
 
     def _store_silent(self, now: float) -> bool:
         """The store stopped answering. Rank 0 serves it: unless rank 0 said it finished, rank 0 stopped."""
-        last = self._beats[0]
-        if self.rank == 0 or (last is not None and last.finished):
-            return True  # nothing left to watch
+        last, me = self._beats[0], self.guard.progress
+        if self.rank == 0:
+            return True
+        if last is not None and last.finished:  # rank 0 ended normally, the store with it
+            if me.in_flight and last.seq < me.seq:
+                self._fail(RankFailed(0, last.host, None, f"finished its program after collective #{last.seq}",
+                                      f"while rank {self.rank} waits in {me.describe()}"), publish=False)
+            return True
         reported = next((b.failure for b in self._beats if b is not None and b.failure), None)
-        doing = self._doing(last, self.guard.progress) if last else "before its first collective"
+        doing = self._doing(last, me) if last else "before its first collective"
         self._fail(reported or RankFailed(0, last.host if last else None, None, "stopped responding",
                                           f"{doing} (it serves gpurig's side channel); no answer for "
                                           f"{now - self._answered:.1f} s"), publish=False)

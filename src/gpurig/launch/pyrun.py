@@ -22,12 +22,14 @@ import os
 import runpy
 import socket
 import sys
+import sysconfig
 import types
 from pathlib import Path
 
 from gpurig.errors import CollectiveFailed, RankFailed
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
+from gpurig.launch.progress import ProgressWriter
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
 
@@ -49,9 +51,9 @@ def _run(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def _failed(status: int, secondary: bool = False) -> None:
+def _failed(status: int, secondary: bool = False, cause: str | None = None) -> None:
     record_failure(os.environ.get(STATUS_DIR_VARIABLE),
-                   RankFailed(rank_from_env(), socket.gethostname(), status, secondary=secondary))
+                   RankFailed(rank_from_env(), socket.gethostname(), status, cause=cause, secondary=secondary))
     if "mpi4py.MPI" in sys.modules:
         from mpi4py.run import set_abort_status
 
@@ -68,7 +70,7 @@ def _user_frames(traceback):
 
 def _location(traceback) -> str:
     """`` (at FILE:LINE)`` of the innermost frame of the program's own code, or ``""``."""
-    own = (str(Path(__file__).resolve().parents[1]), "site-packages", "<frozen")
+    own = (str(Path(__file__).resolve().parents[1]), "site-packages", "<frozen", sysconfig.get_paths()["stdlib"])
     found = ""
     while traceback is not None:
         code = traceback.tb_frame.f_code
@@ -97,8 +99,10 @@ def main(argv: list[str]) -> None:
         _failed(130)
         raise
     except CollectiveFailed as error:  # most often the consequence of another rank's end: one line, no traceback
-        _failed(1, secondary=True)
-        say(f"gpurig: rank {rank_from_env()} on host {socket.gethostname()}: {error}{_location(error.__traceback__)}")
+        _failed(1, secondary=True, cause=f"exited with code 1: {error}")
+        line = f"gpurig: rank {rank_from_env()} on host {socket.gethostname()}: {error}{_location(error.__traceback__)}"
+        say(line)
+        ProgressWriter().reported(line)  # said: the wrapper need not say it again
         sys.exit(1)
     except BaseException as error:
         _failed(1)
