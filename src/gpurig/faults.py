@@ -4,7 +4,8 @@
 ``gpurig train`` job stop itself 4 ms into its 37th step (counted over the whole
 run, from 1), wherever that lands: in the forward pass, in backward, inside a
 bucket's allreduce. ``SIGKILL`` kills it. Nothing happens without the variable.
-``benchmarks/chaos.py`` draws these at random, from a seed.
+With ``GPURIG_FAULT_LOG=FILE`` the rank writes the time (``time.time()``) it
+fired into FILE first. ``benchmarks/chaos.py`` draws these at random, from a seed.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 FAULT_VARIABLE = "GPURIG_FAULT"
+LOG_VARIABLE = "GPURIG_FAULT_LOG"
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,13 @@ class Injector:
         self._steps = self._steps + 1 if steps_done_before is None else steps_done_before + 1
         if self.fault is None or self._steps != self.fault.step:
             return
-        number = signal.Signals[self.fault.signal]
-        timer = threading.Timer(self.fault.delay, os.kill, (os.getpid(), number))
+        timer = threading.Timer(self.fault.delay, self._fire)
         timer.daemon = True
         timer.start()
+
+    def _fire(self) -> None:
+        log = os.environ.get(LOG_VARIABLE)
+        if log:
+            with open(log, "w") as f:
+                f.write(f"{time.time()}\n")
+        os.kill(os.getpid(), signal.Signals[self.fault.signal])
