@@ -160,6 +160,28 @@ def table(outcomes: list[Outcome], plan: Plan, seed: int) -> str:
     return head + "\n".join(rows) + foot
 
 
+def run_chaos(runs: int, seed: int, plan: Plan, engines: list[str],
+              references: dict[str, str] | None = None) -> tuple[list[Outcome], dict[str, str]]:
+    """Draw and make ``runs`` runs; return their outcomes and the uninterrupted runs' weight digests per engine.
+
+    ``references`` (engine -> digest) saves the uninterrupted runs: with 2 ranks every engine sums the same two
+    numbers (a + b, in either order), so one run on one machine serves all engines and node layouts.
+    """
+    drawn = draw(random.Random(seed), plan, runs, engines)
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="gpurig-chaos-") as tmp:
+        work = Path(tmp)
+        if references is None:
+            references = {e: summary(train(plan, e, work / f"reference-{e}"))["weights_digest"] for e in engines}
+            print(f"uninterrupted runs: {references}", file=sys.stderr, flush=True)
+        for number, (engine, fault) in enumerate(drawn, start=1):
+            outcome = one_run(number, engine, fault, plan, references[engine], work)
+            outcomes.append(outcome)
+            print(f"run {number}: {engine} {fault}: {'ok' if outcome.ok else 'FAILED'} "
+                  f"(ended {outcome.ended_after_s} s after the fault)", file=sys.stderr, flush=True)
+    return outcomes, references
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=20)
@@ -177,17 +199,7 @@ def main(argv=None) -> int:
     plan = Plan(args.nodes, args.ranks_per_node, args.rate, args.epochs, args.global_batch, args.failure_timeout,
                 args.grace)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    runs = draw(random.Random(args.seed), plan, args.runs, engines)
-    outcomes = []
-    with tempfile.TemporaryDirectory(prefix="gpurig-chaos-") as tmp:
-        work = Path(tmp)
-        references = {e: summary(train(plan, e, work / f"reference-{e}"))["weights_digest"] for e in engines}
-        print(f"uninterrupted runs: {references}", file=sys.stderr, flush=True)
-        for number, (engine, fault) in enumerate(runs, start=1):
-            outcome = one_run(number, engine, fault, plan, references[engine], work)
-            outcomes.append(outcome)
-            print(f"run {number}: {engine} {fault}: {'ok' if outcome.ok else 'FAILED'} "
-                  f"(ended {outcome.ended_after_s} s after the fault)", file=sys.stderr, flush=True)
+    outcomes, references = run_chaos(args.runs, args.seed, plan, engines)
     text = table(outcomes, plan, args.seed)
     print(text)
     if args.out:

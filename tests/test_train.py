@@ -8,10 +8,8 @@ import time
 
 import psutil
 import pytest
-import torch
 
 from conftest import gpurig
-from gpurig.checkpoint import load
 from gpurig.checkpoint_series import damaged, epoch_path, saved_epochs
 
 # Stated in the README: the default run (mlp, 5 epochs, global batch 128 on 2 ranks) reaches about 92 %.
@@ -93,23 +91,6 @@ def test_killed_run_resumes_to_the_uninterrupted_weights_past_a_corrupt_checkpoi
     summary = json.loads(resumed.stdout)
     assert summary["weights_digest"] == default_run["weights_digest"]
     assert [e["loss"] for e in summary["epochs"]] == [e["loss"] for e in default_run["epochs"]]
-
-
-def test_resume_on_another_rank_count(default_run, tmp_path):
-    """Data parallelism replicates model and optimizer: 2 ranks' checkpoint after epoch 3, then 1 rank to epoch 5
-    (the same global batch of 128), ends where the 2-rank run did, up to floating-point summation order."""
-    first = gpurig("train", "--compression", "none", "--epochs", 3, "--json", "--checkpoint-dir", tmp_path,
-                   timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
-    resumed = gpurig("train", "-n", 1, "--compression", "none", "--resume", "--json", "--checkpoint-dir", tmp_path,
-                     timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    summary = json.loads(resumed.stdout)
-    assert summary["ranks"] == 1 and len(summary["epochs"]) == 5
-    assert abs(summary["test_accuracy"] - default_run["test_accuracy"]) <= 0.005
-    mine, theirs = load(summary["checkpoint"])["model"], load(default_run["checkpoint"])["model"]
-    for name, tensor in theirs.items():
-        assert torch.allclose(mine[name], tensor, rtol=1e-3, atol=1e-4), name
 
 
 @pytest.mark.parametrize("args,message", [

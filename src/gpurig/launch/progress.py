@@ -10,27 +10,31 @@ why already, and its wrapper stays quiet.
 
 Layout (256 bytes): state (``P`` progress, ``R`` reported), the collective's
 number (8 bytes), whether it is in flight (1), the text's length (2), then the
-text: ``KIND\\0DETAIL`` for progress, the failure line once reported.
+text: ``KIND\\0DETAIL`` for progress, the failure line once reported; the last
+64 bytes hold the rank's host name as the rank sees it (an emulated node's
+wrapper runs outside the node).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import socket
 import struct
 import tempfile
 
 PROGRESS_VARIABLE = "GPURIG_PROGRESS_FILE"
 SIZE = 256
+HOST_BYTES = 64
 _HEAD = struct.Struct("<cQ?H")
-_TEXT = SIZE - _HEAD.size
+_TEXT = SIZE - _HEAD.size - HOST_BYTES
 
 
 def make_progress_file() -> str:
     """Create a zeroed progress file (in memory-backed ``/dev/shm`` where there is one); return its path.
 
     >>> path = make_progress_file(); read_progress(path)
-    (False, None)
+    (False, None, None)
     >>> os.unlink(path)
     """
     shm = "/dev/shm"
@@ -46,15 +50,15 @@ def make_progress_file() -> str:
 class ProgressWriter:
     """The rank's side of the file named in ``GPURIG_PROGRESS_FILE`` (does nothing without one).
 
-    >>> path = make_progress_file(); writer = ProgressWriter(path)
+    >>> path = make_progress_file(); writer = ProgressWriter(path, host="node2")
     >>> writer.update(3, True, "allreduce", "grad, 4 B"); read_progress(path)
-    (False, 'during allreduce #3 (grad, 4 B)')
-    >>> writer.reported("rank 1 on host node2 stopped responding"); read_progress(path)
+    (False, 'during allreduce #3 (grad, 4 B)', 'node2')
+    >>> writer.reported("rank 1 on host node2 stopped responding"); read_progress(path)[:2]
     (True, 'rank 1 on host node2 stopped responding')
     >>> os.unlink(path)
     """
 
-    def __init__(self, path: str | None = None):
+    def __init__(self, path: str | None = None, host: str | None = None):
         path = os.environ.get(PROGRESS_VARIABLE) if path is None else path
         self._map = None
         self._text: tuple | None = None
@@ -65,6 +69,9 @@ class ProgressWriter:
                 self._map = mmap.mmap(f.fileno(), SIZE)
         except (OSError, ValueError):
             self._map = None
+            return
+        name = (host or socket.gethostname()).encode(errors="replace")[:HOST_BYTES]
+        self._map[SIZE - HOST_BYTES:] = name.ljust(HOST_BYTES, b"\0")
 
     def update(self, seq: int, in_flight: bool, kind: str, detail: str) -> None:
         """Collective number ``seq`` (a ``kind``, described by ``detail``) began or, ``in_flight=False``, ended."""
@@ -89,22 +96,24 @@ class ProgressWriter:
         self._text = None
 
 
-def read_progress(path: str) -> tuple[bool, str | None]:
-    """The wrapper's side: (whether the rank reported its own end, what it was doing or said; None: nothing).
+def read_progress(path: str) -> tuple[bool, str | None, str | None]:
+    """The wrapper's side: (whether the rank reported its own end, what it was doing or said, its host); None
+    where the rank wrote nothing.
 
     >>> read_progress("/nonexistent")
-    (False, None)
+    (False, None, None)
     """
     try:
         with open(path, "rb") as f:
             record = f.read(SIZE)
         state, seq, in_flight, length = _HEAD.unpack_from(record)
     except (OSError, struct.error):
-        return False, None
+        return False, None, None
+    host = record[SIZE - HOST_BYTES:].rstrip(b"\0").decode(errors="replace") or None
     text = record[_HEAD.size:_HEAD.size + length].decode(errors="replace")
     if state == b"R":
-        return True, text
+        return True, text, host
     if state != b"P":
-        return False, None
+        return False, None, host
     kind, _, detail = text.partition("\0")
-    return False, f"{'during' if in_flight else 'after'} {kind} #{seq} ({detail})"
+    return False, f"{'during' if in_flight else 'after'} {kind} #{seq} ({detail})", host

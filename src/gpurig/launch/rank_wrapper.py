@@ -86,8 +86,8 @@ def _supervise(command: list[str], rank: int | None, host: str, progress: str) -
     for signum in FORWARDED:
         signal.signal(signum, forward)
     code = child.wait()
-    reported, doing = read_progress(progress)
-    ending = RankFailed(rank, host, code, during=doing if code != 0 else None)
+    reported, doing, where = read_progress(progress)
+    ending = RankFailed(rank, where or host, code, during=doing if code != 0 else None)
     if ending.returncode != 0 and not told_to_stop and not reported:
         say(f"gpurig: {ending}")
         record_failure(os.environ.get(STATUS_DIR_VARIABLE), ending)
