@@ -8,16 +8,14 @@ long step) must not be declared dead: the stall report names it instead.
 """
 
 import json
-import os
 import socket
 import sys
 import time
-import uuid
 
 import pytest
 
 from conftest import gpurig
-from test_cli_run import leftovers
+from test_cli_run import leftovers, marker  # noqa: F401 (a fixture)
 
 HOST = socket.gethostname()
 TIMEOUT_S = 3  # GPURIG_FAILURE_TIMEOUT in these jobs (10 by default)
@@ -36,14 +34,6 @@ for i in range(1, 100_000):
         os.kill(os.getpid(), getattr(signal, how))
     time.sleep(0.005)
 """
-
-
-@pytest.fixture
-def marker():
-    tag = f"gpurig-fd-{uuid.uuid4().hex[:12]}"
-    yield tag
-    for p in leftovers(tag, wait=0):
-        p.kill()
 
 
 @pytest.mark.parametrize("engine,how,victim", [("mpi", "SIGKILL", 1), ("torch", "SIGKILL", 0),
@@ -75,7 +65,7 @@ for i in range(3):
     comm.allreduce(torch.ones(4), name="step")
     if comm.rank == 1 and i == 1:
         time.sleep(float(sys.argv[1]))  # a long step: computing, not dead
-print("finished", comm.rank, flush=True)
+os.write(1, f"finished {comm.rank}\\n".encode())  # one write: ranks share stdout
 """
 
 

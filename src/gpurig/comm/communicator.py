@@ -187,12 +187,16 @@ class Communicator:
 
     def _guarded(self, signature: Signature, nbytes: int, fn):
         """Run ``fn`` (the engine's part of a collective) after the guard's check, recorded as in flight."""
-        with self._engine_errors():
+        try:  # (not `with self._engine_errors()`: this runs for every collective, and a plain try costs nothing)
             self.guard.begin(signature, nbytes)
             try:
                 return fn()
             finally:
                 self.guard.end()
+        except CollectiveMismatchError:
+            raise
+        except RuntimeError as error:
+            raise self._failed(error) from error
 
     @contextlib.contextmanager
     def _engine_errors(self):
@@ -203,9 +207,12 @@ class Communicator:
         except CollectiveMismatchError:
             raise
         except RuntimeError as error:
-            cause = self.watch.explain() if self.watch is not None else None
-            raise CollectiveFailed(f"{self.guard.progress.describe()} failed: {engine_message(error)}"
-                                   + (f" ({cause})" if cause else "")) from error
+            raise self._failed(error) from error
+
+    def _failed(self, error: RuntimeError) -> CollectiveFailed:
+        cause = self.watch.explain() if self.watch is not None else None
+        return CollectiveFailed(f"{self.guard.progress.describe()} failed: {engine_message(error)}"
+                                + (f" ({cause})" if cause else ""))
 
     def expect(self, signatures: list[Signature]) -> None:
         """Check the next collectives (their :class:`Signature` s, in order) against the other ranks' at once.

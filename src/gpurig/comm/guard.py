@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from gpurig.comm.signature import Signature, agrees, batch_digest, check_block, describe_difference
+from gpurig.comm.signature import CheckBuffer, Signature, batch_digest, describe_difference
 from gpurig.launch.progress import ProgressWriter
 
 
@@ -95,8 +95,10 @@ class Guard:
         self.engine = engine
         self.stage = stage
         self.check = check and engine.size > 1
-        self.progress = Progress()
+        # Where this rank is, as plain fields (every collective sets them: no objects made); see `progress`.
+        self._seq, self._signature, self._nbytes, self._in_flight, self._since = 0, None, 0, False, 0.0
         self.progress_file = ProgressWriter()  # the rank wrapper's copy, for a rank that gets killed
+        self._block = CheckBuffer(engine.size)
         self._expected: collections.deque = collections.deque()
         self._batch_error: CollectiveMismatchError | None = None  # the announced batch's failed check
 
@@ -120,16 +122,31 @@ class Guard:
             self._batch_error = None
             checked = False
         # In flight from here: the check exchange is where a rank waits for a peer that never comes.
-        self.progress = p = Progress(self.progress.seq + 1, signature, nbytes, True, time.monotonic())
-        self.progress_file.update(p.seq, True, signature.kind, p.detail())
+        self._set(self._seq + 1, signature, nbytes, True)
         if self.check and check and not checked:
-            self._exchange([signature], self.progress.seq)
+            self._exchange([signature], self._seq)
 
     def end(self) -> None:
         """The collective begun last has finished on this rank."""
-        p = self.progress
-        self.progress = Progress(p.seq, p.signature, p.nbytes, False, time.monotonic())
-        self.progress_file.update(p.seq, False, p.signature.kind, p.detail())
+        self._in_flight, self._since = False, time.monotonic()
+        self.progress_file.landed(self._seq)
+
+    def _set(self, seq: int, signature: Signature, nbytes: int, in_flight: bool) -> None:
+        if signature != self._signature or nbytes != self._nbytes:
+            self.progress_file.began(seq, signature.kind, Progress(seq, signature, nbytes).detail())
+        else:
+            self.progress_file.began(seq)
+        self._seq, self._signature, self._nbytes, self._in_flight = seq, signature, nbytes, in_flight
+        self._since = time.monotonic()
+
+    @property
+    def progress(self) -> Progress:
+        """Where this rank is now (a snapshot, for the watch and for messages).
+
+        >>> Guard(type("E", (), {"size": 1})()).progress.describe()
+        'its first collective'
+        """
+        return Progress(self._seq, self._signature, self._nbytes, self._in_flight, self._since)
 
     def expect(self, signatures: list[Signature]) -> None:
         """Check the next ``len(signatures)`` collectives with one exchange; each is then begun without one.
@@ -143,19 +160,21 @@ class Guard:
         if self.check and signatures:
             self._expected.clear()
             before = self.progress  # in flight meanwhile: a rank whose peers never come waits in this exchange
-            self.progress = Progress(before.seq + 1, signatures[0], signatures[0].nbytes, True, time.monotonic())
+            self._set(before.seq + 1, signatures[0], signatures[0].nbytes, True)
             try:
                 self._exchange(signatures, before.seq + 1)
                 self._batch_error = None
             except CollectiveMismatchError as error:
                 self._batch_error = error
-            self.progress = before  # (an engine error leaves it in flight: that is where it broke)
+            # back to where it was (an engine error leaves it in flight: that is where it broke)
+            self._seq, self._signature, self._nbytes, self._in_flight, self._since = before
             self._expected.extend(signatures)
 
     def _exchange(self, signatures: list[Signature], first_seq: int) -> None:
-        block = self.stage(check_block(batch_digest(signatures)))
-        self.engine.allreduce_sum(block)
-        if agrees(block.cpu(), self.engine.size):
+        block = self._block.fill(batch_digest(signatures))
+        staged = self.stage(block)
+        self.engine.allreduce_sum(staged)
+        if self._block.agreed(None if staged is block else staged):
             return
         everyone = self._gather([s.fields() for s in signatures])
         raise CollectiveMismatchError(describe_difference(first_seq, everyone))

@@ -27,6 +27,7 @@ PROGRESS_VARIABLE = "GPURIG_PROGRESS_FILE"
 SIZE = 256
 HOST_BYTES = 64
 _HEAD = struct.Struct("<cQ?H")
+_SEQ = struct.Struct("<Q?")  # the collective's number and whether it is in flight, at offset 1
 _TEXT = SIZE - _HEAD.size - HOST_BYTES
 
 
@@ -51,8 +52,10 @@ class ProgressWriter:
     """The rank's side of the file named in ``GPURIG_PROGRESS_FILE`` (does nothing without one).
 
     >>> path = make_progress_file(); writer = ProgressWriter(path, host="node2")
-    >>> writer.update(3, True, "allreduce", "grad, 4 B"); read_progress(path)
+    >>> writer.began(3, "allreduce", "grad, 4 B"); read_progress(path)
     (False, 'during allreduce #3 (grad, 4 B)', 'node2')
+    >>> writer.landed(3); writer.began(4); read_progress(path)[1]
+    'during allreduce #4 (grad, 4 B)\'
     >>> writer.reported("rank 1 on host node2 stopped responding"); read_progress(path)[:2]
     (True, 'rank 1 on host node2 stopped responding')
     >>> os.unlink(path)
@@ -61,7 +64,6 @@ class ProgressWriter:
     def __init__(self, path: str | None = None, host: str | None = None):
         path = os.environ.get(PROGRESS_VARIABLE) if path is None else path
         self._map = None
-        self._text: tuple | None = None
         if not path:
             return
         try:
@@ -73,18 +75,21 @@ class ProgressWriter:
         name = (host or socket.gethostname()).encode(errors="replace")[:HOST_BYTES]
         self._map[SIZE - HOST_BYTES:] = name.ljust(HOST_BYTES, b"\0")
 
-    def update(self, seq: int, in_flight: bool, kind: str, detail: str) -> None:
-        """Collective number ``seq`` (a ``kind``, described by ``detail``) began or, ``in_flight=False``, ended."""
+    def began(self, seq: int, kind: str | None = None, detail: str = "") -> None:
+        """Collective number ``seq`` began: a ``kind`` described by ``detail``, or like the one before it."""
         if self._map is None:
             return
-        text = (kind, detail)
-        if text != self._text:
-            self._text = text
-            raw = f"{kind}\0{detail}".encode(errors="replace")[:_TEXT]
-            self._map[_HEAD.size:_HEAD.size + len(raw)] = raw
-            _HEAD.pack_into(self._map, 0, b"P", seq, in_flight, len(raw))
-        else:
-            struct.pack_into("<Q?", self._map, 1, seq, in_flight)
+        if kind is None:
+            _SEQ.pack_into(self._map, 1, seq, True)
+            return
+        raw = f"{kind}\0{detail}".encode(errors="replace")[:_TEXT]
+        self._map[_HEAD.size:_HEAD.size + len(raw)] = raw
+        _HEAD.pack_into(self._map, 0, b"P", seq, True, len(raw))
+
+    def landed(self, seq: int) -> None:
+        """Collective number ``seq`` ended on this rank."""
+        if self._map is not None:
+            _SEQ.pack_into(self._map, 1, seq, False)
 
     def reported(self, line: str) -> None:
         """This rank is ending because of another rank's failure, and has said so in ``line``."""
@@ -93,7 +98,6 @@ class ProgressWriter:
         raw = line.encode(errors="replace")[:_TEXT]
         self._map[_HEAD.size:_HEAD.size + len(raw)] = raw
         _HEAD.pack_into(self._map, 0, b"R", 0, False, len(raw))
-        self._text = None
 
 
 def read_progress(path: str) -> tuple[bool, str | None, str | None]:
