@@ -22,8 +22,10 @@ _LAZY = {
     "shutdown": "gpurig.comm",
     "Communicator": "gpurig.comm",
     "Handle": "gpurig.comm",
+    "CollectiveMismatchError": "gpurig.comm",
     "DataParallel": "gpurig.parallel",
     "ModelMismatchError": "gpurig.parallel",
+    "NonFiniteGradientError": "gpurig.parallel",
     "BatchSizeWarning": "gpurig.parallel",
     "shard": "gpurig.parallel",
 }

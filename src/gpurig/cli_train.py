@@ -27,14 +27,10 @@ ones it passed over. A rank that dies or stops is reported within
 """
 
 
-def add_reliability_flags(p) -> None:
-    from gpurig.cli import add_reliability_flags as add
-
-    add(p)
-
-
 def add_parser(subparsers) -> None:
     """Register ``gpurig train`` and its flags."""
+    from gpurig.cli import add_reliability_flags
+
     p = subparsers.add_parser(
         "train", help="data-parallel training of a reference model on this machine's devices (the main job)",
         description="Train a reference model (the source's 784-1200-1200-10 MNIST net, or a small CNN) on 5,000 "
