@@ -1,4 +1,5 @@
-"""Hostile input, property-tested: bad flags for every verb and arbitrary build/spec files never give a traceback.
+"""Hostile input: bad flags for every verb and arbitrary build/spec files never give a traceback (property-tested);
+ranks listen on loopback or the interface named, nowhere else.
 
 Every verb runs in this process (``gpurig.cli.main(argv)``). For the verbs that
 start jobs or probe the machine (train, run, emulate, bench, doctor) each
@@ -10,13 +11,17 @@ exit 2 with one line.
 
 import contextlib
 import io
+import json
 import os
+import sys
 import tempfile
 
+import pytest
 import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import gpurig as gpurig_cli
 from gpurig.cli import main
 
 EXAMPLES = settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -196,3 +201,24 @@ def test_build_and_spec_files_are_fine_or_one_line(content, flag):
 def test_a_missing_or_unreadable_file_is_one_line(tmp_path):
     assert_one_line_usage_error(["plan", "--build", str(tmp_path / "missing.toml")])
     assert_one_line_usage_error(["plan", "--spec", str(tmp_path)])  # a directory
+
+
+LISTENING = """
+import json, os, gpurig, psutil, torch
+comm = gpurig.init()
+comm.allreduce(torch.ones(4), name="x")  # the engine's connections are up
+mine = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN})
+os.write(1, (json.dumps(mine) + "\\n").encode())
+comm.barrier()
+"""
+
+
+@pytest.mark.parametrize("engine,iface", [("mpi", None), ("torch", None), ("torch", "lo")])
+def test_ranks_listen_only_on_loopback_or_the_named_interface(engine, iface):
+    """No rank socket on every interface: the rendezvous and side channel bound to one address, Gloo on lo, Open
+    MPI through shared memory (its runtime daemon, prterun, is not a rank and listens everywhere regardless)."""
+    done = gpurig_cli("run", "-n", 2, "--engine", engine, *(["--iface", iface] if iface else []), "--",
+                      sys.executable, "-c", LISTENING, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    addresses = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(addresses) == 2 and {a for rank in addresses for a in rank} == {"127.0.0.1"}, addresses

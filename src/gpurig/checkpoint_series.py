@@ -101,6 +101,10 @@ def load_newest(directory: str | os.PathLike) -> tuple[dict, Path, list[str]]:
     """The newest checkpoint that verifies: (its state, its path, one line per newer one that did not).
 
     Raises :class:`CheckpointError` when there is none.
+
+    >>> import tempfile; d = tempfile.mkdtemp(); _ = save_epoch(d, 1, {"epoch": 1})
+    >>> load_newest(d)[0]["epoch"], load_newest(d)[2]
+    (1, [])
     """
     problems = []
     for epoch in saved_epochs(directory):

@@ -35,6 +35,7 @@ class Fault:
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
+        """The fault ``GPURIG_FAULT``'s text describes (the class example); ValueError for a bad one."""
         fields = dict(item.split("=", 1) for item in text.split())
         fault = cls(int(fields["rank"]), int(fields["step"]), fields.get("signal", "SIGKILL"),
                     float(fields.get("delay", 0)))

@@ -42,10 +42,14 @@ class SideChannel:
 
     @property
     def endpoint(self) -> str:
+        """``host:port``, for messages."""
         return f"{self.host}:{self.port}"
 
     def connect(self, timeout_s: float) -> "dist.TCPStore":
-        """A new client connection; each operation on it gives up after ``timeout_s`` seconds."""
+        """A new client connection; each operation on it gives up after ``timeout_s`` seconds.
+
+        >>> store = channel.connect(30); store.set("beat/0", b"...")   # doctest: +SKIP
+        """
         return dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
                              timeout=datetime.timedelta(seconds=timeout_s))
 

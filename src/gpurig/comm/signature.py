@@ -58,6 +58,7 @@ class Signature(NamedTuple):
         return cls(kind, name, dtype, shape, detail)
 
     def describe(self) -> str:
+        """How messages show it (the class example); ``*`` for a dimension that may differ."""
         dims = ",".join("*" if d is None else str(d) for d in self.shape)
         name = f" {self.name!r}" if self.name is not None else ""
         detail = f" {self.detail}" if self.detail else ""

@@ -58,6 +58,7 @@ class Beat:
     failure: str | None = None  # the failure this rank is ending the job for
 
     def encode(self) -> bytes:
+        """The beat as the store keeps it (JSON)."""
         return json.dumps([self.count, self.host, self.seq, self.in_flight, self.what, self.digest,
                            round(self.age, 3), self.finished, self.failure]).encode()
 
@@ -71,6 +72,11 @@ class Beat:
         return cls(*json.loads(raw))
 
     def where(self) -> str:
+        """``during X`` / ``after X`` for this beat's collective.
+
+        >>> Beat(3, "node1", 7, True, "allreduce #7 (4 B)", 1, 0.5).where()
+        'during allreduce #7 (4 B)'
+        """
         if self.seq == 0:
             return "before its first collective"
         return f"{'during' if self.in_flight else 'after'} {self.what}"

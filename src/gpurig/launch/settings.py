@@ -60,6 +60,11 @@ class Settings:
 
     @classmethod
     def from_env(cls, env=None) -> "Settings":
+        """The settings the variables give (defaults for those not set); one-line error for a bad value.
+
+        >>> Settings.from_env({"GPURIG_CHECK": "0"}).check
+        False
+        """
         env = os.environ if env is None else env
         values = {}
         for field, variable in VARIABLES.items():
