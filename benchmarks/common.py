@@ -16,6 +16,7 @@ import argparse
 import atexit
 import json
 import os
+import random
 import socket
 import statistics
 import time
@@ -55,11 +56,16 @@ def both_engines() -> tuple[Communicator, Communicator]:
     return mpi, gloo
 
 
-def interleave(blocks: dict[str, Callable[[], None]], rounds: int, warmup: int) -> dict[str, list[float]]:
+def interleave(blocks: dict[str, Callable[[], None]], rounds: int, warmup: int,
+               shuffle: random.Random | None = None) -> dict[str, list[float]]:
     """Seconds per call of every block, calling each once per round in a rotating order.
 
     Round r starts with the r-th block and runs every block once, so noise that
     lasts longer than a block hits all of them, and none always runs first.
+    Rotating, each block always follows the same one; with ``shuffle`` (a seeded
+    generator, the same on every rank) each round takes its own order instead, so
+    that what a block inherits from its predecessor (threads to wake, caches)
+    falls on all of them alike.
     The first ``warmup`` rounds are dropped. Blocks follow each other with no
     barrier between them: their own collectives keep the ranks in step, while a
     barrier on one engine leaves the other's threads asleep, and on this VM
@@ -73,7 +79,10 @@ def interleave(blocks: dict[str, Callable[[], None]], rounds: int, warmup: int) 
     seconds: dict[str, list[float]] = {name: [] for name in names}
     for r in range(warmup + rounds):
         shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+        order = names[shift:] + names[:shift]
+        if shuffle is not None:
+            shuffle.shuffle(order)
+        for name in order:
             start = time.perf_counter()
             blocks[name]()
             if r >= warmup:

@@ -16,6 +16,7 @@ results/machine.json (cores, versions, load average before and after).
 | overlap | overlap.py | how much of the allreduce time backward hides |
 | busbw | allreduce_busbw.py | comm.allreduce vs the raw mpi4py / torch.distributed call |
 | memory | memory.py | peak memory per rank vs DDP and vs no data parallelism |
+| checks | check_overhead.py | what the collective check and the NaN/Inf guard cost, on and off |
 """
 
 from __future__ import annotations
@@ -177,7 +178,27 @@ def memory(quick: bool) -> list[Report]:
     return [report]
 
 
-BENCHMARKS = {"dp": dp_vs_ddp, "overlap": overlap, "busbw": busbw, "memory": memory}
+def checks(quick: bool) -> list[Report]:
+    r = launch("check_overhead.py", "check_overhead", "--rounds", 8 if quick else 20, "--max-mb", 1 if quick else 16)
+    steps = Report(f"Reliability checks on DataParallel steps, mlp, {r['ranks']} ranks x {r['per_rank_batch']} "
+                   f"samples, {r['rounds']} rounds of {r['block']}-step blocks",
+                   ["engine", "variant", "step ms", "overhead vs neither"],
+                   note="collective check: one 33-integer allreduce per step before the buckets move; numerical "
+                        "guard: one sum per bucket after them; overhead: median over rounds of the round's ratio")
+    for row in r["dp"]:
+        steps.rows.append([row["engine"], row["variant"], f"{row['step_ms']:.2f}", f"{row['overhead']:+.1%}"])
+    calls = Report(f"Collective check on one blocking allreduce (sum, fp32), {r['ranks']} ranks",
+                   ["engine", "size", "calls/block", "checked us", "unchecked us", "overhead"],
+                   note="checked: the 33-integer check exchange, then the data; medians of interleaved blocks, "
+                        "slower rank; overhead: median over rounds of the round's ratio")
+    for row in r["allreduce"]:
+        calls.rows.append([row["engine"], size_label(row["bytes"]) if row["bytes"] >= 1024 else f"{row['bytes']} B",
+                           str(row["calls"]), f"{row['checked_us']:.1f}", f"{row['unchecked_us']:.1f}",
+                           f"{row['overhead']:+.0%}"])
+    return [steps, calls]
+
+
+BENCHMARKS = {"dp": dp_vs_ddp, "overlap": overlap, "busbw": busbw, "memory": memory, "checks": checks}
 
 
 def machine() -> dict:

@@ -4,8 +4,11 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 WORKERS = Path(__file__).parent / "workers"
@@ -39,3 +42,21 @@ def assert_all_ok(per_rank: list[dict], expected_cases: int) -> None:
 @pytest.fixture(params=ENGINES)
 def engine(request):
     return request.param
+
+
+def leftovers(marker: str, wait: float = 10.0) -> list:
+    """Processes whose command line holds ``marker`` still alive after up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def marker():
+    tag = f"gpurig-test-{uuid.uuid4().hex[:12]}"
+    yield tag
+    for p in leftovers(tag, wait=0):
+        p.kill()

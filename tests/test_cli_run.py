@@ -13,10 +13,9 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 
-import psutil
 import pytest
+from conftest import leftovers
 
 HOST = socket.gethostname()
 GPURIG = [sys.executable, "-m", "gpurig"]
@@ -43,16 +42,6 @@ def rank_script(marker: str, ready_dir, then: str = "", barrier: bool = False) -
     ])
 
 
-def leftovers(marker: str, wait: float = 10.0) -> list:
-    """Processes whose command line holds ``marker`` still alive after up to ``wait`` seconds."""
-    deadline = time.monotonic() + wait
-    while True:
-        alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.1)
-
-
 def start_job(engine: str, nprocs: int, marker: str, ready_dir) -> subprocess.Popen:
     """Start ``gpurig run`` of sleeping ranks and return once every rank is running."""
     job = subprocess.Popen([*GPURIG, "run", "-n", str(nprocs), "--engine", engine, "--", "python", "-c",
@@ -62,14 +51,6 @@ def start_job(engine: str, nprocs: int, marker: str, ready_dir) -> subprocess.Po
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()
         time.sleep(0.05)
     return job
-
-
-@pytest.fixture
-def marker():
-    tag = f"gpurig-test-{uuid.uuid4().hex[:12]}"
-    yield tag
-    for p in leftovers(tag, wait=0):
-        p.kill()
 
 
 @pytest.mark.parametrize("engine", ["mpi", "torch"])

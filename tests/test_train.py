@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from conftest import gpurig
+from gpurig.checkpoint_series import damaged, epoch_path, saved_epochs
 
 # Stated in the README: the default run (mlp, 5 epochs, global batch 128 on 2 ranks) reaches about 92 %.
 DEFAULT_RUN_ACCURACY = 0.91
@@ -56,41 +57,43 @@ def test_torch_engine_trains_too(tmp_path):
     assert summary["engine"] == "torch/gloo" and summary["test_accuracy"] > 0.85
 
 
-def _rank_processes(job: subprocess.Popen):
-    """This job's rank processes (not another run's on a shared machine)."""
-    found = []
-    for p in psutil.Process(job.pid).children(recursive=True):
+def _rank_processes(job: subprocess.Popen) -> list[psutil.Process]:
+    """The rank processes of ``job`` (its descendants only: other jobs may train on this machine too)."""
+    def cmdline(p):
         try:
-            line = " ".join(p.cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if "gpurig.train" in line and "rank_wrapper" not in line:
-            found.append(p)
-    return found
+            return " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+    return [p for p in psutil.Process(job.pid).children(recursive=True)
+            if "gpurig.train" in cmdline(p) and "rank_wrapper" not in cmdline(p)]
 
 
-def test_killed_run_resumes_to_the_uninterrupted_weights(default_run, tmp_path):
-    import torch
-
+def test_killed_run_resumes_to_the_uninterrupted_weights_past_a_corrupt_checkpoint(default_run, tmp_path):
+    """SIGKILL mid-run, then the newest checkpoint damaged on disk: resume reports it, takes the one before, and
+    still ends with the uninterrupted run's weights."""
     job = subprocess.Popen([sys.executable, "-m", "gpurig", "train", "--compression", "none", "--no-predict", "--json",
                             "--checkpoint-dir", str(tmp_path)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    checkpoint = tmp_path / "checkpoint.pt"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait for the end of epoch 2, then kill a rank mid-run
-        if checkpoint.exists() and torch.load(checkpoint, weights_only=True)["epoch"] >= 2:
-            break
+    while time.monotonic() < deadline and (saved_epochs(tmp_path) or [0])[0] < 3:  # kill during epoch 4
         time.sleep(0.2)
     victims = _rank_processes(job)
     assert victims, "no rank process found"
     victims[-1].send_signal(signal.SIGKILL)
     _, err = job.communicate(timeout=60)
     assert job.returncode != 0 and "SIGKILL" in err.splitlines()[-1]
-    assert torch.load(checkpoint, weights_only=True)["epoch"] in (2, 3, 4)
+    assert damaged(tmp_path) == {}  # the kill left no torn checkpoint
+    newest = saved_epochs(tmp_path)[0]
+    assert newest in (3, 4)
+    data = bytearray(epoch_path(tmp_path, newest).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    epoch_path(tmp_path, newest).write_bytes(bytes(data))
 
     resumed = gpurig("train", "--compression", "none", "--no-predict", "--json", "--resume", "--checkpoint-dir", tmp_path,
                      timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"checkpoint-epoch{newest}.pt is corrupt" in resumed.stderr
+    assert f"resuming from {epoch_path(tmp_path, newest - 1)}" in resumed.stderr
     summary = json.loads(resumed.stdout)
     assert summary["weights_digest"] == default_run["weights_digest"]
     assert [e["loss"] for e in summary["epochs"]] == [e["loss"] for e in default_run["epochs"]]
@@ -147,8 +150,8 @@ def test_error_feedback_state_resumes_exactly(int8_run, tmp_path):
     first = gpurig("train", "--compression", "int8", "--epochs", 3, "--no-predict", "--json", "--checkpoint-dir", tmp_path,
                    timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.glob("feedback-*")) == ["feedback-rank0-epoch3.pt", "feedback-rank1-epoch3.pt"]
-    resumed = gpurig("train", "--compression", "int8", "--resume", "--no-predict", "--json", "--checkpoint-dir", tmp_path,
-                     timeout=300)
+    assert sorted(p.name for p in tmp_path.glob("feedback-*")) == [  # the residuals of every kept checkpoint
+        f"feedback-rank{r}-epoch{e}.pt" for r in (0, 1) for e in (1, 2, 3)]
+    resumed = gpurig("train", "--compression", "int8", "--resume", "--no-predict", "--json", "--checkpoint-dir", tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout)["weights_digest"] == int8_run["weights_digest"]

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpurig.errors import UsageError
+from gpurig.launch.job import check_ranks_here
+from gpurig.launch.mpirun import mpi_arg_words
 from gpurig.perf.fit import fit_latency_bandwidth
 
 SCHEMA = "gpurig-profile/1"
@@ -65,8 +67,12 @@ class BenchConfig:
 
 def validate(config: BenchConfig) -> None:
     """Refuse an impossible configuration as one line."""
+    if config.nprocs < 1:
+        raise UsageError(f"-n must be at least 1, got {config.nprocs}")
     if config.nprocs < 2 and ("comm" in config.parts or "p2p" in config.parts):
         raise UsageError(f"-n must be at least 2 to measure communication, got {config.nprocs}")
+    check_ranks_here(config.nprocs)
+    mpi_arg_words(config.mpi_args)
     for engine in config.engines:
         if engine not in ENGINES:
             raise UsageError(f"unknown engine {engine!r}: choose from {', '.join(ENGINES)}")

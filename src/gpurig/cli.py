@@ -29,8 +29,15 @@ MASTER_PORT. "python" in COMMAND means the Python gpurig runs in.
 
 If a rank exits non-zero or is killed, the others are stopped within seconds and
 gpurig run exits with that rank's code (128 + signal number for a signal), naming
-the rank and its host in one line. Ctrl-C stops every rank. Under srun, pass -K
-(--kill-on-bad-exit) so that SLURM stops the other tasks when one fails.
+the rank, its host and the collective it was in, in one line. A rank that stops
+(SIGSTOP, a hang holding the GIL) is found within --failure-timeout seconds by
+the others' heartbeat watch (ranks that called gpurig.init()); ranks waiting at a
+collective that others have not reached are reported after --stall-timeout.
+Ctrl-C stops every rank. Under srun, pass -K (--kill-on-bad-exit) so that SLURM
+stops the other tasks when one fails.
+
+The job's sockets stay on --iface, or on loopback when every rank runs here
+(Open MPI's runtime daemon, prterun, listens on every interface regardless).
 """
 
 
@@ -54,8 +61,38 @@ def _add_run(subparsers) -> None:
                    help="mpi (default: mpirun, mpi4py) or torch (torch.distributed: NCCL on GPUs, Gloo on CPU)")
     p.add_argument("--mpi-args", default="", metavar="ARGS",
                    help='extra mpirun arguments, e.g. "--mca btl tcp,self" (one flag alone: --mpi-args=--quiet)')
+    add_reliability_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     p.set_defaults(handler=_run)
+
+
+def add_reliability_flags(p) -> None:
+    """``--iface``, ``--failure-timeout``, ``--stall-timeout`` (``gpurig run`` and ``gpurig train``)."""
+    p.add_argument("--iface", default=None, metavar="NAME",
+                   help="network interface the job's sockets use (default: loopback when every rank runs here)")
+    p.add_argument("--failure-timeout", default=None, metavar="S",
+                   help="report a rank that stopped responding within S seconds (default 10; 0: off)")
+    p.add_argument("--stall-timeout", default=None, metavar="S",
+                   help="report ranks waiting at a collective that others have not reached after S seconds "
+                        "(default 60; 0: off)")
+
+
+def reliability_env(args) -> dict:
+    """The ranks' environment with the settings the flags of :func:`add_reliability_flags` ask for.
+
+    >>> reliability_env(build_parser().parse_args(["run", "--failure-timeout", "4", "--", "x"]))["GPURIG_FAILURE_TIMEOUT"]
+    '4.0'
+    """
+    import os
+
+    from gpurig.launch.settings import VARIABLES, seconds
+
+    env = dict(os.environ)
+    for flag, field in (("--failure-timeout", "failure_timeout"), ("--stall-timeout", "stall_timeout")):
+        value = getattr(args, field)
+        if value is not None:
+            env[VARIABLES[field]] = str(seconds(value, flag))
+    return env
 
 
 def command_after_dashes(words: list[str], example: str) -> list[str]:
@@ -75,7 +112,8 @@ def _run(args) -> int:
 
     command = command_after_dashes(args.command, "gpurig run -n N -- python script.py")
     nprocs = args.nprocs if args.nprocs is not None else launch.default_nprocs(args.hosts)
-    return launch.run_job(command, nprocs, engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args)
+    return launch.run_job(command, nprocs, engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args,
+                          env=reliability_env(args), iface=args.iface)
 
 
 SUBCOMMANDS = [cli_train.add_parser, _add_run, cli_emulate.add_parser, cli_plan.add_parser, cli_doctor.add_parser,

@@ -55,10 +55,25 @@ def _config(args):
                  "parts": tuple(x.strip() for x in args.parts.split(",") if x.strip()), "directory": args.dir,
                  "mpi_args": args.mpi_args}
     if args.min_kb is not None:
-        overrides["min_bytes"] = int(args.min_kb * 1024)
+        overrides["min_bytes"] = _size_flag(args.min_kb, "--min-kb", 1024)
     if args.max_mb is not None:
-        overrides["max_bytes"] = int(args.max_mb * 2**20)
+        overrides["max_bytes"] = _size_flag(args.max_mb, "--max-mb", 2**20)
     return BenchConfig.quick_config(**overrides) if args.quick else BenchConfig(**overrides)
+
+
+def _size_flag(value: float, flag: str, unit: int) -> int:
+    """A message size flag in bytes; one line for what is not a positive size up to 16 GB.
+
+    >>> _size_flag(float("nan"), "--min-kb", 1024)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --min-kb must be a positive size up to 16 GB, got nan
+    """
+    from gpurig.errors import UsageError
+
+    if not 0 < value * unit <= 16 * 2**30:
+        raise UsageError(f"{flag} must be a positive size up to 16 GB, got {value:g}")
+    return int(value * unit)
 
 
 def _expected_rows(config) -> int:

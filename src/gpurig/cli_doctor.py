@@ -41,6 +41,8 @@ def run(args) -> int:
     """Run ``gpurig doctor``; return 0."""
     from gpurig.doctor import doctor, probe, write_spec
 
+    if args.write_spec is not None:
+        _check_writable(args.write_spec)
     facts = probe()
     report = doctor(facts, use_case=args.use_case, preprocessing=args.preprocessing)
     if args.write_spec:
@@ -50,6 +52,27 @@ def run(args) -> int:
         return 0
     show(report, args.write_spec)
     return 0
+
+
+def _check_writable(path: str) -> None:
+    """Refuse, before probing, a --write-spec path that cannot be written.
+
+    >>> _check_writable("/nonexistent/dir/spec.toml")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --write-spec '/nonexistent/dir/spec.toml': no directory /nonexistent/dir to write it in
+    """
+    import os
+
+    from gpurig.errors import UsageError
+
+    directory = os.path.dirname(path) or "."
+    if not path or os.path.isdir(path):
+        raise UsageError(f"--write-spec {path!r}: give a file name")
+    if not os.path.isdir(directory):
+        raise UsageError(f"--write-spec {path!r}: no directory {directory} to write it in")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"--write-spec {path!r}: {directory} is not writable")
 
 
 def show(report: dict, spec_path: str | None) -> None:

@@ -17,6 +17,10 @@ ranks from the emulated nodes: pass the job's own command after --.
 """
 
 
+MOST_NODES = 64
+MOST_PER_NODE = 64
+
+
 def add_parser(subparsers) -> None:
     """Register ``gpurig emulate``."""
     p = subparsers.add_parser(
@@ -37,10 +41,14 @@ def run(args) -> int:
     from gpurig.cli import command_after_dashes
     from gpurig.errors import UsageError
     from gpurig.launch.emulator import Cluster, parse_rate
+    from gpurig.launch.job import check_ranks_here
 
     command = command_after_dashes(args.command, "gpurig emulate --nodes 2 -- python script.py")
-    if args.ranks_per_node < 1:
-        raise UsageError(f"--ranks-per-node must be at least 1, got {args.ranks_per_node}")
+    if not 1 <= args.ranks_per_node <= MOST_PER_NODE:
+        raise UsageError(f"--ranks-per-node must be from 1 to {MOST_PER_NODE}, got {args.ranks_per_node}")
+    if not 2 <= args.nodes <= MOST_NODES:
+        raise UsageError(f"--nodes must be from 2 to {MOST_NODES} (each is a network namespace here), got {args.nodes}")
+    check_ranks_here(args.nodes * args.ranks_per_node)
     if args.engine not in ("mpi", "torch"):
         raise UsageError(f"unknown engine {args.engine!r}: choose one of mpi, torch")
     parse_rate(args.rate)

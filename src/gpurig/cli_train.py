@@ -16,16 +16,25 @@ examples:
   gpurig train --parallel model             # split the big layers over the ranks instead of the batch
   gpurig train --model cnn --parallel hybrid   # Krizhevsky: convolutions data-, dense layers model-parallel
   gpurig train --json | jq .test_accuracy   # machine-readable summary
+  gpurig train --on-nonfinite skip          # skip steps whose averaged gradients hold NaN or Inf
 
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data).
 With --parallel model or hybrid, comm is the activations exchanged by the split
 layers (all of it waited for) plus, in hybrid, the averaged gradients.
+
+Checkpoints: checkpoint-epochN.pt after every epoch (with a SHA-256 line that
+loading checks), the last --keep-checkpoints kept, `latest` naming the newest.
+--resume continues from the newest one that is intact, saying which damaged
+ones it passed over. A rank that dies or stops is reported within
+--failure-timeout seconds, naming it, its host and its collective.
 """
 
 
 def add_parser(subparsers) -> None:
     """Register ``gpurig train`` and its flags."""
+    from gpurig.cli import add_reliability_flags
+
     p = subparsers.add_parser(
         "train", help="data-, model- or hybrid-parallel training of a reference model on this machine's devices "
                       "(the main job)",
@@ -59,10 +68,17 @@ def add_parser(subparsers) -> None:
                         "connected layers split over the ranks, column then row, every rank the whole batch) or "
                         "hybrid (what comes before the split layers data-parallel, the split layers on the whole "
                         "batch gathered from all ranks)")
-    p.add_argument("--checkpoint-dir", default="runs/train", help="where checkpoint.pt is written each epoch")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--checkpoint-dir", default="runs/train",
+                   help="where checkpoint-epochN.pt is written after each epoch (a fresh run clears it)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest intact checkpoint in --checkpoint-dir (any rank count)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
+    p.add_argument("--on-nonfinite", default="stop",
+                   help="when averaged gradients hold NaN or Inf: stop (default: raise naming the parameter; "
+                        "the last checkpoint is intact), skip (leave the weights alone for that step) or ignore")
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the few seconds of measurements behind the predicted step split")
+    add_reliability_flags(p)
     p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")
     p.set_defaults(handler=run)
 
@@ -73,8 +89,17 @@ def _config(args):
     return TrainConfig(model=args.model, data=args.data, epochs=args.epochs, global_batch=args.global_batch,
                        lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
-                       compression=args.compression, parallel=args.parallel,
-                       checkpoint_dir=args.checkpoint_dir, resume=args.resume, predict=args.predict)
+                       compression=args.compression, parallel=args.parallel, predict=args.predict,
+                       checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                       keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
+                       failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
+                       stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
+
+
+def _seconds(text, flag):
+    from gpurig.launch.settings import seconds
+
+    return None if text is None else seconds(text, flag)
 
 
 def run(args) -> int:

@@ -25,21 +25,39 @@ def one_line(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {lines[0][:limit] if lines else '(no message)'}"
 
 
+class CollectiveFailed(RuntimeError):
+    """A collective broke inside the engine (most often because another rank has gone).
+
+    Raised from the engine's error; the job's summary names the rank that
+    failed first, so a rank failing this way reports it as a consequence.
+
+    >>> str(CollectiveFailed("allreduce #49 (grad, 4.0 KB) failed: Connection reset by peer"))
+    'allreduce #49 (grad, 4.0 KB) failed: Connection reset by peer'
+    """
+
+
 class RankFailed(Exception):
     """A rank of a job ended badly: which rank, on which host, and how.
 
     ``returncode`` follows :mod:`subprocess`: negative for a signal, None when unknown.
+    ``cause`` replaces the exit code in the message (a rank found stopped is
+    still running); ``during`` adds what the rank was doing. A ``secondary``
+    failure followed another rank's (a collective broke because a peer left).
 
     >>> str(RankFailed(1, "node1", 3))
     'rank 1 on host node1 exited with code 3'
-    >>> failure = RankFailed(2, "node1", -9)
+    >>> failure = RankFailed(2, "node1", -9, during="during allreduce #412 (bucket 3, 5.5 MB)")
     >>> str(failure), failure.signal, failure.exit_code
-    ('rank 2 on host node1 was killed by SIGKILL', 'SIGKILL', 137)
+    ('rank 2 on host node1 was killed by SIGKILL during allreduce #412 (bucket 3, 5.5 MB)', 'SIGKILL', 137)
+    >>> str(RankFailed(1, "node2", None, cause="stopped responding"))
+    'rank 1 on host node2 stopped responding'
     """
 
-    def __init__(self, rank: int | None, host: str | None, returncode: int | None):
+    def __init__(self, rank: int | None, host: str | None, returncode: int | None, cause: str | None = None,
+                 during: str | None = None, secondary: bool = False):
         super().__init__(rank, host, returncode)
         self.rank, self.host, self.returncode = rank, host, returncode
+        self.cause, self.during, self.secondary = cause, during, secondary
 
     @property
     def signal(self) -> str | None:
@@ -62,8 +80,12 @@ class RankFailed(Exception):
         who = "a rank" if self.rank is None else f"rank {self.rank}"
         if self.host:
             who += f" on host {self.host}"
-        if self.returncode is None:
-            return f"{who} failed"
-        if self.signal:
-            return f"{who} was killed by {self.signal}"
-        return f"{who} exited with code {self.returncode}"
+        if self.cause:
+            how = self.cause
+        elif self.returncode is None:
+            how = "failed"
+        elif self.signal:
+            how = f"was killed by {self.signal}"
+        else:
+            how = f"exited with code {self.returncode}"
+        return f"{who} {how}" + (f" {self.during}" if self.during else "")

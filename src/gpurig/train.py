@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import sys
 import tempfile
 import threading
@@ -24,9 +26,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpurig import checkpoint
+from gpurig import checkpoint, checkpoint_series
 from gpurig.errors import UsageError
+from gpurig.faults import Injector
 from gpurig.launch.events import follow_jsonl as _follow
+from gpurig.launch.processes import say
 
 CHECKPOINT_FORMAT = "gpurig-train/1"
 ENGINES = ("mpi", "torch")
@@ -54,15 +58,16 @@ class TrainConfig:
     checkpoint_dir: str = "runs/train"
     resume: bool = False
     predict: bool = True
+    keep_checkpoints: int = checkpoint_series.KEEP
+    on_nonfinite: str = "stop"
+    iface: str | None = None
+    failure_timeout: float | None = None
+    stall_timeout: float | None = None
     events: str | None = None
-
-    @property
-    def checkpoint_path(self) -> Path:
-        return Path(self.checkpoint_dir) / "checkpoint.pt"
 
     def feedback_path(self, rank: int, epoch: int) -> Path:
         """Where a rank keeps its error-feedback residuals after ``epoch`` (they differ per rank)."""
-        return Path(self.checkpoint_dir) / f"feedback-rank{rank}-epoch{epoch}.pt"
+        return checkpoint_series.epoch_path(self.checkpoint_dir, epoch, f"feedback-rank{rank}")
 
 
 def validate(config: TrainConfig, nprocs: int) -> None:
@@ -88,8 +93,8 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     if config.global_batch < nprocs:
         raise UsageError(f"--global-batch {config.global_batch} over {nprocs} ranks leaves "
                          f"{nprocs - max(config.global_batch, 0)} rank(s) with no samples: use at least {nprocs}")
-    if not config.lr > 0:
-        raise UsageError(f"--lr must be positive, got {config.lr}")
+    if not 0 < config.lr < math.inf:
+        raise UsageError(f"--lr must be a positive number, got {config.lr}")
     if not 0 <= config.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
     from gpurig.parallel.compression import parse_method
@@ -99,11 +104,12 @@ def validate(config: TrainConfig, nprocs: int) -> None:
             parse_method(config.compression)
         except ValueError as e:
             raise UsageError(f"{e} (or auto)") from None
-    if config.bucket_mb is not None and not config.bucket_mb > 0:
-        raise UsageError(f"--bucket-mb must be positive, got {config.bucket_mb}")
-    if config.resume and not config.checkpoint_path.is_file():
-        raise UsageError(f"--resume: no checkpoint at {config.checkpoint_path}")
+    if config.bucket_mb is not None and not 0 < config.bucket_mb < math.inf:
+        raise UsageError(f"--bucket-mb must be a positive number, got {config.bucket_mb}")
+    if config.resume and not checkpoint_series.saved_epochs(config.checkpoint_dir):
+        raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
     _validate_parallel(config, nprocs)
+    _validate_reliability(config)
 
 
 def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
@@ -124,12 +130,37 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
     if config.parallel == "model" and config.compression not in ("auto", "none"):
         raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
                          "and with --parallel model none are")
+    if config.on_nonfinite == "skip":  # the split layers' gradients are not averaged, so nothing could skip them
+        raise UsageError("--on-nonfinite skip works with --parallel data only (the guard sees averaged gradients)")
     with torch.device("meta"):  # the layout only: no memory, no initialisation
         model = models.build(config.model)
     try:
         resolve_plan(model, krizhevsky_plan(model), nprocs, hybrid=config.parallel == "hybrid")
     except PlanError as error:
         raise UsageError(f"--parallel {config.parallel}: {error}") from None
+
+
+def _validate_reliability(config: TrainConfig) -> None:
+    """``--keep-checkpoints``, ``--on-nonfinite``, ``--failure-timeout``, ``--iface``.
+
+    >>> _validate_reliability(TrainConfig(on_nonfinite="retry"))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --on-nonfinite must be one of stop, skip, ignore, got 'retry'
+    """
+    from gpurig.launch.iface import interface_address
+    from gpurig.launch.settings import seconds
+    from gpurig.parallel.numerics import ACTIONS
+
+    if config.keep_checkpoints < 1:
+        raise UsageError(f"--keep-checkpoints must be at least 1, got {config.keep_checkpoints}")
+    if config.on_nonfinite not in ACTIONS:
+        raise UsageError(f"--on-nonfinite must be one of {', '.join(ACTIONS)}, got {config.on_nonfinite!r}")
+    for value, flag in ((config.failure_timeout, "--failure-timeout"), (config.stall_timeout, "--stall-timeout")):
+        if value is not None:
+            seconds(str(value), flag)
+    if config.iface is not None:
+        interface_address(config.iface)
 
 
 # -- the launching side ------------------------------------------------------
@@ -171,8 +202,14 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
         follower = threading.Thread(target=_follow, args=(events_path, relay, stop), daemon=True)
         follower.start()
         try:
+            env = dict(os.environ)
+            for value, variable in ((config.failure_timeout, "GPURIG_FAILURE_TIMEOUT"),
+                                    (config.stall_timeout, "GPURIG_STALL_TIMEOUT")):
+                if value is not None:
+                    env[variable] = str(value)
             code = launch.run_job([sys.executable, "-m", "gpurig.train", str(config_path)], nprocs,
-                                  engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args)
+                                  engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args, env=env,
+                                  iface=config.iface)
         finally:
             stop.set()
             follower.join()
@@ -266,11 +303,11 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     model = models.build(config.model).to(comm.device)
     start_epoch, history = 0, []
     if config.resume:
-        state = checkpoint.load(config.checkpoint_path)
-        if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
-            raise checkpoint.CheckpointError(f"{config.checkpoint_path} is not a checkpoint of a {config.model} run")
+        state = resume_state(config, comm)
         model.load_state_dict(state["model"])
         start_epoch, history = state["epoch"], list(state["history"])
+    elif comm.rank == 0:
+        checkpoint_series.clear(config.checkpoint_dir)  # a fresh run starts a new series
     parameters, whole_bytes = sum(p.numel() for p in model.parameters()), parameter_bytes(model)
     wrapped = wrap_model(model, config, comm)
     # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
@@ -281,7 +318,11 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                                   else wrapped.local_optimizer_state(optimizer, state["optimizer"]))
     keeps_feedback = dp is not None and dp.compresses
     if config.resume and keeps_feedback:
-        dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
+        if state.get("ranks", comm.size) == comm.size and state.get("parallel", "data") == config.parallel:
+            dp.load_compression_state_dict(checkpoint.load(config.feedback_path(comm.rank, start_epoch)))
+        elif comm.rank == 0:  # residuals are per rank and per bucket layout: elsewhere error feedback starts afresh
+            say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
+                f"this run has {comm.size} ({config.parallel}): compression's error-feedback residuals start from zero")
     profile_path = calibrate(comm, config) if config.predict else None
     batches = gpurig.shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed, split=config.parallel != "model")
@@ -291,6 +332,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                 epochs=config.epochs, first_epoch=start_epoch, steps_per_epoch=len(batches),
                 global_batch=config.global_batch)
 
+    faults = Injector(comm.rank)
     for epoch in range(start_epoch, config.epochs):
         batches.set_epoch(epoch)
         comm.barrier()  # start together, so rank 0's checkpoint write is not timed as the others' waiting
@@ -298,6 +340,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         epoch_start = time.perf_counter()
         loading = time.perf_counter()
         for x, y in batches:
+            faults.step(epoch * len(batches) + steps)
             x, y = x.to(comm.device), y.to(comm.device)
             started = time.perf_counter()
             split.data += started - loading
@@ -328,14 +371,11 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             checkpoint.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
             comm.barrier()
         model_state, optimizer_state = whole_state(wrapped, optimizer)
-        if comm.rank == 0:
-            checkpoint.save(config.checkpoint_path, {
-                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1,
-                "model": model_state, "optimizer": optimizer_state, "history": history,
-            })
-        if keeps_feedback:  # the new checkpoint is on disk: the previous residuals can go
-            comm.barrier()
-            config.feedback_path(comm.rank, epoch).unlink(missing_ok=True)
+        if comm.rank == 0:  # the last --keep-checkpoints stay (older residuals go with them)
+            checkpoint_series.save_epoch(config.checkpoint_dir, epoch + 1, {
+                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1, "ranks": comm.size,
+                "parallel": config.parallel, "model": model_state, "optimizer": optimizer_state, "history": history,
+            }, keep=config.keep_checkpoints)
         events.emit("epoch", **record)
 
     stats = wrapped.stats
@@ -350,13 +390,35 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "parameter_bytes_per_rank": bytes_per_rank(comm, parameter_bytes(wrapped)),
         "optimizer_state_bytes_per_rank": bytes_per_rank(comm, optimizer_state_bytes(optimizer)),
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
-        "checkpoint": str(config.checkpoint_path),
+        "checkpoint": str(checkpoint_series.epoch_path(config.checkpoint_dir, config.epochs)),
+        "skipped_steps": dp.stats.skipped_steps if dp is not None else 0,
         "weights_digest": weights_digest(whole_model_state(wrapped)),
     }
     if profile_path is not None and comm.rank == 0:
         summary["predicted"] = prediction(config, comm, profile_path, dp)
     events.emit("done", **summary)
     return summary
+
+
+def resume_state(config: TrainConfig, comm) -> dict:
+    """The newest good checkpoint in ``config.checkpoint_dir``, the same on every rank; damaged newer ones are
+    reported (by rank 0) and passed over.
+
+    >>> state = resume_state(TrainConfig(resume=True), gpurig.init())   # doctest: +SKIP
+    """
+    state, path, problems = checkpoint_series.load_newest(config.checkpoint_dir)
+    if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
+        raise checkpoint.CheckpointError(f"{path} is not a checkpoint of a {config.model} run")
+    epochs = comm.allgather(torch.tensor([state["epoch"]], dtype=torch.int64), name="resume epoch").tolist()
+    if len(set(epochs)) != 1:
+        raise checkpoint.CheckpointError(f"the ranks found different newest checkpoints (epochs {epochs}): "
+                                         f"is {config.checkpoint_dir} one directory shared by all of them?")
+    if comm.rank == 0:
+        for problem in problems:
+            say(f"gpurig: {problem}; using an older checkpoint")
+        if problems:
+            say(f"gpurig: resuming from {path}")
+    return state
 
 
 def calibrate(comm, config: TrainConfig) -> str:
@@ -406,10 +468,12 @@ def wrap_model(model: torch.nn.Module, config: TrainConfig, comm) -> torch.nn.Mo
     import gpurig
 
     if config.parallel == "data":
-        return gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression)
+        return gpurig.DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression,
+                                   nonfinite=config.on_nonfinite)
     hybrid = config.parallel == "hybrid"
     return gpurig.parallelize(model, gpurig.krizhevsky_plan(model), comm, hybrid=hybrid,
-                              bucket_cap_mb=config.bucket_mb, compression=config.compression if hybrid else "none")
+                              bucket_cap_mb=config.bucket_mb, compression=config.compression if hybrid else "none",
+                              nonfinite=config.on_nonfinite)
 
 
 def whole_model_state(wrapped: torch.nn.Module) -> dict:

@@ -8,16 +8,28 @@ collectives run in order on one background thread (as Horovod's background loop
 does), so a bucket's allreduce proceeds while the caller keeps computing; the
 engine's calls release the GIL. A blocking call first waits for the queued ones,
 keeping every rank's sequence of collectives identical.
+
+Every collective passes the :class:`~gpurig.comm.guard.Guard` first: it is
+checked against the other ranks' (a :class:`CollectiveMismatchError` on every
+rank, not a hang or wrong numbers, when they differ), numbered, and recorded as
+the operation in flight for the failure watch. ``name=`` gives a tensor a name
+that such messages use, as Horovod's ``name=`` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
+import re
 import threading
 from concurrent.futures import Future
 
 import torch
+
+from gpurig.comm.guard import CollectiveMismatchError, Guard
+from gpurig.errors import CollectiveFailed
+from gpurig.comm.signature import Signature
 
 OPS = ("sum", "average")
 
@@ -30,8 +42,8 @@ class Handle:
     tensor([1., 1., 1., 1.])
     """
 
-    def __init__(self, future: Future | None = None, work=None, finish=None):
-        self._future, self._work, self._finish = future, work, finish
+    def __init__(self, future: Future | None = None, work=None, finish=None, errors=contextlib.nullcontext):
+        self._future, self._work, self._finish, self._errors = future, work, finish, errors
         self._result = None
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
@@ -39,7 +51,8 @@ class Handle:
         if self._future is not None:
             return self._future.result(timeout)
         if self._finish is not None:
-            self._work.wait()
+            with self._errors():
+                self._work.wait()
             self._result, self._finish = self._finish(), None
         return self._result
 
@@ -120,11 +133,13 @@ class Communicator:
     tensor([3.])                                      # on 2 ranks
     """
 
-    def __init__(self, engine):
+    def __init__(self, engine, check: bool = True):
         self.engine = engine
         self._lock = threading.Lock()
         self._worker = _Worker(self._lock)
         self._pinned: dict = {}
+        self.guard = Guard(engine, stage=self._to_engine, check=check)
+        self.watch = None  # the failure watch, started by gpurig.init() (gpurig.comm.watch)
 
     # -- who am I ---------------------------------------------------------
     @property
@@ -169,6 +184,49 @@ class Communicator:
                 result = fn()
             return result if blocking else _completed(result)
         return Handle(self._worker.submit(fn))
+
+    def _guarded(self, signature: Signature, nbytes: int, fn):
+        """Run ``fn`` (the engine's part of a collective) after the guard's check, recorded as in flight."""
+        try:  # (not `with self._engine_errors()`: this runs for every collective, and a plain try costs nothing)
+            self.guard.begin(signature, nbytes)
+            try:
+                return fn()
+            finally:
+                self.guard.end()
+        except CollectiveMismatchError:
+            raise
+        except RuntimeError as error:
+            raise self._failed(error) from error
+
+    @contextlib.contextmanager
+    def _engine_errors(self):
+        """An engine error becomes a :class:`CollectiveFailed` naming the collective (and, when the watch
+        knows, the rank whose end broke it)."""
+        try:
+            yield
+        except CollectiveMismatchError:
+            raise
+        except RuntimeError as error:
+            raise self._failed(error) from error
+
+    def _failed(self, error: RuntimeError) -> CollectiveFailed:
+        cause = self.watch.explain() if self.watch is not None else None
+        return CollectiveFailed(f"{self.guard.progress.describe()} failed: {engine_message(error)}"
+                                + (f" ({cause})" if cause else ""))
+
+    def expect(self, signatures: list[Signature]) -> None:
+        """Check the next collectives (their :class:`Signature` s, in order) against the other ranks' at once.
+
+        They then run without a check each: DataParallel announces its buckets so.
+        Every rank must call it at the same point of its sequence of collectives.
+
+        >>> comm.expect([Signature.of("allreduce", b, f"bucket {i}", "sum") for i, b in enumerate(buckets)])  # doctest: +SKIP
+        """
+        def announce():
+            with self._engine_errors():
+                self.guard.expect(signatures)
+
+        self._run(announce, blocking=False)
 
     def run_async(self, job) -> Handle:
         """Run ``job()`` on the background thread, in order with other asynchronous collectives.
@@ -222,27 +280,28 @@ class Communicator:
         return self.engine.allgather(mine, [1] * self.size).tolist()
 
     # -- collectives ------------------------------------------------------
-    def allreduce(self, tensor: torch.Tensor, op: str = "average") -> torch.Tensor:
+    def allreduce(self, tensor: torch.Tensor, op: str = "average", name: str | None = None) -> torch.Tensor:
         """Sum or average ``tensor`` over all ranks, in place; returns it.
 
-        >>> comm.allreduce(torch.ones(3))          # doctest: +SKIP
+        >>> comm.allreduce(torch.ones(3), name="ones")          # doctest: +SKIP
         tensor([1., 1., 1.])
         """
-        return self._allreduce(tensor, op, blocking=True)
+        return self._allreduce(tensor, op, blocking=True, name=name)
 
-    def allreduce_async(self, tensor: torch.Tensor, op: str = "average") -> Handle:
+    def allreduce_async(self, tensor: torch.Tensor, op: str = "average", name: str | None = None) -> Handle:
         """Start :meth:`allreduce`; ``tensor`` must not be touched until the handle is waited on."""
-        return self._allreduce(tensor, op, blocking=False)
+        return self._allreduce(tensor, op, blocking=False, name=name)
 
-    def _allreduce(self, tensor, op, blocking):
+    def _allreduce(self, tensor, op, blocking, name=None):
         self._check(tensor, "allreduce")
         if op not in OPS:
             raise ValueError(f"allreduce op must be one of {OPS}, got {op!r}")
         if op == "average" and not (tensor.is_floating_point() or tensor.is_complex()):
             raise TypeError(f"average needs a floating-point tensor, got {tensor.dtype}; use op='sum'")
 
+        signature = Signature.of("allreduce", tensor, name, op)
         if tensor.numel() == 0:
-            return tensor if blocking else _completed(tensor)
+            return self._run(lambda: self._guarded(signature, 0, lambda: tensor), blocking)
         # Engines take any contiguous tensor; only a strided one needs a flat copy.
         flat = tensor if tensor.is_contiguous() else tensor.reshape(-1).clone()
 
@@ -254,16 +313,23 @@ class Communicator:
             return tensor
 
         if not blocking and self._native_async_for(flat):
-            return Handle(work=self.engine.allreduce_sum(flat, async_op=True), finish=lambda: finish(flat))
+            with self._engine_errors():
+                self.guard.begin(signature, flat.nbytes)
+                work = self.engine.allreduce_sum(flat, async_op=True)
+            return Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors)
 
         def work():
             buf = self._to_engine(flat)
             self.engine.allreduce_sum(buf)
             return finish(buf)
 
-        return self._run(work, blocking)
+        return self._run(lambda: self._guarded(signature, flat.nbytes, work), blocking)
 
-    def allgather(self, tensor: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+    def _ended(self, result):
+        self.guard.end()
+        return result
+
+    def allgather(self, tensor: torch.Tensor, sizes: list[int] | None = None, name: str | None = None) -> torch.Tensor:
         """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ), as Horovod does.
 
         ``sizes``, every rank's first dimension when the caller knows them,
@@ -272,13 +338,13 @@ class Communicator:
         >>> comm.allgather(torch.tensor([comm.rank]))   # doctest: +SKIP
         tensor([0, 1])
         """
-        return self._allgather(tensor, sizes, blocking=True)
+        return self._allgather(tensor, sizes, blocking=True, name=name)
 
-    def allgather_async(self, tensor: torch.Tensor, sizes: list[int] | None = None) -> Handle:
+    def allgather_async(self, tensor: torch.Tensor, sizes: list[int] | None = None, name: str | None = None) -> Handle:
         """Start :meth:`allgather`."""
-        return self._allgather(tensor, sizes, blocking=False)
+        return self._allgather(tensor, sizes, blocking=False, name=name)
 
-    def _allgather(self, tensor, sizes, blocking):
+    def _allgather(self, tensor, sizes, blocking, name=None):
         self._check(tensor, "allgather")
         if tensor.dim() == 0:
             tensor = tensor.view(1)
@@ -293,9 +359,11 @@ class Communicator:
             out = self.engine.allgather(flat, [r * row for r in rows])
             return out.to(tensor.device).view(sum(rows), *tensor.shape[1:])
 
-        return self._run(work, blocking)
+        signature = Signature.of("allgather", tensor, name, "" if sizes is None else f"rows {sizes}",
+                                 vary_first=sizes is None)
+        return self._run(lambda: self._guarded(signature, tensor.nbytes, work), blocking)
 
-    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> torch.Tensor:
         """Reduce over ranks, then give rank r the r-th piece along dim 0.
 
         Pieces follow ``torch.tensor_split``: with 10 rows on 4 ranks, ranks get
@@ -304,13 +372,13 @@ class Communicator:
         >>> comm.reduce_scatter(torch.ones(4))        # doctest: +SKIP
         tensor([2., 2.])                               # rank 0 of 2
         """
-        return self._reduce_scatter(tensor, op, blocking=True)
+        return self._reduce_scatter(tensor, op, blocking=True, name=name)
 
-    def reduce_scatter_async(self, tensor: torch.Tensor, op: str = "sum") -> Handle:
+    def reduce_scatter_async(self, tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> Handle:
         """Start :meth:`reduce_scatter`."""
-        return self._reduce_scatter(tensor, op, blocking=False)
+        return self._reduce_scatter(tensor, op, blocking=False, name=name)
 
-    def _reduce_scatter(self, tensor, op, blocking):
+    def _reduce_scatter(self, tensor, op, blocking, name=None):
         self._check(tensor, "reduce_scatter")
         if op not in OPS:
             raise ValueError(f"reduce_scatter op must be one of {OPS}, got {op!r}")
@@ -328,27 +396,29 @@ class Communicator:
                 out.div_(self.size)
             return out.to(tensor.device).view(rows[self.rank], *tensor.shape[1:])
 
-        return self._run(work, blocking)
+        signature = Signature.of("reduce_scatter", tensor, name, op)
+        return self._run(lambda: self._guarded(signature, tensor.nbytes, work), blocking)
 
-    def broadcast(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+    def broadcast(self, tensor: torch.Tensor, root: int = 0, name: str | None = None) -> torch.Tensor:
         """Overwrite ``tensor`` on every rank with rank ``root``'s, in place; returns it.
 
         >>> comm.broadcast(torch.tensor([comm.rank]), root=0)   # doctest: +SKIP
         tensor([0])
         """
-        return self._broadcast(tensor, root, blocking=True)
+        return self._broadcast(tensor, root, blocking=True, name=name)
 
-    def broadcast_async(self, tensor: torch.Tensor, root: int = 0) -> Handle:
+    def broadcast_async(self, tensor: torch.Tensor, root: int = 0, name: str | None = None) -> Handle:
         """Start :meth:`broadcast`."""
-        return self._broadcast(tensor, root, blocking=False)
+        return self._broadcast(tensor, root, blocking=False, name=name)
 
-    def _broadcast(self, tensor, root, blocking):
+    def _broadcast(self, tensor, root, blocking, name=None):
         self._check(tensor, "broadcast")
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast root {root} is not a rank of this job (size {self.size})")
 
+        signature = Signature.of("broadcast", tensor, name, f"from {root}")
         if tensor.numel() == 0:
-            return tensor if blocking else _completed(tensor)
+            return self._run(lambda: self._guarded(signature, 0, lambda: tensor), blocking)
         flat = tensor if tensor.is_contiguous() else tensor.reshape(-1).clone()
 
         def finish(buf):
@@ -357,16 +427,19 @@ class Communicator:
             return tensor
 
         if not blocking and self._native_async_for(flat):
-            return Handle(work=self.engine.broadcast(flat, root, async_op=True), finish=lambda: finish(flat))
+            with self._engine_errors():
+                self.guard.begin(signature, flat.nbytes)
+                work = self.engine.broadcast(flat, root, async_op=True)
+            return Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors)
 
         def work():
             buf = self._to_engine(flat)
             self.engine.broadcast(buf, root)
             return finish(buf)
 
-        return self._run(work, blocking)
+        return self._run(lambda: self._guarded(signature, flat.nbytes, work), blocking)
 
-    def alltoall(self, tensor: torch.Tensor) -> torch.Tensor:
+    def alltoall(self, tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
         """Send the r-th of ``size`` equal pieces (along dim 0) to rank r; return the pieces received, in rank order.
 
         >>> comm.alltoall(torch.tensor([10 * comm.rank, 10 * comm.rank + 1]))   # doctest: +SKIP
@@ -382,21 +455,23 @@ class Communicator:
             flat = self._to_engine(tensor.reshape(-1).contiguous())
             return self.engine.alltoall(flat).to(tensor.device).view(tensor.shape)
 
-        return self._run(work, blocking=True)
+        signature = Signature.of("alltoall", tensor, name)
+        return self._run(lambda: self._guarded(signature, tensor.nbytes, work), blocking=True)
 
     def barrier(self) -> None:
         """Wait until every rank has reached this point."""
-        self._run(self.engine.barrier, blocking=True)
+        signature = Signature("barrier", None, "-", ())
+        self._run(lambda: self._guarded(signature, 0, self.engine.barrier), blocking=True)
 
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
+    def allgather_bytes(self, data: bytes, name: str | None = None) -> list[bytes]:
         """Every rank's ``data``, in rank order; for small metadata such as model signatures.
 
         >>> comm.allgather_bytes(b"hello")            # doctest: +SKIP
         [b'hello', b'hello']
         """
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-        gathered = self.allgather(payload)
-        lengths = self.allgather(torch.tensor([len(data)], dtype=torch.int64)).tolist()
+        gathered = self.allgather(payload, name=name)
+        lengths = self.allgather(torch.tensor([len(data)], dtype=torch.int64), name=name and f"{name} length").tolist()
         out, start = [], 0
         for n in lengths:
             out.append(gathered[start: start + n].numpy().tobytes())
@@ -404,10 +479,25 @@ class Communicator:
         return out
 
     def shutdown(self) -> None:
-        """Finish queued collectives and release the engine."""
+        """Finish queued collectives, tell the watch this rank finished, and release the engine."""
         self._worker.drain()
         self._worker.stop()
+        if self.watch is not None:
+            self.watch.stop(wait_for_others=self.watch.settings.failure_timeout or 10.0)
+            self.watch = None
         self.engine.shutdown()
+
+
+def engine_message(error: BaseException) -> str:
+    """The part of an engine's error message a person needs: its first sentence, without source locations.
+
+    >>> engine_message(RuntimeError("[/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1921: Connection "
+    ...                             "reset by peer. This is typically caused by a remote worker hanging."))
+    'Read error [127.0.0.1]:1921: Connection reset by peer'
+    """
+    text = (str(error).strip().strip("'\"").splitlines() or [repr(error)])[0]
+    text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)
+    return re.split(r"\.\s", text, maxsplit=1)[0].rstrip(".")
 
 
 def split_sizes(n: int, parts: int) -> list[int]:

@@ -13,6 +13,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from gpurig.comm.sidechannel import rendezvous_store
 from gpurig.launch.env import torch_launch_info
 
 # torch 2.13 renamed these; older releases only have the old names.
@@ -39,6 +40,7 @@ class TorchEngine:
         self.backend = backend or os.environ.get("GPURIG_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
         timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("GPURIG_COMM_TIMEOUT", "600")))
         self._owns_group = not dist.is_initialized()
+        self.side_channel = None
         if self._owns_group:
             device = None
             if self.backend == "nccl":  # NCCL binds the group to this rank's GPU; say which instead of letting it guess
@@ -50,7 +52,10 @@ class TorchEngine:
             else:
                 os.environ.setdefault("RANK", str(info.rank))
                 os.environ.setdefault("WORLD_SIZE", str(info.size))
-                dist.init_process_group(self.backend, init_method="env://", timeout=timeout, device_id=device)
+                # The rendezvous store, bound to MASTER_ADDR's interface only, is also gpurig's side channel.
+                store, self.side_channel = rendezvous_store(info.rank, info.size, timeout.total_seconds())
+                dist.init_process_group(self.backend, store=store, rank=info.rank, world_size=info.size,
+                                        timeout=timeout, device_id=device)
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
         self.local_rank = info.local_rank if info.local_rank is not None else self.rank
@@ -98,6 +103,10 @@ class TorchEngine:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def abort(self, code: int) -> None:
+        """End this process now, whatever its threads are blocked in; the launcher then stops the others."""
+        os._exit(code)
 
     def shutdown(self) -> None:
         if self._owns_group and dist.is_initialized():

@@ -30,6 +30,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from gpurig.errors import UsageError
+from gpurig.launch.iface import IFACE_VARIABLE
 
 IFACE = "eth1"  # the same name in every node, so one GLOO_SOCKET_IFNAME serves all
 MAP_VARIABLE = "GPURIG_EMULATOR_NODES"
@@ -174,7 +175,7 @@ class Cluster:
         """Run ``command`` on every node (``ranks_per_node`` each); return the job's exit code."""
         nprocs = self.nodes * ranks_per_node
         env = {**(os.environ if env is None else env), MAP_VARIABLE: json.dumps(self.node_map()),
-               "GLOO_SOCKET_IFNAME": IFACE}
+               "GLOO_SOCKET_IFNAME": IFACE, IFACE_VARIABLE: IFACE}
         # All "nodes" share this machine's cores: more threads than cores makes OpenMP spin against itself.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
         if engine == "mpi":

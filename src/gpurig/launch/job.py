@@ -19,8 +19,9 @@ import threading
 
 from gpurig.errors import RankFailed, UsageError
 from gpurig.launch.hosts import is_this_host, parse_hosts
+from gpurig.launch.iface import confine
 from gpurig.launch.local import run_local
-from gpurig.launch.mpirun import run_mpirun
+from gpurig.launch.mpirun import mpi_arg_words, run_mpirun
 from gpurig.launch.processes import as_rank_program
 from gpurig.launch.rank_env import local_torch_envs, rank_path, srun_step, srun_torch_env
 from gpurig.launch.status import STATUS_DIR_VARIABLE, first_failure
@@ -56,6 +57,21 @@ def default_nprocs(hosts: str | None = None, env: dict | None = None) -> int:
     return step[1] if step else gpu_count() or 2
 
 
+def check_ranks_here(nprocs: int) -> None:
+    """Refuse more ranks on this one machine than it could ever hold (a typo must not fork thousands of processes).
+
+    >>> check_ranks_here(100_000)    # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: -n 100000 would start 100000 processes on this machine (...): at most ... here; name more machines with --hosts
+    """
+    cores = os.cpu_count() or 1
+    limit = max(64, 8 * cores)
+    if nprocs > limit:
+        raise UsageError(f"-n {nprocs} would start {nprocs} processes on this machine ({cores} cores): at most "
+                         f"{limit} here; name more machines with --hosts")
+
+
 def check_request(command: list[str], nprocs: int, engine: str, hosts: str | None, env: dict) -> list[tuple[str, int]]:
     """Refuse, as one :class:`UsageError` line, what cannot run; return the parsed host list.
 
@@ -71,6 +87,8 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise UsageError(f"-n must be at least 1, got {nprocs}")
     host_list = parse_hosts(hosts) if hosts else []
+    if not host_list and not srun_step(env):
+        check_ranks_here(nprocs)
     slots = sum(s for _, s in host_list)
     if host_list and slots < nprocs:
         raise UsageError(f"-n {nprocs} needs {nprocs} slots but --hosts {hosts} has {slots}")
@@ -93,11 +111,13 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
 
 
 def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | None = None,
-            env: dict | None = None, mpi_args: str = "") -> int:
+            env: dict | None = None, mpi_args: str = "", iface: str | None = None) -> int:
     """Run ``command`` on ``nprocs`` ranks; return 0, or the exit code of the first rank that failed.
 
     ``env`` is the environment the ranks start from (default: this process's);
-    gpurig adds its variables to it (see :mod:`gpurig.launch.rank_env`). Raises
+    gpurig adds its variables to it (see :mod:`gpurig.launch.rank_env`). The
+    job's sockets stay on ``iface``, or on loopback when every rank runs here
+    (:func:`gpurig.launch.iface.confine`). Raises
     :class:`UsageError` for a request that cannot run; when a rank fails, prints
     one line naming the first failing rank, its host and how it ended.
 
@@ -105,7 +125,9 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
     0
     """
     env = dict(os.environ if env is None else env)
+    mpi_arg_words(mpi_args)  # refused even where unused (--engine torch): it is a mistake either way
     host_list = check_request(command, nprocs, engine, hosts, env)
+    env, mpi_args = confine(env, engine, all(is_this_host(host) for host, _ in host_list), iface, mpi_args)
     command = as_rank_program(command, rank_path(env))
     with tempfile.TemporaryDirectory(prefix="gpurig-run-", ignore_cleanup_errors=True) as status_dir, \
             _termination_as_interrupt():
@@ -115,7 +137,8 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
         elif srun_step(env):
             failure, others = run_local(command, [srun_torch_env(env)]), 0
         else:
-            failure, others = run_local(command, local_torch_envs(env, nprocs)), nprocs - 1
+            failure, others = run_local(command, local_torch_envs(env, nprocs, env.get("MASTER_ADDR") if iface
+                                                                   else "127.0.0.1")), nprocs - 1
         if failure is None:
             return 0
         failure = first_failure(status_dir) or failure

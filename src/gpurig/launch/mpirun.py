@@ -61,11 +61,19 @@ def mpirun_command(command: list[str], nprocs: int, hosts: list[tuple[str, int]]
         line += ["--host", ",".join(f"{host}:{slots}" for host, slots in hosts)]
     for name in exported:
         line += ["-x", name]
+    return line + mpi_arg_words(mpi_args) + wrap(command)
+
+
+def mpi_arg_words(mpi_args: str) -> list[str]:
+    """``--mpi-args`` split as a shell would; one line for what a shell could not split.
+
+    >>> mpi_arg_words("--mca btl tcp,self")
+    ['--mca', 'btl', 'tcp,self']
+    """
     try:
-        extra = shlex.split(mpi_args)
+        return shlex.split(mpi_args)
     except ValueError as error:
         raise UsageError(f"--mpi-args {mpi_args!r}: {error}") from None
-    return line + extra + wrap(command)
 
 
 def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], env: dict,
@@ -86,7 +94,8 @@ def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    exported = [name for name in EXPORTED if name in env] + [n for n in given if n not in EXPORTED]
+    ours = [name for name in env if name.startswith("GPURIG_") or name == "TORCH_CPP_LOG_LEVEL"]
+    exported = list(dict.fromkeys([name for name in EXPORTED if name in env] + ours + given))
     line = mpirun_command(command, nprocs, hosts, mpi_args, exported)
     proc = subprocess.Popen(line, env=env, stderr=subprocess.PIPE,
                             preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))

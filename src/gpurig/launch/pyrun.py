@@ -22,11 +22,14 @@ import os
 import runpy
 import socket
 import sys
+import sysconfig
 import types
 from pathlib import Path
 
-from gpurig.errors import RankFailed
+from gpurig.errors import CollectiveFailed, RankFailed
 from gpurig.launch.env import rank_from_env
+from gpurig.launch.processes import say
+from gpurig.launch.progress import ProgressWriter
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
 
@@ -48,8 +51,9 @@ def _run(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def _failed(status: int) -> None:
-    record_failure(os.environ.get(STATUS_DIR_VARIABLE), RankFailed(rank_from_env(), socket.gethostname(), status))
+def _failed(status: int, secondary: bool = False, cause: str | None = None) -> None:
+    record_failure(os.environ.get(STATUS_DIR_VARIABLE),
+                   RankFailed(rank_from_env(), socket.gethostname(), status, cause=cause, secondary=secondary))
     if "mpi4py.MPI" in sys.modules:
         from mpi4py.run import set_abort_status
 
@@ -62,6 +66,18 @@ def _user_frames(traceback):
     while traceback is not None and traceback.tb_frame.f_code.co_filename in ours:
         traceback = traceback.tb_next
     return traceback
+
+
+def _location(traceback) -> str:
+    """`` (at FILE:LINE)`` of the innermost frame of the program's own code, or ``""``."""
+    own = (str(Path(__file__).resolve().parents[1]), "site-packages", "<frozen", sysconfig.get_paths()["stdlib"])
+    found = ""
+    while traceback is not None:
+        code = traceback.tb_frame.f_code
+        if not any(part in code.co_filename for part in own):
+            found = f" (at {Path(code.co_filename).name}:{traceback.tb_lineno})"
+        traceback = traceback.tb_next
+    return found
 
 
 def main(argv: list[str]) -> None:
@@ -82,6 +98,12 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:
         _failed(130)
         raise
+    except CollectiveFailed as error:  # most often the consequence of another rank's end: one line, no traceback
+        _failed(1, secondary=True, cause=f"exited with code 1: {error}")
+        line = f"gpurig: rank {rank_from_env()} on host {socket.gethostname()}: {error}{_location(error.__traceback__)}"
+        say(line)
+        ProgressWriter().reported(line)  # said: the wrapper need not say it again
+        sys.exit(1)
     except BaseException as error:
         _failed(1)
         error = error.with_traceback(_user_frames(error.__traceback__))

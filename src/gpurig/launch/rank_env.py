@@ -5,6 +5,7 @@ Every rank gets
   OMP_NUM_THREADS        cores // ranks on the host (at least 1), unless already set
   GPURIG_RUN_STATUS_DIR  where a failing rank leaves its status file (set by :func:`gpurig.launch.run_job`)
   PATH                   this Python's directory first, so ``python`` means this Python
+  TORCH_CPP_LOG_LEVEL    ERROR, unless already set (torch's C++ warnings only repeat gpurig's failure lines)
 torch ranks also get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT, as torchrun sets them; MPI ranks learn their rank from mpirun
 (OMPI_COMM_WORLD_RANK, PMIX_RANK, ...).
@@ -42,28 +43,31 @@ def common_env(base: dict, engine: str, ranks_here: int) -> dict:
     env["GPURIG_ENGINE"] = engine
     env["PATH"] = rank_path(base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, ranks_here))))
+    # torch's C++ warnings repeat, with C++ stack frames, what gpurig's own failure line says (a peer's store
+    # connection reset, a timed-out wait); errors still show.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     return env
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now (for the torch rendezvous).
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now at ``address`` (for the torch rendezvous).
 
     >>> 0 < free_port() < 65536
     True
     """
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return s.getsockname()[1]
 
 
-def local_torch_envs(base: dict, nprocs: int) -> list[dict]:
+def local_torch_envs(base: dict, nprocs: int, master_addr: str = "127.0.0.1") -> list[dict]:
     """One environment per rank for ``nprocs`` torch ranks on this machine, like torchrun's.
 
     >>> [e["RANK"] + "/" + e["WORLD_SIZE"] for e in local_torch_envs({}, 2)]
     ['0/2', '1/2']
     """
     shared = {**common_env(base, "torch", nprocs), "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+              "MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port(master_addr))}
     return [{**shared, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(nprocs)]
 
 

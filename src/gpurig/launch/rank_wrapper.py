@@ -8,9 +8,13 @@
 - SIGTERM, SIGINT and SIGHUP are passed on to the child (each kind once, and
   not a Ctrl-C typed at the terminal, which reached the child already); a child
   still running 3 s after the first is killed.
+- A stopped child (SIGSTOP) gets SIGCONT after the signal passed on, so that it
+  can act on it.
 - When the child fails on its own (not because it was told to stop), one line
-  on stderr names the rank, the host and the exit code or signal, and a status
-  file tells the launcher which rank failed first.
+  on stderr names the rank, the host, the exit code or signal and the
+  collective it was in (from its progress file, :mod:`gpurig.launch.progress`),
+  and a status file tells the launcher which rank failed first. A child that
+  ended itself because another rank failed has said so already: no line then.
 - The wrapper exits with the child's code, 128 + signal number for a signal.
 """
 
@@ -27,14 +31,15 @@ import threading
 from gpurig.errors import RankFailed
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import GRACE_S, die_with_parent, in_terminal_foreground, say
+from gpurig.launch.progress import PROGRESS_VARIABLE, make_progress_file, read_progress
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _start(command: list[str], rank: int | None, host: str) -> subprocess.Popen | int:
+def _start(command: list[str], rank: int | None, host: str, progress: str) -> subprocess.Popen | int:
     try:
-        return subprocess.Popen(command, preexec_fn=die_with_parent)
+        return subprocess.Popen(command, preexec_fn=die_with_parent, env={**os.environ, PROGRESS_VARIABLE: progress})
     except OSError as error:
         say(f"gpurig: rank {rank} on host {host} could not start {command[0]!r}: {error.strerror}")
         return 127
@@ -52,7 +57,15 @@ def main(argv: list[str]) -> int:
         return 2
     rank, host = rank_from_env(), socket.gethostname()
     die_with_parent(signal.SIGTERM)
-    child = _start(command, rank, host)
+    progress = make_progress_file()
+    try:
+        return _supervise(command, rank, host, progress)
+    finally:
+        os.unlink(progress)
+
+
+def _supervise(command: list[str], rank: int | None, host: str, progress: str) -> int:
+    child = _start(command, rank, host, progress)
     if isinstance(child, int):
         record_failure(os.environ.get(STATUS_DIR_VARIABLE), RankFailed(rank, host, child))
         return child
@@ -68,11 +81,14 @@ def main(argv: list[str]) -> int:
         told_to_stop.add(signum)
         if not (signum == signal.SIGINT and in_terminal_foreground()):  # else the child got this Ctrl-C itself
             child.send_signal(signum)
+        child.send_signal(signal.SIGCONT)  # a stopped child acts on no signal but SIGKILL until it continues
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    ending = RankFailed(rank, host, child.wait())
-    if ending.returncode != 0 and not told_to_stop:
+    code = child.wait()
+    reported, doing, where = read_progress(progress)
+    ending = RankFailed(rank, where or host, code, during=doing if code != 0 else None)
+    if ending.returncode != 0 and not told_to_stop and not reported:
         say(f"gpurig: {ending}")
         record_failure(os.environ.get(STATUS_DIR_VARIABLE), ending)
     return ending.exit_code

@@ -2,8 +2,11 @@
 
 The launcher makes a directory and names it in ``GPURIG_RUN_STATUS_DIR``; a rank
 wrapper whose command fails writes ``rank-<r>.json`` there (when the directory
-exists on its host): ``{"rank", "host", "returncode", "signal", "time"}``, with
-``returncode`` as :mod:`subprocess` gives it (negative: killed by that signal).
+exists on its host): ``{"rank", "host", "returncode", "signal", "time", "cause",
+"during", "secondary"}``, with ``returncode`` as :mod:`subprocess` gives it
+(negative: killed by that signal). A rank whose failure watch finds another rank
+stopped writes that rank's file. The first failure is the earliest that is not
+*secondary* (a collective that broke because a peer had gone is).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ def record_failure(status_dir: str | None, failure: RankFailed) -> None:
     if not status_dir or not os.path.isdir(status_dir):
         return
     report = {"rank": failure.rank, "host": failure.host, "returncode": failure.returncode,
-              "signal": failure.signal, "time": time.time()}
+              "signal": failure.signal, "time": time.time(), "cause": failure.cause, "during": failure.during,
+              "secondary": failure.secondary}
     try:
         with open(Path(status_dir) / f"rank-{failure.rank}.json", "x") as file:
             file.write(json.dumps(report))
@@ -52,5 +56,6 @@ def first_failure(status_dir: str | os.PathLike) -> RankFailed | None:
             continue
     if not reports:
         return None
-    first = min(reports, key=lambda report: report["time"])
-    return RankFailed(first["rank"], first["host"], first["returncode"])
+    first = min(reports, key=lambda report: (bool(report.get("secondary")), report["time"]))
+    return RankFailed(first["rank"], first["host"], first["returncode"], first.get("cause"), first.get("during"),
+                      bool(first.get("secondary")))

@@ -14,12 +14,14 @@ import collections
 import contextlib
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from gpurig import comm as comm_mod
-from gpurig.parallel import auto, codecs, powersgd
+from gpurig.comm.signature import Signature
+from gpurig.parallel import auto, codecs, numerics, powersgd
 from gpurig.parallel.compression import (POWERSGD, FeedbackState, average, padded_bucket_length, parse_method,
                                          switch_method, wire_bytes)
 
@@ -76,6 +78,7 @@ class CommStats:
     launched_in_backward: int = 0
     launched_at_end: int = 0
     last_exposed_s: float = 0.0
+    skipped_steps: int = 0
 
 
 def assign_buckets(params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: int | None = None) -> list[list[int]]:
@@ -195,14 +198,22 @@ class DataParallel(torch.nn.Module):
     rank-R factors. ``"auto"`` measures the first steps uncompressed, then
     picks each bucket's method from the measured network and codec costs, and
     looks again every few hundred steps (:mod:`gpurig.parallel.auto`).
+
+    ``nonfinite`` is what a NaN or Inf in the averaged gradients does
+    (:mod:`gpurig.parallel.numerics`): ``"stop"`` (default) raises
+    :class:`NonFiniteGradientError` from ``backward()`` naming the parameter;
+    ``"skip"`` drops the step's gradients, so the optimizer's ``step()`` leaves
+    the weights alone, and sets :attr:`finite` False; ``"ignore"`` does not look.
     """
 
     def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
                  bucket_cap_mb: float | None = None, broadcast_buffers: bool = True,
-                 compression: str = "none"):
+                 compression: str = "none", nonfinite: str = "stop"):
         super().__init__()
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        self.nonfinite = numerics.check_action(nonfinite)
+        self.finite = True  # whether the last backward's averaged gradients were all finite
         if compression != "auto":
             parse_method(compression)  # ValueError naming the choices
         self.compression = compression
@@ -223,6 +234,8 @@ class DataParallel(torch.nn.Module):
             _broadcast_tensors(self.comm, [p.data for p in module.parameters()] + list(module.buffers()))
 
         self._params = [p for p in module.parameters() if p.requires_grad]
+        self._names = {id(p): name for name, p in module.named_parameters()}
+        self._announced: tuple = ((), [])  # (bucket methods, the signatures announced for them)
         if self.compresses and any(p.dtype != torch.float32 for p in self._params):
             raise ValueError(f"compression {compression!r} needs float32 parameters")
         self._bucket_cap_mb = bucket_cap_mb
@@ -302,9 +315,21 @@ class DataParallel(torch.nn.Module):
     def _bucket_full(bucket: Bucket) -> bool:
         return bucket.ready == len(bucket.params)
 
+    def _signatures(self) -> list[Signature]:
+        """What this step's bucket allreduces submit, when every bucket travels uncompressed, else nothing."""
+        methods = tuple(self.methods)
+        if self._announced[0] != methods:
+            plain = all(m == "none" for m in methods)
+            self._announced = (methods, [Signature("allreduce", f"bucket {b}", "float32", (bucket.numel,), "sum")
+                                         for b, bucket in enumerate(self.buckets)] if plain else [])
+        return self._announced[1]
+
     def _launch(self, bucket: Bucket) -> None:
         # Launch order is the bucket order on every rank, whatever order autograd finished in.
         # Uncompressed, dividing by the rank count while copying in saves a pass (DDP does the same).
+        index = self._next_bucket
+        if index == 0:  # one check of the whole step's collectives against the other ranks' (gpurig.comm.guard)
+            self.comm.expect(self._signatures())
         plain = bucket.method == "none"
         scale = 1.0 / self.comm.size if plain else 1.0
         with torch.no_grad():
@@ -319,7 +344,7 @@ class DataParallel(torch.nn.Module):
                 bucket.state = FeedbackState()
         bucket.launched_at = time.perf_counter()
         if plain:
-            bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum")
+            bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=f"bucket {index}")
             self.stats.bytes_sent += wire_bytes("none", bucket.shapes, self.comm.size)
         else:
             bucket.handle = self.comm.run_async(lambda: self._compressed_average(bucket))
@@ -350,11 +375,44 @@ class DataParallel(torch.nn.Module):
         self.stats.steps += 1
         self.stats.exposed_s += waited
         self.stats.last_exposed_s = waited
+        if self.nonfinite != "ignore":
+            self._guard_numerics()
         if self.auto:
             self._recent.append([waited] + [start - b.launched_at for b in self.buckets])
             due = AUTO_CALIBRATION_STEPS if self.auto_choice is None else AUTO_REVIEW_STEPS
             if self.stats.steps - (self.auto_choice or {}).get("step", 0) >= due:
                 self._choose_methods()
+
+    # -- the numerical guard ---------------------------------------------------
+    def _guard_numerics(self) -> None:
+        """One sum per bucket; on NaN or Inf, stop (raise) or skip (drop the gradients), naming the parameter."""
+        self.finite = numerics.all_finite([b.flat[: b.numel] for b in self.buckets])
+        if self.finite:
+            return
+        bad = numerics.first_nonfinite([(self._names.get(id(p), "?"), p.grad) for p in self._params])
+        if bad is None:  # the sums overflowed, the values are finite
+            self.finite = True
+            return
+        name, what = bad
+        text = f"step {self.stats.steps}: the averaged gradient of {name!r} holds {what}"
+        if self.nonfinite == "stop":
+            raise numerics.NonFiniteGradientError(
+                f"{text}; stopping (DataParallel(nonfinite='skip') would skip such steps)")
+        for p in self._params:  # no gradient, no update: any torch optimizer's step() leaves the weights alone
+            p.grad = None
+        self.stats.skipped_steps += 1
+        warnings.warn(f"{text}; step skipped", numerics.NonFiniteGradientWarning, stacklevel=2)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """``optimizer.step()`` unless the last backward's gradients held NaN or Inf; return whether it stepped.
+
+        >>> loss.backward(); model.step(optimizer)     # doctest: +SKIP
+        True
+        """
+        if not self.finite:
+            return False
+        optimizer.step()
+        return True
 
     # -- compression="auto" ---------------------------------------------------
     def _measure_method_costs(self) -> list[dict]:

@@ -213,7 +213,8 @@ class ModelParallel(nn.Module):
 
 
 def parallelize(model: nn.Module, plan: dict[str, str], comm: comm_mod.Communicator | None = None,
-                hybrid: bool = False, bucket_cap_mb: float | None = None, compression: str = "none") -> ModelParallel:
+                hybrid: bool = False, bucket_cap_mb: float | None = None, compression: str = "none",
+                nonfinite: str = "stop") -> ModelParallel:
     """Split the linear layers ``plan`` names over the ranks, in place; return the model, ready to train.
 
     ``plan`` maps layer names (``model.named_modules()``) to ``"column"`` (split by
@@ -221,7 +222,7 @@ def parallelize(model: nn.Module, plan: dict[str, str], comm: comm_mod.Communica
     :func:`gpurig.parallel.plan.resolve_plan` for how neighbours are chained, and
     :func:`gpurig.krizhevsky_plan` for a plan made for you. ``hybrid=True`` runs the
     layers before the first split one data-parallel on each rank's part of the
-    batch (``bucket_cap_mb`` and ``compression`` go to its ``DataParallel``).
+    batch (``bucket_cap_mb``, ``compression`` and ``nonfinite`` go to its ``DataParallel``).
     A bad plan raises :class:`PlanError` on every rank, before any communication.
 
     >>> import gpurig, torch
@@ -262,5 +263,5 @@ def parallelize(model: nn.Module, plan: dict[str, str], comm: comm_mod.Communica
     if hybrid:  # everything not cut over the ranks is averaged, a row layer's whole bias included
         replicated = [p for n, p in model.named_parameters() if n not in split_dims]
         data_parallel = DataParallel(_Replicated(replicated, list(model.buffers())), comm,
-                                     bucket_cap_mb=bucket_cap_mb, compression=compression)
+                                     bucket_cap_mb=bucket_cap_mb, compression=compression, nonfinite=nonfinite)
     return ModelParallel(model, split_dims, exchanges, hybrid, data_parallel)

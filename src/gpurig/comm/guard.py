@@ -1,0 +1,194 @@
+"""Every collective passes the guard: numbered, checked against the other ranks', recorded as in flight.
+
+Checking is Horovod's negotiation made cheap. Horovod's coordinator gathers
+every rank's request for every tensor, compares them and answers, a round trip
+through rank 0 per cycle. Here each rank contributes a 33-integer *check block*
+(the bits of a digest of what it submits, :mod:`gpurig.comm.signature`) to one
+tiny allreduce right before the data moves; no coordinator, no answer message:
+every rank sees the same sum and reaches the same verdict. The exchange must
+come first: ranks that hand an engine tensors of different sizes make it
+corrupt memory or abort the process (Open MPI: MPI_ERR_TRUNCATE on one rank,
+wrong numbers on the other; Gloo: "Received data size doesn't match", then
+SIGABRT). A caller that knows its next collectives (DataParallel: one per
+bucket) checks them all with one exchange (:meth:`Guard.expect`). Only on a
+mismatch do the ranks swap full descriptions, to say which ranks differ and how.
+
+What each rank is doing — the number of its current collective, what it is,
+since when — is kept in :attr:`Guard.progress` for the failure watch
+(:mod:`gpurig.comm.watch`) to publish.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from typing import NamedTuple
+
+import torch
+
+from gpurig.comm.signature import CheckBuffer, Signature, batch_digest, describe_difference
+from gpurig.launch.progress import ProgressWriter
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks submitted different tensors (name, shape, dtype, reduction) or collectives (kind, order).
+
+    Raised on every rank at the same collective, before its data moved, so the
+    job is still usable after catching it.
+    """
+
+
+class Progress(NamedTuple):
+    """Where one rank is: ``seq`` collectives begun, the last of them ``signature``, ``in_flight`` or done."""
+
+    seq: int = 0
+    signature: Signature | None = None
+    nbytes: int = 0
+    in_flight: bool = False
+    since: float = 0.0
+
+    def describe(self) -> str:
+        """The collective as a person reads it.
+
+        >>> Progress(412, Signature("allreduce", "bucket 3", "float32", (1375000,), "sum"), 5_500_000, True).describe()
+        'allreduce #412 (bucket 3, 5.5 MB)'
+        """
+        if self.signature is None:
+            return "its first collective"
+        return f"{self.signature.kind} #{self.seq} ({self.detail()})"
+
+    def detail(self) -> str:
+        """The tensor's name, if any, and size: ``bucket 3, 5.5 MB``."""
+        name = f"{self.signature.name}, " if self.signature.name else ""
+        return f"{name}{_short_bytes(self.nbytes)}"
+
+    def where(self) -> str:
+        """``during X`` or ``after X``.
+
+        >>> Progress(3, Signature("barrier", None, "-", ()), 0, False).where()
+        'after barrier #3 (0 B)'
+        """
+        if self.signature is None:
+            return "before its first collective"
+        return f"{'during' if self.in_flight else 'after'} {self.describe()}"
+
+
+def _short_bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+class Guard:
+    """Numbers, checks and records one rank's collectives; ``engine`` moves the check blocks.
+
+    ``stage`` turns a host tensor into one the engine reads (NCCL: the GPU).
+    With ``check=False`` collectives are only numbered and recorded.
+
+    >>> guard = Guard(engine)                                    # doctest: +SKIP
+    >>> guard.begin(Signature.of("allreduce", t, "loss"), t.nbytes); engine.allreduce_sum(t); guard.end()  # doctest: +SKIP
+    """
+
+    def __init__(self, engine, stage=lambda tensor: tensor, check: bool = True):
+        self.engine = engine
+        self.stage = stage
+        self.check = check and engine.size > 1
+        # Where this rank is, as plain fields (every collective sets them: no objects made); see `progress`.
+        self._seq, self._signature, self._nbytes, self._in_flight, self._since = 0, None, 0, False, 0.0
+        self.progress_file = ProgressWriter()  # the rank wrapper's copy, for a rank that gets killed
+        self._block = CheckBuffer(engine.size)
+        self._expected: collections.deque = collections.deque()
+        self._batch_error: CollectiveMismatchError | None = None  # the announced batch's failed check
+
+    def begin(self, signature: Signature, nbytes: int, check: bool = True) -> None:
+        """Before a collective's data moves: mark it in flight, then check it (unless :meth:`expect` did).
+
+        A collective announced by a batch whose check failed raises that error
+        instead (no rank sends it). One that was not announced ends the batch (its
+        caller stopped short, say on an error) and is checked on its own.
+        """
+        if self._expected and self._expected[0] == signature:
+            self._expected.popleft()
+            error = self._batch_error
+            if not self._expected:
+                self._batch_error = None
+            if error is not None:
+                raise error
+            checked = True
+        else:
+            self._expected.clear()
+            self._batch_error = None
+            checked = False
+        # In flight from here: the check exchange is where a rank waits for a peer that never comes.
+        self._set(self._seq + 1, signature, nbytes, True)
+        if self.check and check and not checked:
+            self._exchange([signature], self._seq)
+
+    def end(self) -> None:
+        """The collective begun last has finished on this rank."""
+        self._in_flight, self._since = False, time.monotonic()
+        self.progress_file.landed(self._seq)
+
+    def _set(self, seq: int, signature: Signature, nbytes: int, in_flight: bool) -> None:
+        if signature != self._signature or nbytes != self._nbytes:
+            self.progress_file.began(seq, signature.kind, Progress(seq, signature, nbytes).detail())
+        else:
+            self.progress_file.began(seq)
+        self._seq, self._signature, self._nbytes, self._in_flight = seq, signature, nbytes, in_flight
+        self._since = time.monotonic()
+
+    @property
+    def progress(self) -> Progress:
+        """Where this rank is now (a snapshot, for the watch and for messages).
+
+        >>> Guard(type("E", (), {"size": 1})()).progress.describe()
+        'its first collective'
+        """
+        return Progress(self._seq, self._signature, self._nbytes, self._in_flight, self._since)
+
+    def expect(self, signatures: list[Signature]) -> None:
+        """Check the next ``len(signatures)`` collectives with one exchange; each is then begun without one.
+
+        Every rank must call it at the same point of its sequence of collectives.
+        A mismatch is raised by each announced collective this rank then begins
+        (the exchange may run on a background thread; the collectives' errors
+        reach their callers), and none of them moves data: ranks whose batches
+        differ in length must not be left waiting.
+        """
+        if self.check and signatures:
+            self._expected.clear()
+            before = self.progress  # in flight meanwhile: a rank whose peers never come waits in this exchange
+            self._set(before.seq + 1, signatures[0], signatures[0].nbytes, True)
+            try:
+                self._exchange(signatures, before.seq + 1)
+                self._batch_error = None
+            except CollectiveMismatchError as error:
+                self._batch_error = error
+            # back to where it was (an engine error leaves it in flight: that is where it broke)
+            self._seq, self._signature, self._nbytes, self._in_flight, self._since = before
+            self._expected.extend(signatures)
+
+    def _exchange(self, signatures: list[Signature], first_seq: int) -> None:
+        block = self._block.fill(batch_digest(signatures))
+        staged = self.stage(block)
+        self.engine.allreduce_sum(staged)
+        if self._block.agreed(None if staged is block else staged):
+            return
+        everyone = self._gather([s.fields() for s in signatures])
+        raise CollectiveMismatchError(describe_difference(first_seq, everyone))
+
+    def _gather(self, fields: list) -> list[list]:
+        """Every rank's ``fields`` (all ranks found the mismatch in the same exchange, so all call this)."""
+        mine = json.dumps(fields).encode()
+        size = self.engine.size
+        lengths = self.engine.allgather(self.stage(torch.tensor([len(mine)], dtype=torch.int64)), [1] * size)
+        lengths = lengths.cpu().tolist()
+        payload = self.stage(torch.frombuffer(bytearray(mine), dtype=torch.uint8))
+        data = self.engine.allgather(payload, lengths).cpu().numpy().tobytes()
+        out, start = [], 0
+        for n in lengths:
+            out.append(json.loads(data[start:start + n]))
+            start += n
+        return out

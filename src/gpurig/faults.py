@@ -1,0 +1,86 @@
+"""Fault injection for chaos testing: one rank sends itself a signal at a chosen training step.
+
+``GPURIG_FAULT="rank=1 step=37 signal=SIGSTOP delay=0.004"`` makes rank 1 of a
+``gpurig train`` job stop itself 4 ms into its 37th step (counted over the whole
+run, from 1), wherever that lands: in the forward pass, in backward, inside a
+bucket's allreduce. ``SIGKILL`` kills it. Nothing happens without the variable.
+With ``GPURIG_FAULT_LOG=FILE`` the rank writes the time (``time.time()``) it
+fired into FILE first. ``benchmarks/chaos.py`` draws these at random, from a seed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+FAULT_VARIABLE = "GPURIG_FAULT"
+LOG_VARIABLE = "GPURIG_FAULT_LOG"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Where and how a rank fails (see the module's docstring).
+
+    >>> Fault.parse("rank=1 step=37 signal=SIGSTOP delay=0.004")
+    Fault(rank=1, step=37, signal='SIGSTOP', delay=0.004)
+    """
+
+    rank: int
+    step: int
+    signal: str = "SIGKILL"
+    delay: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        """The fault ``GPURIG_FAULT``'s text describes (the class example); ValueError for a bad one."""
+        fields = dict(item.split("=", 1) for item in text.split())
+        fault = cls(int(fields["rank"]), int(fields["step"]), fields.get("signal", "SIGKILL"),
+                    float(fields.get("delay", 0)))
+        if fault.signal not in signal.Signals.__members__ or fault.step < 1 or fault.delay < 0:
+            raise ValueError(f"{FAULT_VARIABLE}={text!r}: want rank=R step=S (from 1) [signal=SIGKILL] [delay=s]")
+        return fault
+
+    def __str__(self) -> str:
+        return f"rank={self.rank} step={self.step} signal={self.signal} delay={self.delay:g}"
+
+
+def planned(env=None) -> Fault | None:
+    """The fault ``GPURIG_FAULT`` asks for, or None.
+
+    >>> planned({}) is None
+    True
+    """
+    text = (os.environ if env is None else env).get(FAULT_VARIABLE)
+    return Fault.parse(text) if text else None
+
+
+class Injector:
+    """Called once per training step by the rank; fires the planned fault on its rank and step.
+
+    >>> injector = Injector(rank=0, env={})
+    >>> injector.step(1)      # no fault planned: nothing happens
+    """
+
+    def __init__(self, rank: int, env=None):
+        fault = planned(env)
+        self.fault = fault if fault is not None and fault.rank == rank else None
+        self._steps = 0
+
+    def step(self, steps_done_before: int | None = None) -> None:
+        """A step begins (the run's ``steps_done_before + 1``-th, or the next one)."""
+        self._steps = self._steps + 1 if steps_done_before is None else steps_done_before + 1
+        if self.fault is None or self._steps != self.fault.step:
+            return
+        timer = threading.Timer(self.fault.delay, self._fire)
+        timer.daemon = True
+        timer.start()
+
+    def _fire(self) -> None:
+        log = os.environ.get(LOG_VARIABLE)
+        if log:
+            with open(log, "w") as f:
+                f.write(f"{time.time()}\n")
+        os.kill(os.getpid(), signal.Signals[self.fault.signal])

@@ -1,0 +1,123 @@
+"""A rank's last words: a small shared-memory file its wrapper reads after it died, to say what it was doing.
+
+The rank wrapper (:mod:`gpurig.launch.rank_wrapper`) makes the file and names
+it in ``GPURIG_PROGRESS_FILE``; the rank maps it into memory and the guard of
+its collectives (:mod:`gpurig.comm.guard`) updates it as each collective begins
+and ends — a few hundred nanoseconds, no system call — so a rank killed by
+SIGKILL is reported with the exact collective it was in. A rank that ends
+itself because *another* rank failed marks the file *reported*: it has said
+why already, and its wrapper stays quiet.
+
+Layout (256 bytes): state (``P`` progress, ``R`` reported), the collective's
+number (8 bytes), whether it is in flight (1), the text's length (2), then the
+text: ``KIND\\0DETAIL`` for progress, the failure line once reported; the last
+64 bytes hold the rank's host name as the rank sees it (an emulated node's
+wrapper runs outside the node).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import struct
+import tempfile
+
+PROGRESS_VARIABLE = "GPURIG_PROGRESS_FILE"
+SIZE = 256
+HOST_BYTES = 64
+_HEAD = struct.Struct("<cQ?H")
+_SEQ = struct.Struct("<Q?")  # the collective's number and whether it is in flight, at offset 1
+_TEXT = SIZE - _HEAD.size - HOST_BYTES
+
+
+def make_progress_file() -> str:
+    """Create a zeroed progress file (in memory-backed ``/dev/shm`` where there is one); return its path.
+
+    >>> path = make_progress_file(); read_progress(path)
+    (False, None, None)
+    >>> os.unlink(path)
+    """
+    shm = "/dev/shm"
+    directory = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    fd, path = tempfile.mkstemp(prefix="gpurig-progress-", dir=directory)
+    try:
+        os.write(fd, bytes(SIZE))
+    finally:
+        os.close(fd)
+    return path
+
+
+class ProgressWriter:
+    """The rank's side of the file named in ``GPURIG_PROGRESS_FILE`` (does nothing without one).
+
+    >>> path = make_progress_file(); writer = ProgressWriter(path, host="node2")
+    >>> writer.began(3, "allreduce", "grad, 4 B"); read_progress(path)
+    (False, 'during allreduce #3 (grad, 4 B)', 'node2')
+    >>> writer.landed(3); writer.began(4); read_progress(path)[1]
+    'during allreduce #4 (grad, 4 B)\'
+    >>> writer.reported("rank 1 on host node2 stopped responding"); read_progress(path)[:2]
+    (True, 'rank 1 on host node2 stopped responding')
+    >>> os.unlink(path)
+    """
+
+    def __init__(self, path: str | None = None, host: str | None = None):
+        path = os.environ.get(PROGRESS_VARIABLE) if path is None else path
+        self._map = None
+        if not path:
+            return
+        try:
+            with open(path, "r+b") as f:
+                self._map = mmap.mmap(f.fileno(), SIZE)
+        except (OSError, ValueError):
+            self._map = None
+            return
+        name = (host or socket.gethostname()).encode(errors="replace")[:HOST_BYTES]
+        self._map[SIZE - HOST_BYTES:] = name.ljust(HOST_BYTES, b"\0")
+
+    def began(self, seq: int, kind: str | None = None, detail: str = "") -> None:
+        """Collective number ``seq`` began: a ``kind`` described by ``detail``, or like the one before it."""
+        if self._map is None:
+            return
+        if kind is None:
+            _SEQ.pack_into(self._map, 1, seq, True)
+            return
+        raw = f"{kind}\0{detail}".encode(errors="replace")[:_TEXT]
+        self._map[_HEAD.size:_HEAD.size + len(raw)] = raw
+        _HEAD.pack_into(self._map, 0, b"P", seq, True, len(raw))
+
+    def landed(self, seq: int) -> None:
+        """Collective number ``seq`` ended on this rank."""
+        if self._map is not None:
+            _SEQ.pack_into(self._map, 1, seq, False)
+
+    def reported(self, line: str) -> None:
+        """This rank is ending because of another rank's failure, and has said so in ``line``."""
+        if self._map is None:
+            return
+        raw = line.encode(errors="replace")[:_TEXT]
+        self._map[_HEAD.size:_HEAD.size + len(raw)] = raw
+        _HEAD.pack_into(self._map, 0, b"R", 0, False, len(raw))
+
+
+def read_progress(path: str) -> tuple[bool, str | None, str | None]:
+    """The wrapper's side: (whether the rank reported its own end, what it was doing or said, its host); None
+    where the rank wrote nothing.
+
+    >>> read_progress("/nonexistent")
+    (False, None, None)
+    """
+    try:
+        with open(path, "rb") as f:
+            record = f.read(SIZE)
+        state, seq, in_flight, length = _HEAD.unpack_from(record)
+    except (OSError, struct.error):
+        return False, None, None
+    host = record[SIZE - HOST_BYTES:].rstrip(b"\0").decode(errors="replace") or None
+    text = record[_HEAD.size:_HEAD.size + length].decode(errors="replace")
+    if state == b"R":
+        return True, text, host
+    if state != b"P":
+        return False, None, host
+    kind, _, detail = text.partition("\0")
+    return False, f"{'during' if in_flight else 'after'} {kind} #{seq} ({detail})", host

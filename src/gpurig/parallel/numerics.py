@@ -1,0 +1,67 @@
+"""The numerical guard: NaN or Inf in the averaged gradients, found with one reduction per bucket.
+
+After the allreduce every rank holds the same averaged gradients, so every
+rank reaches the same verdict without exchanging a byte. A NaN or an Inf
+anywhere makes a bucket's sum NaN or Inf; only then are the bucket's parameters
+looked at one by one to name the first bad one (a sum that overflowed from
+finite values is recognised there and let through).
+
+What happens then is the caller's choice (``DataParallel(nonfinite=...)``):
+``stop`` raises :class:`NonFiniteGradientError`, ``skip`` drops the step's
+gradients so that the optimizer's next ``step()`` changes nothing, ``ignore``
+does not look.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ACTIONS = ("stop", "skip", "ignore")
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """An averaged gradient holds NaN or Inf (raised on every rank, from ``backward()``)."""
+
+
+class NonFiniteGradientWarning(UserWarning):
+    """A step was skipped because an averaged gradient held NaN or Inf."""
+
+
+def check_action(action: str) -> str:
+    """``action`` if it is one of :data:`ACTIONS`, else a ValueError naming them.
+
+    >>> check_action("skip")
+    'skip'
+    """
+    if action not in ACTIONS:
+        raise ValueError(f"nonfinite must be one of {', '.join(ACTIONS)}, got {action!r}")
+    return action
+
+
+def all_finite(flats: list[torch.Tensor]) -> bool:
+    """Whether every element of every tensor is finite, judged by one sum per tensor (a bad sum is checked again).
+
+    >>> all_finite([torch.ones(4), torch.zeros(2)]), all_finite([torch.tensor([1.0, float("nan")])])
+    (True, False)
+    >>> all_finite([torch.full((4,), 3e38)])       # the sum overflows; the values are finite
+    True
+    """
+    if not flats:
+        return True
+    sums = torch.stack([flat.sum() for flat in flats])
+    if bool(torch.isfinite(sums).all()):
+        return True
+    return all(bool(torch.isfinite(flat).all()) for flat in flats)
+
+
+def first_nonfinite(named: list[tuple[str, torch.Tensor]]) -> tuple[str, str] | None:
+    """The first ``(name, "NaN" | "Inf")`` among named gradients, or None.
+
+    >>> first_nonfinite([("w", torch.ones(2)), ("b", torch.tensor([float("inf")]))])
+    ('b', 'Inf')
+    """
+    for name, grad in named:
+        if grad is None or bool(torch.isfinite(grad).all()):
+            continue
+        return name, "NaN" if bool(torch.isnan(grad).any()) else "Inf"
+    return None

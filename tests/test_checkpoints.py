@@ -1,0 +1,118 @@
+"""Checkpoints: the checksum finds every kind of damage, a crafted pickle runs nothing, the series falls back.
+
+In-process and real files throughout; torch.load itself must still read gpurig's files.
+"""
+
+import doctest
+import hashlib
+import os
+
+import pytest
+import torch
+
+import gpurig.checkpoint
+import gpurig.checkpoint_series
+from gpurig.checkpoint import CheckpointError, load, save, verify
+from gpurig.checkpoint_series import damaged, epoch_path, load_newest, save_epoch, saved_epochs
+
+STATE = {"epoch": 3, "model": {"w": torch.arange(1000, dtype=torch.float32)}, "history": [{"loss": 0.5}]}
+
+
+@pytest.mark.parametrize("module", [gpurig.checkpoint, gpurig.checkpoint_series])
+def test_docstring_examples(module):
+    assert doctest.testmod(module).failed == 0
+
+
+def test_a_checkpoint_loads_with_gpurig_and_with_plain_torch(tmp_path):
+    path = save(tmp_path / "ck.pt", STATE)
+    assert torch.equal(load(path)["model"]["w"], STATE["model"]["w"])
+    assert torch.equal(torch.load(path, weights_only=True)["model"]["w"], STATE["model"]["w"])
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]  # no temporary file left
+
+
+def _damage(path, how):
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "bit flipped":
+        data[len(data) // 3] ^= 0x01
+    elif how == "appended":
+        data += b"more"
+    elif how == "empty":
+        data = b""
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how,message", [
+    ("truncated", "has no gpurig checksum line"),
+    ("bit flipped", "is corrupt: its SHA-256 does not match"),
+    ("appended", "has no gpurig checksum line"),
+    ("empty", "has no gpurig checksum line"),
+])
+def test_damage_is_reported_in_one_line(tmp_path, how, message):
+    path = save(tmp_path / "ck.pt", STATE)
+    _damage(path, how)
+    with pytest.raises(CheckpointError) as error:
+        load(path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_cut_inside_the_payload_keeping_the_checksum_line_is_found(tmp_path):
+    path = save(tmp_path / "ck.pt", STATE)
+    data = path.read_bytes()
+    trailer = data.rindex(b"\n#gpurig-checkpoint")
+    path.write_bytes(data[:100] + data[trailer:])
+    with pytest.raises(CheckpointError, match="was cut or added to"):
+        verify(path)
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("with_checksum", [False, True])
+def test_a_crafted_pickle_is_refused_and_runs_nothing(tmp_path, with_checksum):
+    """With a valid checksum line too: a checksum is no signature, so loading must still refuse code."""
+    marker, path = tmp_path / "pwned", tmp_path / "evil.pt"
+    torch.save({"model": _Evil(marker)}, path)
+    if with_checksum:
+        data = path.read_bytes()
+        with open(path, "ab") as f:
+            f.write(b"\n#gpurig-checkpoint sha256=%s bytes=%020d\n" % (hashlib.sha256(data).hexdigest().encode(),
+                                                                         len(data)))
+    with pytest.raises(CheckpointError) as error:
+        load(path)
+    text = str(error.value)
+    assert ("was refused: it asks to run code" in text and "system" in text) if with_checksum else \
+        "no gpurig checksum line" in text
+    assert not marker.exists()
+
+
+def test_the_series_keeps_the_last_k_and_points_at_the_newest(tmp_path):
+    for epoch in range(1, 6):
+        save_epoch(tmp_path, epoch, {"epoch": epoch}, keep=3)
+        save(epoch_path(tmp_path, epoch, "feedback-rank1"), {"epoch": epoch})  # a rank's file of the same epoch
+    save_epoch(tmp_path, 6, {"epoch": 6}, keep=3)
+    assert saved_epochs(tmp_path) == [6, 5, 4]
+    assert (tmp_path / "latest").read_text() == "checkpoint-epoch6.pt\n"
+    assert sorted(p.name for p in tmp_path.glob("feedback-*")) == ["feedback-rank1-epoch4.pt",
+                                                                  "feedback-rank1-epoch5.pt"]
+    assert damaged(tmp_path) == {}
+
+
+def test_resume_passes_over_damaged_checkpoints_to_the_newest_good_one(tmp_path):
+    for epoch in (1, 2, 3):
+        save_epoch(tmp_path, epoch, {"epoch": epoch})
+    _damage(epoch_path(tmp_path, 3), "bit flipped")
+    _damage(epoch_path(tmp_path, 2), "truncated")
+    state, path, problems = load_newest(tmp_path)
+    assert state["epoch"] == 1 and path == epoch_path(tmp_path, 1)
+    assert len(problems) == 2 and "checkpoint-epoch3.pt is corrupt" in problems[0]
+    assert sorted(damaged(tmp_path)) == ["checkpoint-epoch2.pt", "checkpoint-epoch3.pt"]
+    _damage(epoch_path(tmp_path, 1), "empty")
+    with pytest.raises(CheckpointError, match="no good checkpoint in"):
+        load_newest(tmp_path)

@@ -1,0 +1,98 @@
+"""Failure detection on both engines: a rank killed (SIGKILL) or stopped (SIGSTOP) ends the whole job in bounded time.
+
+Real ranks under ``gpurig run`` call named allreduces in a loop; one of them
+sends itself the signal at a chosen iteration. The job must end within the
+failure timeout plus the time to stop the others, every rank gone, the last
+line naming the rank, its host and the collective. A rank that is only slow (a
+long step) must not be declared dead: the stall report names it instead.
+"""
+
+import doctest
+import json
+import socket
+import sys
+import time
+
+import pytest
+
+from gpurig import faults
+from gpurig.comm import guard, sidechannel, signature, watch
+from gpurig.launch import iface, progress, settings
+from gpurig.parallel import numerics
+
+from conftest import gpurig, leftovers
+
+HOST = socket.gethostname()
+TIMEOUT_S = 3  # GPURIG_FAILURE_TIMEOUT in these jobs (10 by default)
+ENDS_WITHIN_S = TIMEOUT_S + 15  # detection, then stopping the others (3 s grace) on a busy 2-core machine
+
+LOOP = """
+import json, os, signal, sys, time, torch, gpurig  # {marker}
+victim, how, at, ready = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+comm = gpurig.init()
+t = torch.ones(1000)
+for i in range(1, 100_000):
+    comm.allreduce(t, name="grad")
+    if comm.rank == victim and i == at:
+        with open(ready, "w") as f:
+            json.dump({{"time": time.time(), "seq": i}}, f)
+        os.kill(os.getpid(), getattr(signal, how))
+    time.sleep(0.005)
+"""
+
+
+@pytest.mark.parametrize("module", [guard, sidechannel, signature, watch, faults, iface, progress, settings, numerics])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+@pytest.mark.parametrize("engine,how,victim", [("mpi", "SIGKILL", 1), ("torch", "SIGKILL", 0),
+                                               ("mpi", "SIGSTOP", 0), ("torch", "SIGSTOP", 1)])
+def test_a_killed_or_stopped_rank_ends_the_job_naming_it(engine, how, victim, marker, tmp_path):
+    """Victim 0 also covers the rank that serves the side channel."""
+    fault = tmp_path / "fault.json"
+    done = gpurig("run", "-n", 2, "--engine", engine, "--failure-timeout", TIMEOUT_S, "--", sys.executable, "-c",
+                  LOOP.format(marker=marker), victim, how, 40, fault, timeout=120)
+    ended = time.time()
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and fault.exists(), done.stderr[-3000:]
+    assert ended - json.loads(fault.read_text())["time"] < ENDS_WITHIN_S, done.stderr[-3000:]
+    # the collective: the victim's 40th (SIGKILL: it was killed after it), or the 41st the other waits in
+    what = ("was killed by SIGKILL after allreduce #40 (grad, 4.0 KB)" if how == "SIGKILL"
+            else "stopped responding during allreduce #41 (grad, 4.0 KB)")
+    assert lines[-1].startswith(f"gpurig run: rank {victim} on host {HOST} {what}"), done.stderr[-3000:]
+    if how == "SIGSTOP":  # the other rank said so too, and how long it waited
+        assert any(line.startswith(f"gpurig: rank {victim} on host {HOST} {what}; no heartbeat for") or
+                   line.startswith(f"gpurig: rank {victim} on host {HOST} {what} (it serves") for line in lines)
+    assert "Traceback" not in done.stderr
+    assert leftovers(marker) == []
+
+
+SLOW = """
+import os, sys, time, torch, gpurig
+comm = gpurig.init()
+for i in range(3):
+    comm.allreduce(torch.ones(4), name="step")
+    if comm.rank == 1 and i == 1:
+        time.sleep(float(sys.argv[1]))  # a long step: computing, not dead
+os.write(1, f"finished {comm.rank}\\n".encode())  # one write: ranks share stdout
+"""
+
+
+def test_a_long_step_is_a_stall_not_a_failure():
+    done = gpurig("run", "-n", 2, "--engine", "torch", "--failure-timeout", 2, "--stall-timeout", 2, "--",
+                  sys.executable, "-c", SLOW, 5, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(done.stdout.split()) == ["0", "1", "finished", "finished"]
+    stalls = [line for line in done.stderr.splitlines() if "stall:" in line]
+    assert len(stalls) == 1, done.stderr  # once per stall
+    assert stalls[0].startswith(f"gpurig: stall: rank 0 has waited 2 s in allreduce #3 (step, 16 B); rank 1 on host "
+                                f"{HOST} has not reached it (it is after allreduce #2 (step, 16 B)"), stalls
+
+
+def test_failure_detection_can_be_turned_off():
+    env = {"GPURIG_FAILURE_TIMEOUT": "0", "GPURIG_STALL_TIMEOUT": "0"}
+    done = gpurig("run", "-n", 2, "--engine", "torch", "--", sys.executable, "-c",
+                  "import gpurig, threading; gpurig.init(); print(sorted(t.name for t in threading.enumerate()))",
+                  timeout=60, env=env)
+    assert done.returncode == 0 and "gpurig-watch" not in done.stdout, done.stdout + done.stderr

@@ -1,0 +1,224 @@
+"""Hostile input: bad flags for every verb and arbitrary build/spec files never give a traceback (property-tested);
+ranks listen on loopback or the interface named, nowhere else.
+
+Every verb runs in this process (``gpurig.cli.main(argv)``). For the verbs that
+start jobs or probe the machine (train, run, emulate, bench, doctor) each
+generated command line holds at least one bad value among good ones, so the
+answer must be exit code 2 with one line naming the problem, before anything
+starts. ``plan`` and files given to it may be fine or not: either exit 0, or
+exit 2 with one line.
+"""
+
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+
+import pytest
+import tomli_w
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import gpurig as gpurig_cli
+from gpurig.cli import main
+
+EXAMPLES = settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+NONE_DIR = os.path.join(tempfile.mkdtemp(prefix="gpurig-hostile-"), "none")  # never created: --resume finds nothing
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_usage_error(argv: list[str]) -> None:
+    code, out, err = run_cli(argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, (argv, code, out[-500:], err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("gpurig: error: "), (argv, err)
+    assert "Traceback" not in err + out, (argv, err)
+
+
+def commands(verb: str, good: dict, bad: dict, tail: list[str] = ()):
+    """Command lines of ``verb``: some good flags, at least one bad one, in any order.
+
+    A flag given a bad value is not also given a good one (the last would win).
+    """
+    def flag_value(table):
+        return st.sampled_from(sorted(table)).flatmap(
+            lambda flag: st.sampled_from(table[flag]).map(lambda value: [flag] if value is None else [flag, value]))
+
+    def without_bad_flags(pieces):
+        goods, bads = pieces
+        flags = {group[0] for group in bads}
+        return [group for group in goods if group[0] not in flags] + bads
+
+    pieces = st.tuples(st.lists(flag_value(good), max_size=4), st.lists(flag_value(bad), min_size=1, max_size=2))
+    return pieces.map(without_bad_flags).flatmap(st.permutations).map(
+        lambda groups: [verb, *[word for group in groups for word in group], *tail])
+
+
+UNKNOWN = {"--no-such-flag": [None, "1"], "--Epochs": ["3"]}
+
+TRAIN_GOOD = {"--epochs": ["1", "3"], "--model": ["mlp", "cnn"], "--engine": ["mpi", "torch"],
+              "--compression": ["none", "int8", "auto", "powersgd:2"], "--lr": ["0.1"], "-n": ["2"],
+              "--global-batch": ["64", "128"], "--on-nonfinite": ["skip", "stop"], "--keep-checkpoints": ["2"],
+              "--failure-timeout": ["5", "0"], "--stall-timeout": ["30"], "--momentum": ["0", "0.5"],
+              "--bucket-mb": ["1", "0.5"], "--json": [None]}
+TRAIN_BAD = {"-n": ["0", "-2", "two", "1.5", "", "100000000"], "--epochs": ["0", "-1", "x", ""],
+             "--global-batch": ["0", "-5", "x"], "--lr": ["0", "-0.1", "nan", "inf", "x"],
+             "--momentum": ["1", "1.5", "-0.1", "nan", "x"], "--model": ["resnet", "", "MLP"], "--data": ["imagenet"],
+             "--engine": ["nccl", "MPI", ""], "--compression": ["int4", "powersgd:0", "powersgd:x", ""],
+             "--bucket-mb": ["0", "-1", "nan", "inf", "x"], "--keep-checkpoints": ["0", "-1", "x"],
+             "--on-nonfinite": ["retry", ""], "--failure-timeout": ["-1", "nan", "inf", "x", "1e9"],
+             "--stall-timeout": ["-1", "nan", "x"], "--iface": ["no-such-iface0", ""], "--hosts": ["a:0", "a:x", ",", "a b"],
+             "--seed": ["x", "1.5"], "--resume": [None], **UNKNOWN}
+
+
+@EXAMPLES
+@given(commands("train", TRAIN_GOOD, TRAIN_BAD, ["--checkpoint-dir", NONE_DIR]))
+def test_train_refuses_bad_flags_in_one_line(argv):
+    assert_one_line_usage_error(argv)
+
+
+RUN_GOOD = {"-n": ["2"], "--engine": ["mpi", "torch"], "--failure-timeout": ["3"], "--stall-timeout": ["0"],
+            "--iface": ["lo"]}
+RUN_BAD = {"-n": ["0", "-1", "x", "", "100000000"], "--hosts": ["a:0", "a:x", ",", "a;b"], "--engine": ["nccl", ""],
+           "--mpi-args": ["--mca 'x", '"'], "--iface": ["no-such-iface0", ""], "--failure-timeout": ["-3", "nan", "x"],
+           "--stall-timeout": ["inf", "-1"], **UNKNOWN}
+
+
+@EXAMPLES
+@given(commands("run", RUN_GOOD, RUN_BAD, ["--", "true"]))
+def test_run_refuses_bad_flags_in_one_line(argv):
+    assert_one_line_usage_error(argv)
+
+
+@EXAMPLES
+@given(commands("run", RUN_GOOD, {"--engine": ["mpi"]}))
+def test_run_without_a_command_is_one_line(argv):
+    assert_one_line_usage_error(argv)
+
+
+EMULATE_GOOD = {"--nodes": ["2", "3"], "--rate": ["1gbit", "100mbit"], "--engine": ["mpi", "torch"],
+                "--ranks-per-node": ["1", "2"]}
+EMULATE_BAD = {"--nodes": ["1", "0", "-1", "x", "100000"], "--rate": ["fast", "1 gbps", "", "-1gbit"],
+               "--ranks-per-node": ["0", "-1", "x", "100000"], "--engine": ["nccl", ""], **UNKNOWN}
+
+
+@EXAMPLES
+@given(commands("emulate", EMULATE_GOOD, EMULATE_BAD, ["--", "true"]))
+def test_emulate_refuses_bad_flags_in_one_line(argv):
+    assert_one_line_usage_error(argv)
+
+
+BENCH_GOOD = {"--quick": [None], "--engine": ["mpi", "torch", "mpi,torch"], "--parts": ["comm", "gemm,disk"],
+              "--min-kb": ["1"], "--max-mb": ["1"], "--json": [None]}
+BENCH_BAD = {"-n": ["0", "-1", "x", "100000000"], "--engine": ["nccl", "mpi,,x"], "--parts": ["network", "comm,x"],
+             "--min-kb": ["0", "-1", "nan", "inf", "x"], "--max-mb": ["0", "nan", "inf", "1e300", "x"],
+             "--mpi-args": ["--mca 'x"], **UNKNOWN}
+
+
+@EXAMPLES
+@given(commands("bench", BENCH_GOOD, BENCH_BAD, ["--out", os.path.join(NONE_DIR, "profile.json")]))
+def test_bench_refuses_bad_flags_in_one_line(argv):
+    assert_one_line_usage_error(argv)
+
+
+DOCTOR_GOOD = {"--json": [None], "--use-case": ["kaggle"], "--preprocessing": ["before"]}
+DOCTOR_BAD = {"--use-case": ["gaming", ""], "--preprocessing": ["sometimes"],
+              "--write-spec": [os.path.join(NONE_DIR, "no", "such", "spec.toml"), ""], **UNKNOWN}
+
+
+@EXAMPLES
+@given(commands("doctor", DOCTOR_GOOD, DOCTOR_BAD))
+def test_doctor_refuses_bad_flags_in_one_line(argv):
+    assert_one_line_usage_error(argv)
+
+
+def assert_fine_or_one_line(argv: list[str]) -> None:
+    code, out, err = run_cli(argv)
+    assert "Traceback" not in err + out, (argv, err)
+    assert code in (0, 2), (argv, code, err)
+    if code == 2:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("gpurig: error: "), (argv, err)
+
+
+NUMBERS = st.sampled_from(["0", "-1", "1", "4", "2.5", "1e9", "nan", "inf", "-inf", "x", ""])
+PLAN_FLAGS = ["--gpu", "--count", "--cooler", "--cpu-cores", "--cpu-threads", "--cpu-ghz", "--cpu-tdp", "--cpu-lanes",
+              "--ram-gb", "--psu-watts", "--psu-efficiency", "--psu-6pin", "--psu-8pin", "--psu-16pin", "--slots",
+              "--slot-pitch", "--lanes", "--pcie-gen", "--ssd-gb", "--hdd-gb", "--preprocessing", "--use-case",
+              "--hours", "--price-per-kwh", "--draw-watts", "--nodes", "--network", "--describe"]
+PLAN_TEXT = st.sampled_from(["2080ti", "4x2080ti", "0xA100", "99999x3090", "RTX 9999", "16,8,8,8", "x,y", "3.0",
+                             "9.9", "10GbE", "EDR", "2 nodes x 4 RTX 2080 Ti, 10GbE", "blower", "during", "kaggle"])
+
+
+@EXAMPLES
+@given(st.lists(st.tuples(st.sampled_from(PLAN_FLAGS), st.one_of(NUMBERS, PLAN_TEXT)), min_size=1, max_size=6))
+def test_plan_flags_are_fine_or_one_line(pairs):
+    assert_fine_or_one_line(["plan", "--json", *[word for pair in pairs for word in pair]])
+
+
+KEYS = ["gpus", "cpu", "psu", "board", "storage", "usage", "cluster", "ram_gb", "model", "count", "cooler", "cores",
+        "threads", "ghz", "tdp_w", "pcie_lanes", "watts", "efficiency", "pcie_6pin", "pcie_8pin", "gpu_slots",
+        "slot_pitch", "pcie_gen", "lanes", "ssd_gb", "hdd_gb", "preprocessing", "use_case", "fp16", "hours",
+        "price_per_kwh", "currency", "nodes", "network", "name", "gpu", "disks", "nics", "kind", "size_gb",
+        "gbit_per_s", "memory_gb", "gpudirect_rdma", "unknown"]
+SCALARS = st.one_of(st.integers(-10, 10), st.integers(), st.floats(allow_nan=False), st.sampled_from([1e308, -0.0]),
+                    st.booleans(), st.text(max_size=12), st.sampled_from(["RTX 2080 Ti", "A100", "3.0", "10GbE", "ssd"]))
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)), max_leaves=12)
+DOCUMENTS = st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=6)
+
+
+def _toml(document: dict) -> str | None:
+    try:
+        return tomli_w.dumps(document)
+    except (TypeError, ValueError):  # what TOML cannot say (a list of mixed tables and values)
+        return None
+
+
+FILES = st.one_of(DOCUMENTS.map(_toml).filter(lambda text: text is not None),
+                  st.text(max_size=200), st.binary(max_size=200))
+
+
+@EXAMPLES
+@given(FILES, st.sampled_from(["--build", "--spec"]))
+def test_build_and_spec_files_are_fine_or_one_line(content, flag):
+    with tempfile.NamedTemporaryFile("wb", suffix=".toml", delete=False) as f:
+        f.write(content.encode() if isinstance(content, str) else content)
+    try:
+        assert_fine_or_one_line(["plan", "--json", flag, f.name])
+    finally:
+        os.unlink(f.name)
+
+
+def test_a_missing_or_unreadable_file_is_one_line(tmp_path):
+    assert_one_line_usage_error(["plan", "--build", str(tmp_path / "missing.toml")])
+    assert_one_line_usage_error(["plan", "--spec", str(tmp_path)])  # a directory
+
+
+LISTENING = """
+import json, os, gpurig, psutil, torch
+comm = gpurig.init()
+comm.allreduce(torch.ones(4), name="x")  # the engine's connections are up
+mine = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN})
+os.write(1, (json.dumps(mine) + "\\n").encode())
+comm.barrier()
+"""
+
+
+@pytest.mark.parametrize("engine,iface", [("mpi", None), ("torch", None), ("torch", "lo")])
+def test_ranks_listen_only_on_loopback_or_the_named_interface(engine, iface):
+    """No rank socket on every interface: the rendezvous and side channel bound to one address, Gloo on lo, Open
+    MPI through shared memory (its runtime daemon, prterun, is not a rank and listens everywhere regardless)."""
+    done = gpurig_cli("run", "-n", 2, "--engine", engine, *(["--iface", iface] if iface else []), "--",
+                      sys.executable, "-c", LISTENING, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    addresses = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(addresses) == 2 and {a for rank in addresses for a in rank} == {"127.0.0.1"}, addresses

@@ -1,0 +1,58 @@
+"""No lost work, end to end: a short chaos run on emulated nodes, and a resume on another rank count.
+
+``benchmarks/chaos.py --runs 20`` is the long version (docs/reliability.md);
+here 2 runs, one per engine, with a 3 s failure timeout. Both compare with one
+uninterrupted run of the same training (2 ranks: every engine sums the same two
+numbers, so one run serves them all).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import gpurig
+from gpurig.checkpoint import load
+from gpurig.launch.emulator import unavailable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import chaos  # noqa: E402
+
+PLAN = chaos.Plan(nodes=2, rate="10gbit", epochs=2, global_batch=512, failure_timeout=3, grace=20)
+TRAIN = ["train", "--epochs", PLAN.epochs, "--global-batch", PLAN.global_batch, "--compression", "none", "--json"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    done = gpurig(*TRAIN, "--checkpoint-dir", directory, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"network namespaces unavailable: {unavailable()}")
+def test_chaos_runs_end_in_time_named_and_resume_to_the_same_weights(uninterrupted):
+    digest = uninterrupted["weights_digest"]
+    outcomes, _ = chaos.run_chaos(2, seed=5, plan=PLAN, engines=["mpi", "torch"],
+                                  references={"mpi": digest, "torch": digest})
+    print(chaos.table(outcomes, PLAN, 5))
+    failed = [o for o in outcomes if not o.ok]
+    assert not failed, failed
+    assert {o.fault.split("signal=")[1].split()[0] for o in outcomes} == {"SIGKILL", "SIGSTOP"}  # seed 5: one each
+
+
+def test_resume_on_another_rank_count(uninterrupted, tmp_path):
+    """Data parallelism replicates model and optimizer: 2 ranks' checkpoint after epoch 1, then 1 rank on to epoch 2
+    (the same global batch), ends where the uninterrupted 2-rank run did, up to floating-point summation order."""
+    first = gpurig(*TRAIN[:2], 1, *TRAIN[3:], "--checkpoint-dir", tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = gpurig(*TRAIN, "-n", 1, "--resume", "--checkpoint-dir", tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads(resumed.stdout)
+    assert summary["ranks"] == 1 and [e["epoch"] for e in summary["epochs"]] == [1, 2]
+    mine, theirs = load(summary["checkpoint"])["model"], load(uninterrupted["checkpoint"])["model"]
+    assert summary["weights_digest"] != uninterrupted["weights_digest"]  # not bitwise: the sums ran in another order
+    for name, tensor in theirs.items():
+        assert torch.allclose(mine[name], tensor, rtol=1e-4, atol=1e-6), name
