@@ -1,5 +1,7 @@
 """Shared helpers: launch real multi-process jobs through ``gpurig run`` and read their results."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -60,3 +62,13 @@ def marker():
     yield tag
     for p in leftovers(tag, wait=0):
         p.kill()
+
+
+def run_cli(argv: list) -> tuple[int, str, str]:
+    """``gpurig ARGV`` in this process (no interpreter start): (exit code, stdout, stderr)."""
+    from gpurig.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()

@@ -9,8 +9,6 @@ starts. ``plan`` and files given to it may be fine or not: either exit 0, or
 exit 2 with one line.
 """
 
-import contextlib
-import io
 import json
 import os
 import sys
@@ -22,17 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import gpurig as gpurig_cli
-from gpurig.cli import main
+from conftest import run_cli
 
 EXAMPLES = settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NONE_DIR = os.path.join(tempfile.mkdtemp(prefix="gpurig-hostile-"), "none")  # never created: --resume finds nothing
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def assert_one_line_usage_error(argv: list[str]) -> None:
