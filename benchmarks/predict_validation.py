@@ -19,7 +19,6 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,53 +26,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gpurig.bench import SCHEMA, summarize_engine
-from gpurig.launch.emulator import Cluster, unavailable
+from calibration import calibrate_compute, calibrate_links, run_env, run_local
+from gpurig.bench import SCHEMA
+from gpurig.launch.emulator import unavailable
 from gpurig.predict import PredictRequest, predict
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 console = Console(width=None if sys.stdout.isatty() else 170)
-
-
-def run_local(command: list[str], nprocs: int) -> None:
-    done = subprocess.run([sys.executable, "-m", "gpurig", "run", "-n", str(nprocs), "--", *command])
-    if done.returncode:
-        raise SystemExit(f"job failed: {' '.join(command)}")
-
-
-def run_env(env: str, command: list[str]) -> None:
-    """Run ``command`` on 2 ranks of environment ``env`` (local, or emulated nodes at a rate)."""
-    if env == "local":
-        return run_local(command, 2)
-    with Cluster(nodes=2, rate=env) as cluster:
-        if cluster.run(command, engine="mpi"):
-            raise SystemExit(f"job failed in {env}: {' '.join(command)}")
-
-
-def calibrate_compute(tmp: Path) -> dict:
-    """gpurig bench's compute part: 1 rank and 2 ranks at once."""
-    out = tmp / "compute-profile.json"
-    done = subprocess.run([sys.executable, "-m", "gpurig", "bench", "--parts", "compute", "-n", "2",
-                           "--out", str(out), "--json"], capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"gpurig bench failed: {done.stderr[-2000:]}")
-    return json.loads(out.read_text())
-
-
-def calibrate_links(env: str, tmp: Path) -> dict:
-    """Allreduce by size in ``env`` (gpurig bench's comm measurement), fitted to latency and bandwidth."""
-    events = tmp / f"comm-{env}.jsonl"
-    config = tmp / f"comm-{env}.json"
-    config.write_text(json.dumps({"events": str(events), "collectives": ["allreduce"], "p2p": False,
-                                  "min_bytes": 4096, "max_bytes": 8 << 20, "budget_bytes": 64 << 20,
-                                  "min_iterations": 5, "max_iterations": 100, "warmup": 3}))
-    run_env(env, [sys.executable, "-m", "gpurig.measure.comm", str(config)])
-    rows = [json.loads(line) for line in events.read_text().splitlines()]
-    rows = [r for r in rows if r.get("event") == "row"]
-    # emulated nodes are namespaces of this one machine: both ranks share its cores
-    return {"ranks": 2, "nodes": 1 if env == "local" else 2, "ranks_per_machine": 2,
-            "engines": {"mpi": summarize_engine(rows)}}
 
 
 def measure(env: str, cases: list[dict], tmp: Path, steps: int) -> list[dict]:

@@ -37,7 +37,7 @@ PARALLEL_WHY = {
              "but every GPU computes the rest on the whole batch",
     "hybrid": "Krizhevsky's scheme: convolutions data-parallel, fully connected layers split on the gathered batch",
 }
-DEFAULT_BATCH = {"mnist-mlp": 64, "mnist-cnn": 64}  # per GPU; else the source's 64-per-GPU rule of thumb
+DEFAULT_BATCH = {"mnist-mlp": 64, "mnist-cnn": 64, "mnist-wide-cnn": 64}  # per GPU; else the source's 64-per-GPU rule of thumb
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            "the source's 784-1200-1200-10 network; FLOPs by hand", aliases="mlp;mnist"),
     Preset("mnist-cnn", models.cnn, (784,), "one 28×28 MNIST digit, flattened to 784 values", None, None,
            "gpurig's reference CNN (gpurig.models.cnn); no published count", aliases="cnn;lenet"),
+    Preset("mnist-wide-cnn", models.wide_cnn, (784,), "one 28×28 MNIST digit, flattened to 784 values", None, None,
+           "gpurig's reference CNN with a 4096-unit dense layer (gpurig.models.wide_cnn)", aliases="wide-cnn"),
     Preset("alexnet", vision.alexnet, IMAGE, "one 3×224×224 image", 61_100_840, 2 * 0.714, TORCHVISION),
     Preset("vgg16", vision.vgg16, IMAGE, "one 3×224×224 image", 138_357_544, 2 * 15.47, TORCHVISION,
            aliases="vgg;vgg-d"),
