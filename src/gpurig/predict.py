@@ -85,7 +85,7 @@ def layer_costs(spec) -> list[LayerCost]:
             if layer.backward_flops else ()
         sizes = tuple(math.prod(shape) for _, shape in layer.parameter_shapes)
         out.append(LayerCost(layer.name, layer.parameters, forward, backward, layer.forward_bytes,
-                             layer.backward_bytes, sizes))
+                             layer.backward_bytes, sizes, kind=layer.kind))
     return out
 
 

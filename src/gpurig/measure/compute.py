@@ -7,6 +7,8 @@ compete for cores, caches and memory bandwidth (``python -m gpurig.measure.compu
 - GEMM: (m × k)·(k × n) over a grid of shapes, as training's linear layers run them;
 - memory: a large copy (bytes read + written per second), what optimizers and activations cost;
 - per layer: the fixed cost of one small layer's forward and backward (dispatch, autograd);
+- convolutions: real ``nn.Conv2d`` forward and backward over a few shapes, with their im2col GEMM sizes,
+  so the predictor knows how far this device's convolutions are from its GEMMs;
 - codecs: encode with error feedback + decode per value, each gradient codec.
 
 Every rank times the same thing at the same moment (a barrier before each);
@@ -27,6 +29,10 @@ GEMM_GRID = [(m, n, k) for m in (16, 64, 256, 1024) for (n, k) in ((128, 128), (
                                                                    (4096, 1024), (10, 1024))]
 GPU_GEMM_GRID = [(m, n, k) for m in (64, 512, 4096, 32768) for (n, k) in ((256, 256), (1024, 1024), (4096, 4096),
                                                                      (1024, 8192), (64, 4096))]
+# Convolutions: (batch, in channels, out channels, kernel, image side), stride 1, no padding.
+CONV_GRID = [(32, 1, 32, 5, 28), (32, 32, 64, 5, 12), (32, 16, 32, 3, 32), (128, 1, 32, 5, 28), (128, 32, 64, 5, 12)]
+GPU_CONV_GRID = [(32, 64, 64, 3, 58), (32, 128, 128, 3, 30), (32, 256, 256, 3, 16), (32, 3, 64, 7, 230)]
+QUICK_CONV_GRID = [(32, 1, 32, 5, 28), (32, 32, 64, 5, 12)]
 QUICK_GEMM_GRID = [(m, n, k) for m in (16, 256) for (n, k) in ((128, 128), (1024, 1024), (10, 1024))]
 
 
@@ -73,6 +79,31 @@ def layer_overhead_seconds(device, best, comm, layers: int = 20) -> float:
     return _slowest(comm, best(step, 9) / layers)
 
 
+def convolution_rows(shapes, device, best, comm) -> list[dict]:
+    """Seconds of one ``nn.Conv2d``'s forward and backward (weight gradient, and input gradient unless it has
+    at most 3 input channels, as a first layer) per shape, the slowest rank's, with the (m, n, k) of its im2col GEMM: m = batch × output pixels, n = out channels, k = in channels ×
+    kernel area.
+
+    >>> convolution_rows([(2, 1, 4, 3, 8)], torch.device("cpu"), _timer(torch.device("cpu")), one_rank)[0]["m"]  # doctest: +SKIP
+    72
+    """
+    rows = []
+    for batch, c_in, c_out, kernel, side in shapes:
+        conv = torch.nn.Conv2d(c_in, c_out, kernel).to(device)
+        # a network's first layer (an image's 1 or 3 channels) needs no input gradient
+        x = torch.randn(batch, c_in, side, side, device=device, requires_grad=c_in > 3)
+
+        def step():
+            conv(x).sum().backward()
+
+        comm.barrier()
+        seconds = _slowest(comm, best(step, 5))
+        out_side = side - kernel + 1
+        rows.append({"batch": batch, "in_channels": c_in, "out_channels": c_out, "kernel": kernel, "side": side,
+                     "m": batch * out_side * out_side, "n": c_out, "k": c_in * kernel * kernel, "seconds": seconds})
+    return rows
+
+
 def codec_seconds_per_value(device, best, comm, n: int = 1 << 20) -> dict:
     """Per codec: seconds per value to encode with error feedback, and to decode."""
     from gpurig.parallel import codecs
@@ -110,6 +141,8 @@ def measure_all(comm, quick: bool = False) -> dict:
                           device, best, comm, budget_flops=5e10 if device.type == "cuda" else 5e8),
         "memory_bytes_per_s": memory_bytes_per_s(device, best, comm),
         "layer_overhead_s": layer_overhead_seconds(device, best, comm),
+        "conv": convolution_rows(QUICK_CONV_GRID if quick else GPU_CONV_GRID if device.type == "cuda" else CONV_GRID,
+                                 device, best, comm),
         "codecs": codec_seconds_per_value(device, best, comm, n=1 << 18 if quick else 1 << 20),
     }
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import GemmModel, fit_gemm_model
-from gpurig.perf.step import Device
+from gpurig.perf.step import Device, backward_of
 
 # Datasheet peaks are not what training reaches. These are the assumptions used when nothing is measured.
 GEMM_EFFICIENCY = 0.7          # of peak FLOPS on large GEMMs (cuBLAS on big matrices reaches 70-90 %)
@@ -103,7 +103,26 @@ def profile_device(profile: dict, ranks_per_node: int) -> Device:
     codecs = {name: (c["encode_s_per_value"], c["decode_s_per_value"]) for name, c in data["codecs"].items()}
     is_gpu = data["device"].startswith("cuda")
     return Device(profile.get("device", "cpu"), gemm, data["memory_bytes_per_s"], data["layer_overhead_s"],
-                  is_gpu=is_gpu, codec_seconds_per_value=codecs, jitter=data.get("jitter", JITTER))
+                  is_gpu=is_gpu, codec_seconds_per_value=codecs, jitter=data.get("jitter", JITTER),
+                  conv_ratios=conv_ratios(gemm, data.get("conv", [])))
+
+
+def conv_ratios(gemm, rows: list[dict]) -> tuple[tuple[int, int, int, float], ...]:
+    """Per convolution ``bench`` measured: its im2col (m, n, k) and its time over what the GEMM model gives
+    its forward and backward GEMMs (no input gradient for a first layer's 1–3 channels).
+
+    >>> model = GemmModel(0, 1e9, 1e12)
+    >>> conv_ratios(model, [{"m": 100, "n": 10, "k": 90, "in_channels": 10, "seconds": 3 * model.seconds(100, 10, 90) * 2}])
+    ((100, 10, 90, 2.0),)
+    """
+    out = []
+    for row in rows:
+        forward = (row["m"], row["n"], row["k"])
+        gemms = [forward, *backward_of(forward, input_gradient=row.get("in_channels", 4) > 3)]
+        modelled = sum(gemm.seconds(*g) for g in gemms)
+        if modelled > 0:
+            out.append((row["m"], row["n"], row["k"], round(row["seconds"] / modelled, 3)))
+    return tuple(out)
 
 
 def allreduce_link(alpha_s: float, beta_s_per_byte: float, ranks: int) -> Link:

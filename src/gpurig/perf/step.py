@@ -20,6 +20,8 @@ train`` measures: compute, communication not hidden (comm), data.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from gpurig.perf import overlap
@@ -47,6 +49,7 @@ class LayerCost:
     forward_bytes: float = 0.0         # traffic outside GEMMs (activations, norms, pooling)
     backward_bytes: float = 0.0
     param_sizes: tuple[int, ...] = ()  # each parameter tensor's values (weight, bias); default: one tensor
+    kind: str = ""                     # "conv" for a convolution (its GEMMs are im2col's), "linear", ...
 
     def tensors(self) -> tuple[int, ...]:
         """Values of each parameter tensor, in registration order."""
@@ -75,6 +78,22 @@ class Device:
     layer_overhead_s: float = 0.0     # per layer, forward and backward together (dispatch, autograd)
     is_gpu: bool = False
     codec_seconds_per_value: dict = field(default_factory=dict)   # codec -> (encode, decode) seconds per value
+    # bench's convolutions: (m, n, k) of their im2col GEMM and their measured time over the GEMM model's
+    conv_ratios: tuple[tuple[int, int, int, float], ...] = ()
+
+    def conv_scale(self, gemm: tuple[int, ...]) -> float:
+        """How much longer a convolution with this im2col GEMM takes than the GEMM model says: the ratio of
+        the measured convolution nearest in shape (log distance over k, n and m), 1 when none was measured.
+
+        >>> d = Device("cpu", GemmModel(0, 1e9, 1e12), 1e10, conv_ratios=((36864, 32, 25, 6.0), (4096, 64, 800, 2.0)))
+        >>> d.conv_scale((18432, 32, 25)), d.conv_scale((8192, 64, 800)), Device("gpu", None, 1).conv_scale((1, 1, 1))
+        (6.0, 2.0, 1.0)
+        """
+        if not self.conv_ratios:
+            return 1.0
+        m, n, k = gemm[:3]
+        distance = lambda row: sum(math.log(a / b) ** 2 for a, b in ((row[2], k), (row[1], n), (row[0], m)))
+        return min(self.conv_ratios, key=distance)[3]
     jitter: float = 0.0    # coefficient of variation of one rank's compute time from step to step
 
 
@@ -148,9 +167,12 @@ def layer_seconds(layer: LayerCost, device: Device) -> tuple[float, float]:
     >>> layer_seconds(LayerCost("fc", 10, ((10, 10, 10),), tuple(backward_of((10, 10, 10)))), d)
     (2e-06, 4e-06)
     """
-    forward = sum(device.gemm.seconds(*g) for g in layer.forward_gemms)
+    # A convolution is not run as its im2col GEMMs (oneDNN's direct kernels, cuDNN's Winograd and implicit
+    # GEMM): bench measures how far real ones are from the model's GEMMs on this device.
+    scale = device.conv_scale(layer.forward_gemms[0]) if layer.kind == "conv" and layer.forward_gemms else 1.0
+    forward = scale * sum(device.gemm.seconds(*g) for g in layer.forward_gemms)
     forward += memory_seconds(layer.forward_bytes, device.memory_bytes_per_s)
-    backward = sum(device.gemm.seconds(*g) for g in layer.backward_gemms)
+    backward = scale * sum(device.gemm.seconds(*g) for g in layer.backward_gemms)
     backward += memory_seconds(layer.backward_bytes, device.memory_bytes_per_s)
     # the fixed cost is measured per layer for forward and backward together: a third of it is forward's
     fixed_forward, fixed_backward = device.layer_overhead_s / 3, 2 * device.layer_overhead_s / 3
