@@ -19,6 +19,7 @@ import pytest
 import gpurig.cli
 import gpurig.errors
 import gpurig.launch
+import gpurig.launch.events
 import gpurig.launch.hosts
 import gpurig.launch.job
 import gpurig.launch.local
@@ -51,7 +52,8 @@ OPEN_MPI_ABORT = (f"{RULE}MPI_ABORT was invoked on rank 1 in communicator MPI_CO
 
 @pytest.mark.parametrize("module", [gpurig.errors, gpurig.cli, gpurig.launch, gpurig.launch.hosts, gpurig.launch.job,
                                     gpurig.launch.local, gpurig.launch.mpi_output, gpurig.launch.mpirun,
-                                    gpurig.launch.processes, gpurig.launch.rank_env, gpurig.launch.status])
+                                    gpurig.launch.processes, gpurig.launch.rank_env, gpurig.launch.status,
+                                    gpurig.launch.events])
 def test_docstring_examples(module):
     assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
 

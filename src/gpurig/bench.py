@@ -18,7 +18,6 @@ import json
 import platform
 import sys
 import tempfile
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -86,7 +85,7 @@ def validate(config: BenchConfig) -> None:
 def _comm_job(config: BenchConfig, engine: str, on_event) -> list[dict]:
     """Run :mod:`gpurig.measure.comm` on ``config.nprocs`` ranks of ``engine``; return its rows."""
     from gpurig import launch
-    from gpurig.launch.events import follow_jsonl
+    from gpurig.launch.events import following
 
     with tempfile.TemporaryDirectory(prefix="gpurig-bench-") as tmp:
         events = Path(tmp) / "events.jsonl"
@@ -103,15 +102,9 @@ def _comm_job(config: BenchConfig, engine: str, on_event) -> list[dict]:
                 rows.append(event)
             on_event(event)
 
-        stop = threading.Event()
-        follower = threading.Thread(target=follow_jsonl, args=(events, relay, stop), daemon=True)
-        follower.start()
-        try:
+        with following(events, relay):
             code = launch.run_job([sys.executable, "-m", "gpurig.measure.comm", str(path)], config.nprocs,
                                   engine=engine, mpi_args=config.mpi_args)
-        finally:
-            stop.set()
-            follower.join()
     if code != 0:
         raise UsageError(f"the {engine} benchmark job failed (exit code {code})")
     return rows

@@ -14,7 +14,7 @@ examples:
   gpurig train --epochs 8 --resume          # continue from the last checkpoint to epoch 8
   gpurig train --compression int8           # 8-bit gradients with error feedback (slow networks)
   gpurig train --parallel model             # split the big layers over the ranks instead of the batch
-  gpurig train --model cnn --parallel hybrid   # Krizhevsky: convolutions data-, dense layers model-parallel
+  gpurig train --model wide-cnn --parallel hybrid   # Krizhevsky: convolutions data-, dense layers model-parallel
   gpurig train --json | jq .test_accuracy   # machine-readable summary
   gpurig train --on-nonfinite skip          # skip steps whose averaged gradients hold NaN or Inf
 
@@ -49,7 +49,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--engine", default="mpi", help="mpi (default, via mpi4py) or torch (torch.distributed)")
     p.add_argument("--hosts", default=None, help="hosts and slots, e.g. a:4,b:4 (MPI engine)")
     p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun")
-    p.add_argument("--model", default="mlp", help="mlp (784-1200-1200-10, default) or cnn")
+    p.add_argument("--model", default="mlp", help="mlp (784-1200-1200-10, default), cnn (two convolutions, a 256-unit dense layer) or wide-cnn "
+                        "(the same with 4096 units: 98 %% of its weights in the dense head, for --parallel hybrid)")
     p.add_argument("--data", default="mnist", help="reference data set (default mnist: 4,000 train / 1,000 test)")
     p.add_argument("--epochs", type=int, default=5, help="train until this epoch (default 5)")
     p.add_argument("--global-batch", type=int, default=128,

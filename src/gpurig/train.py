@@ -18,7 +18,6 @@ import math
 import os
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from gpurig import checkpoint, checkpoint_series
 from gpurig.errors import UsageError
 from gpurig.faults import Injector
-from gpurig.launch.events import follow_jsonl as _follow
+from gpurig.launch.events import following
 from gpurig.launch.processes import say
 
 CHECKPOINT_FORMAT = "gpurig-train/1"
@@ -198,21 +197,15 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             seen.append(event)
             on_event(event)
 
-        stop = threading.Event()
-        follower = threading.Thread(target=_follow, args=(events_path, relay, stop), daemon=True)
-        follower.start()
-        try:
-            env = dict(os.environ)
-            for value, variable in ((config.failure_timeout, "GPURIG_FAILURE_TIMEOUT"),
-                                    (config.stall_timeout, "GPURIG_STALL_TIMEOUT")):
-                if value is not None:
-                    env[variable] = str(value)
+        env = dict(os.environ)
+        for value, variable in ((config.failure_timeout, "GPURIG_FAILURE_TIMEOUT"),
+                                (config.stall_timeout, "GPURIG_STALL_TIMEOUT")):
+            if value is not None:
+                env[variable] = str(value)
+        with following(events_path, relay):
             code = launch.run_job([sys.executable, "-m", "gpurig.train", str(config_path)], nprocs,
                                   engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args, env=env,
                                   iface=config.iface)
-        finally:
-            stop.set()
-            follower.join()
     return code, seen
 
 

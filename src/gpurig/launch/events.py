@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -30,3 +31,25 @@ def follow_jsonl(path: Path, on_event, stop: threading.Event) -> None:
         if finished:
             return
         stop.wait(0.1)
+
+
+@contextlib.contextmanager
+def following(path: Path, on_event):
+    """Follow ``path`` (:func:`follow_jsonl`) on a thread while the ``with`` block runs; the lines written
+    before it ends are all handed over when it does.
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "e.jsonl"; seen = []
+    >>> with following(p, seen.append):
+    ...     _ = p.write_text('{"event": "start"}\\n')
+    >>> seen
+    [{'event': 'start'}]
+    """
+    stop = threading.Event()
+    follower = threading.Thread(target=follow_jsonl, args=(path, on_event, stop), daemon=True)
+    follower.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        follower.join()

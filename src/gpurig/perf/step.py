@@ -92,7 +92,10 @@ class Device:
         if not self.conv_ratios:
             return 1.0
         m, n, k = gemm[:3]
-        distance = lambda row: sum(math.log(a / b) ** 2 for a, b in ((row[2], k), (row[1], n), (row[0], m)))
+
+        def distance(row):
+            return sum(math.log(a / b) ** 2 for a, b in ((row[2], k), (row[1], n), (row[0], m)))
+
         return min(self.conv_ratios, key=distance)[3]
     jitter: float = 0.0    # coefficient of variation of one rank's compute time from step to step
 
