@@ -3,10 +3,11 @@
 ``calibrate_compute`` is ``gpurig bench``'s compute part (GEMMs over a grid of
 shapes, memory bandwidth, per-layer overhead, codec costs; 1 rank and 2 ranks at
 once); ``calibrate_links`` measures allreduce by message size in an environment
-(2 local ranks, or 2 emulated nodes behind a link) and fits latency and bandwidth.
+(2 local ranks, or 2 emulated nodes behind a link) and fits latency and bandwidth;
+``profile_for`` writes the two together as a profile ``gpurig predict`` reads.
 
-    profile = {"schema": SCHEMA, "device": "cpu", **calibrate_compute(tmp)}
-    profile["comm"] = calibrate_links("1gbit", tmp)
+    compute = calibrate_compute(tmp)
+    path = profile_for(compute, "1gbit", tmp)       # gpurig predict --cluster PATH
 """
 
 import json
@@ -14,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpurig.bench import summarize_engine
+from gpurig.bench import SCHEMA, summarize_engine
 from gpurig.launch.emulator import Cluster
 
 
@@ -56,3 +57,12 @@ def calibrate_links(env: str, tmp: Path) -> dict:
     # emulated nodes are namespaces of this one machine: both ranks share its cores
     return {"ranks": 2, "nodes": 1 if env == "local" else 2, "ranks_per_machine": 2,
             "engines": {"mpi": summarize_engine(rows)}}
+
+
+def profile_for(compute: dict, env: str, tmp: Path) -> Path:
+    """A machine profile of ``compute`` (:func:`calibrate_compute`) and ``env``'s links, written under ``tmp``."""
+    profile = {"schema": SCHEMA, "device": "cpu", "cpu": "this machine", **compute,
+               "comm": calibrate_links(env, tmp)}
+    path = tmp / f"profile-{env.replace(' ', '-')}.json"
+    path.write_text(json.dumps(profile))
+    return path

@@ -26,8 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from calibration import calibrate_compute, calibrate_links
-from gpurig.bench import SCHEMA
+from calibration import calibrate_compute, profile_for
 from gpurig.launch.emulator import Cluster
 from gpurig.predict import PredictRequest, predict
 
@@ -86,10 +85,7 @@ def predictions(rate: str, per_rank_batch: int) -> dict[str, float]:
     (the link's allreduces measured over Open MPI)."""
     with tempfile.TemporaryDirectory(prefix="gpurig-mp-predict-") as tmp_name:
         tmp = Path(tmp_name)
-        profile = {"schema": SCHEMA, "device": "cpu", "cpu": "this machine", **calibrate_compute(tmp)}
-        profile["comm"] = calibrate_links(rate, tmp)
-        path = tmp / "profile.json"
-        path.write_text(json.dumps(profile))
+        path = profile_for(calibrate_compute(tmp), rate, tmp)
         return {variant: predict(PredictRequest(model="mnist-wide-cnn", cluster=str(path), gpus=2, batch=per_rank_batch,
                                                 parallel=variant, engine="mpi"))["step"]["step_ms"]
                 for variant in ("data", "model", "hybrid")}

@@ -26,8 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from calibration import calibrate_compute, calibrate_links, run_env, run_local
-from gpurig.bench import SCHEMA
+from calibration import calibrate_compute, profile_for, run_env, run_local
 from gpurig.launch.emulator import unavailable
 from gpurig.predict import PredictRequest, predict
 
@@ -63,18 +62,14 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpurig-validate-") as tmp_name:
         tmp = Path(tmp_name)
-        profile = {"schema": SCHEMA, "device": "cpu", "cpu": "this machine", **calibrate_compute(tmp)}
-        profile.pop("comm", None)
+        compute = calibrate_compute(tmp)
         single = [{"model": m, "batch": b, "compression": "none"} for m, b in itertools.product(models, batches)]
         plan = [("1 rank", single)] + [(env, [{"model": m, "batch": b, "compression": c}
                                                for m, b, c in itertools.product(models, batches, codecs)])
                                        for env in envs]
         for env, cases in plan:
             console.print(f"[bold]{env}[/]: calibrating, then {len(cases)} configurations")
-            env_profile = dict(profile)
-            env_profile["comm"] = calibrate_links("local" if env == "1 rank" else env, tmp)
-            path = tmp / f"profile-{env.replace(' ', '-')}.json"
-            path.write_text(json.dumps(env_profile))
+            path = profile_for(compute, "local" if env == "1 rank" else env, tmp)
             for case in measure(env, cases, tmp, args.steps):
                 gpus = 1 if env == "1 rank" else 2
                 predicted = predict(PredictRequest(model=f"mnist-{case['model']}", cluster=str(path), gpus=gpus,

@@ -83,16 +83,11 @@ def reliability_env(args) -> dict:
     >>> reliability_env(build_parser().parse_args(["run", "--failure-timeout", "4", "--", "x"]))["GPURIG_FAILURE_TIMEOUT"]
     '4.0'
     """
-    import os
+    from gpurig.launch.settings import job_environment, seconds
 
-    from gpurig.launch.settings import VARIABLES, seconds
-
-    env = dict(os.environ)
-    for flag, field in (("--failure-timeout", "failure_timeout"), ("--stall-timeout", "stall_timeout")):
-        value = getattr(args, field)
-        if value is not None:
-            env[VARIABLES[field]] = str(seconds(value, flag))
-    return env
+    return job_environment(**{field: None if getattr(args, field) is None else seconds(getattr(args, field), flag)
+                              for flag, field in (("--failure-timeout", "failure_timeout"),
+                                                  ("--stall-timeout", "stall_timeout"))})
 
 
 def command_after_dashes(words: list[str], example: str) -> list[str]:

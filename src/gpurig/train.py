@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -176,6 +175,7 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     """
     from gpurig import launch
     from gpurig.launch.env import detect_engine, in_launched_job
+    from gpurig.launch.settings import job_environment
 
     if in_launched_job():
         # Started as one rank by gpurig run / gpurig emulate / mpirun / srun: train here, as that rank.
@@ -197,11 +197,7 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             seen.append(event)
             on_event(event)
 
-        env = dict(os.environ)
-        for value, variable in ((config.failure_timeout, "GPURIG_FAILURE_TIMEOUT"),
-                                (config.stall_timeout, "GPURIG_STALL_TIMEOUT")):
-            if value is not None:
-                env[variable] = str(value)
+        env = job_environment(failure_timeout=config.failure_timeout, stall_timeout=config.stall_timeout)
         with following(events_path, relay):
             code = launch.run_job([sys.executable, "-m", "gpurig.train", str(config_path)], nprocs,
                                   engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args, env=env,

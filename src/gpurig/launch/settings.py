@@ -78,3 +78,14 @@ class Settings:
             else:
                 values[field] = seconds(text, variable)
         return cls(**values)
+
+
+def job_environment(**timeouts: float | None) -> dict:
+    """This process's environment plus the variable of every timeout given (None: left as it is), for the ranks.
+
+    >>> job_environment(failure_timeout=4.0, stall_timeout=None)["GPURIG_FAILURE_TIMEOUT"]
+    '4.0'
+    """
+    env = dict(os.environ)
+    env.update({VARIABLES[field]: str(value) for field, value in timeouts.items() if value is not None})
+    return env

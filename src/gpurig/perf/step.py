@@ -158,8 +158,6 @@ def straggler_seconds(compute_s: float, jitter: float, ranks: int) -> float:
     >>> round(straggler_seconds(0.1, 0.03, 128) * 1000, 2), straggler_seconds(0.1, 0.03, 1)
     (9.35, 0.0)
     """
-    import math
-
     return jitter * compute_s * math.sqrt(2 * math.log(ranks)) if ranks > 1 else 0.0
 
 
