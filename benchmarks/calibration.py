@@ -1,9 +1,11 @@
 """Calibration for the benchmarks that check gpurig predict: only micro-benchmarks, never training runs.
 
 ``calibrate_compute`` is ``gpurig bench``'s compute part (GEMMs over a grid of
-shapes, memory bandwidth, per-layer overhead, codec costs; 1 rank and 2 ranks at
-once); ``calibrate_links`` measures allreduce by message size in an environment
-(2 local ranks, or 2 emulated nodes behind a link) and fits latency and bandwidth;
+shapes, memory bandwidth, per-layer overhead, real layers, optimizer steps, codec
+costs; 1 rank and 2 ranks at once); ``calibrate_links`` measures allreduce by
+message size in an environment (2 local ranks, or 2 emulated nodes behind a
+link), each call isolated by a barrier as a step's buckets are, and fits latency
+and bandwidth;
 ``profile_for`` writes the two together as a profile ``gpurig predict`` reads.
 
     compute = calibrate_compute(tmp)
@@ -50,7 +52,7 @@ def calibrate_links(env: str, tmp: Path) -> dict:
     config = tmp / f"comm-{env}.json"
     config.write_text(json.dumps({"events": str(events), "collectives": ["allreduce"], "p2p": False,
                                   "min_bytes": 4096, "max_bytes": 8 << 20, "budget_bytes": 64 << 20,
-                                  "min_iterations": 5, "max_iterations": 100, "warmup": 3}))
+                                  "min_iterations": 5, "max_iterations": 100, "warmup": 3, "isolated": True}))
     run_env(env, [sys.executable, "-m", "gpurig.measure.comm", str(config)])
     rows = [json.loads(line) for line in events.read_text().splitlines()]
     rows = [r for r in rows if r.get("event") == "row"]

@@ -5,9 +5,10 @@
 
 The model is calibrated only from micro-benchmarks, never from training runs:
 ``gpurig bench``'s compute part (GEMMs over a grid of shapes, memory bandwidth,
-per-layer overhead, codec costs; on 1 rank and on 2 ranks at once) and, per
-environment, its allreduce measurements by message size (latency and bandwidth
-fitted). Then, per environment — 1 rank; 2 ranks on this machine (MPI, shared
+per-layer overhead, real layers of each kind timed forward and backward, an
+optimizer step, codec costs; on 1 rank and on 2 ranks at once) and, per
+environment, its allreduce measurements by message size, each call after a
+barrier (latency and bandwidth fitted). Then, per environment — 1 rank; 2 ranks on this machine (MPI, shared
 memory); 2 emulated nodes behind 1 Gbit/s and 10 Gbit/s links — every
 configuration (model × per-rank batch × compression) is trained for a few
 steps and predicted. Printed: predicted vs measured step time, the error, the

@@ -159,8 +159,9 @@ def test_totals_agree_with_flop_counter_mode_forward_and_backward(name, tokens):
 def test_kinds_of_layers():
     resnet = {layer.kind for layer in spec_of("resnet50").layers}
     bert = {layer.kind for layer in spec_of("bert-base").layers}
-    assert resnet == {"conv", "norm", "linear", "other"}
-    assert bert == {"embedding", "norm", "linear", "attention-matmul", "other"}
+    assert resnet == {"conv", "norm", "linear", "pool", "activation", "other"}
+    assert bert == {"embedding", "norm", "linear", "attention-matmul", "activation", "other"}
+    assert spec_of("resnet50").layer("maxpool").kind == "pool" and spec_of("resnet50").layer("relu").kind == "activation"
     assert spec_of("resnet50").layer("layer1.0").module == "Bottleneck"   # the residual add, its own work
 
 

@@ -9,6 +9,7 @@ import doctest
 import json
 
 import pytest
+import torch
 
 import gpurig.cli_predict
 import gpurig.perf.codec
@@ -133,3 +134,29 @@ def test_bad_input_is_one_line(args, message):
     code, out, err = run_cli(["predict", *args])
     assert code == 2 and message in err and "Traceback" not in err + out
     assert len(err.strip().splitlines()) == 1
+
+
+def test_bench_measured_layers_and_optimizer_are_predicted_as_measured():
+    """bench's compute part, really run here, feeds the predictor: each layer it timed is predicted at its
+    measured forward and backward time, and the optimizer at its measured cost; other kinds keep the model."""
+    import gpurig
+    from gpurig.measure.compute import build_layer, measure_all
+    from gpurig.perf.machine import profile_device
+    from gpurig.perf.step import layer_costs, layer_seconds
+    from gpurig.spec.model import describe
+
+    measured = measure_all(gpurig.init(), quick=True)
+    device = profile_device({"device": "cpu", "compute": {"1": measured}}, ranks_per_node=1)
+    assert {row["kind"] for row in measured["layers"]} == {"linear", "conv", "pool", "activation"}
+    for row in measured["layers"]:
+        example = torch.empty(1, *row["input"][1:], requires_grad=row["input_grad"])
+        layer = layer_costs(describe(build_layer(row["kind"], tuple(row["arguments"])), example,
+                                     batch=row["input"][0]))[0]
+        forward, backward = layer_seconds(layer, device)
+        assert forward == pytest.approx(row["forward_s"], rel=2e-3)
+        assert backward == pytest.approx(row["backward_s"], rel=2e-3)
+    momentum = next(r for r in measured["optimizers"] if r["optimizer"] == "momentum")
+    assert device.optimizer_seconds("momentum", momentum["values"]) == pytest.approx(
+        momentum["values"] * momentum["seconds_per_value"])
+    unmeasured = [layer for layer in layer_costs(describe(torch.nn.LayerNorm(64), (64,), batch=8))]
+    assert device.layer_scale(unmeasured[0]) == (1.0, 1.0)

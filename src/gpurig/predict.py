@@ -28,7 +28,7 @@ from gpurig.errors import UsageError
 from gpurig.perf import codec as codec_cost
 from gpurig.perf import machine
 from gpurig.perf.collectives import Topology
-from gpurig.perf.step import DataParallelSetup, Device, LayerCost, StepPrediction, backward_of, predict_step
+from gpurig.perf.step import DataParallelSetup, Device, LayerCost, StepPrediction, layer_costs, predict_step
 
 PARALLEL = ("data", "model", "hybrid")
 PARALLEL_WHY = {
@@ -64,30 +64,6 @@ class PredictRequest:
 
 
 # -- the model -----------------------------------------------------------------------------------------
-
-def layer_costs(spec) -> list[LayerCost]:
-    """The cost model's view of a described model: GEMMs forward and backward, memory traffic, parameters.
-
-    A layer's backward runs one product per operand that needs a gradient (the
-    model description's convention): twice its forward FLOPs is the weight's and
-    the input's gradient, once the weight's only (the first layer).
-
-    >>> from gpurig.zoo import model_spec
-    >>> layers = layer_costs(model_spec("mnist-mlp", batch=64))
-    >>> layers[0].forward_gemms, layers[0].backward_gemms
-    (((64, 1200, 784),), ((1200, 784, 64),))
-    """
-    out = []
-    for layer in spec.layers:
-        forward = tuple((g.m, g.n, g.k, g.count) if g.count > 1 else (g.m, g.n, g.k) for g in layer.gemms)
-        both = layer.forward_flops and layer.backward_flops >= 1.5 * layer.forward_flops
-        backward = tuple(b for g in forward for b in backward_of(g, input_gradient=both)) \
-            if layer.backward_flops else ()
-        sizes = tuple(math.prod(shape) for _, shape in layer.parameter_shapes)
-        out.append(LayerCost(layer.name, layer.parameters, forward, backward, layer.forward_bytes,
-                             layer.backward_bytes, sizes, kind=layer.kind))
-    return out
-
 
 def bucket_of_tensors(spec, cap_mb: float, first_mb: float = 1.0) -> tuple[int, ...]:
     """Each parameter tensor's bucket, as gpurig's DataParallel (and DDP) would fill them.

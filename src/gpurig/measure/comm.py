@@ -79,11 +79,14 @@ def gpurig_call(comm, collective: str, buf: torch.Tensor):
             "broadcast": lambda: comm.broadcast(buf, root=0)}[collective]
 
 
-def timed_pairs(a, b, n: int) -> tuple[list[float], list[float]]:
-    """``n`` timings of ``a`` and of ``b``, called back to back, alternating which goes first."""
+def timed_pairs(a, b, n: int, before=None) -> tuple[list[float], list[float]]:
+    """``n`` timings of ``a`` and of ``b``, called back to back, alternating which goes first; ``before()``
+    (untimed) ahead of each call if given."""
     times: dict = {a: [], b: []}
     for i in range(n):
         for fn in ((a, b) if i % 2 == 0 else (b, a)):
+            if before is not None:
+                before()
             start = time.perf_counter()
             fn()
             times[fn].append(time.perf_counter() - start)
@@ -96,15 +99,20 @@ def slowest(comm, values: list[float]) -> list[float]:
     return gathered.max(dim=0).values.tolist()
 
 
-def measure_collective(comm, collective: str, nbytes: int, n: int, warmup: int) -> dict:
-    """One size of one collective: gpurig's and the engine's median times, algbw and busbw (GB/s)."""
+def measure_collective(comm, collective: str, nbytes: int, n: int, warmup: int, isolated: bool = False) -> dict:
+    """One size of one collective: gpurig's and the engine's median times, algbw and busbw (GB/s).
+
+    ``isolated``: a barrier before every call, so each one starts on a quiet link with all ranks ready, as a
+    training step's buckets do (back to back, over TCP, a large allreduce often took twice its wire time).
+    """
     count = nbytes // 4
     per_rank = count // comm.size if collective == "allgather" else count
     buf = torch.zeros(max(per_rank, 1))
     out = torch.zeros(max(per_rank, 1) * comm.size)
     ours, raw = gpurig_call(comm, collective, buf), raw_calls(comm, collective, buf, out)
-    timed_pairs(ours, raw, warmup)
-    ours_t, raw_t = timed_pairs(ours, raw, n)
+    before = comm.barrier if isolated else None
+    timed_pairs(ours, raw, warmup, before)
+    ours_t, raw_t = timed_pairs(ours, raw, n, before)
     ours_t, raw_t = slowest(comm, ours_t), slowest(comm, raw_t)
     total = max(per_rank, 1) * 4 * (comm.size if collective == "allgather" else 1)
     ours_s, raw_s = statistics.median(ours_t), statistics.median(raw_t)
@@ -165,7 +173,7 @@ def run(config: dict) -> None:
         if collective == "sendrecv":
             row = measure_p2p(comm, nbytes, n, config["warmup"])
         else:
-            row = measure_collective(comm, collective, nbytes, n, config["warmup"])
+            row = measure_collective(comm, collective, nbytes, n, config["warmup"], config.get("isolated", False))
         emit(event="row", engine=comm.engine_name, ranks=comm.size, **row)
     emit(event="done")
     if events is not None:

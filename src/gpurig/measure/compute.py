@@ -7,8 +7,9 @@ compete for cores, caches and memory bandwidth (``python -m gpurig.measure.compu
 - GEMM: (m × k)·(k × n) over a grid of shapes, as training's linear layers run them;
 - memory: a large copy (bytes read + written per second), what optimizers and activations cost;
 - per layer: the fixed cost of one small layer's forward and backward (dispatch, autograd);
-- convolutions: real ``nn.Conv2d`` forward and backward over a few shapes, with their im2col GEMM sizes,
-  so the predictor knows how far this device's convolutions are from its GEMMs;
+- layers: real linear, convolution, pooling and activation layers, forward and backward timed apart over a
+  few shapes, so the predictor knows how far this device's layers are from its GEMM and memory models;
+- optimizers: one step of SGD, SGD with momentum and Adam per parameter value, at two model sizes;
 - codecs: encode with error feedback + decode per value, each gradient codec.
 
 Every rank times the same thing at the same moment (a barrier before each);
@@ -29,10 +30,26 @@ GEMM_GRID = [(m, n, k) for m in (16, 64, 256, 1024) for (n, k) in ((128, 128), (
                                                                    (4096, 1024), (10, 1024))]
 GPU_GEMM_GRID = [(m, n, k) for m in (64, 512, 4096, 32768) for (n, k) in ((256, 256), (1024, 1024), (4096, 4096),
                                                                      (1024, 8192), (64, 4096))]
-# Convolutions: (batch, in channels, out channels, kernel, image side), stride 1, no padding.
-CONV_GRID = [(32, 1, 32, 5, 28), (32, 32, 64, 5, 12), (32, 16, 32, 3, 32), (128, 1, 32, 5, 28), (128, 32, 64, 5, 12)]
-GPU_CONV_GRID = [(32, 64, 64, 3, 58), (32, 128, 128, 3, 30), (32, 256, 256, 3, 16), (32, 3, 64, 7, 230)]
-QUICK_CONV_GRID = [(32, 1, 32, 5, 28), (32, 32, 64, 5, 12)]
+# Real layers, each (kind, constructor arguments, input shape, whether the input needs a gradient): what
+# the predictor's GEMM and memory models miss (autograd's transposed operands, direct convolutions, pooling's
+# index bookkeeping) is measured on a few shapes of each kind.
+LAYER_GRID = [
+    *[("linear", (1024, 1024), (batch, 1024), grad) for grad in (True, False) for batch in (32, 64, 128, 256)],
+    ("linear", (1024, 16), (256, 1024), True), ("linear", (256, 4096), (64, 256), True),
+    ("conv", (1, 32, 5), (32, 1, 28, 28), False), ("conv", (1, 32, 5), (128, 1, 28, 28), False),
+    ("conv", (32, 64, 5), (32, 32, 12, 12), True), ("conv", (32, 64, 5), (128, 32, 12, 12), True),
+    ("conv", (16, 32, 3), (32, 16, 32, 32), True),
+    ("pool", (2,), (32, 32, 32, 32), True), ("pool", (2,), (32, 64, 8, 8), True),
+    ("activation", (), (32, 32, 32, 32), True), ("activation", (), (32, 4096), True),
+]
+GPU_LAYER_GRID = [
+    ("linear", (4096, 4096), (4096, 4096), True), ("linear", (1024, 1024), (512, 1024), True),
+    ("linear", (4096, 4096), (4096, 4096), False), ("linear", (4096, 64), (8192, 4096), True),
+    ("conv", (64, 64, 3), (32, 64, 58, 58), True), ("conv", (128, 128, 3), (32, 128, 30, 30), True),
+    ("conv", (256, 256, 3), (32, 256, 16, 16), True), ("conv", (3, 64, 7), (32, 3, 230, 230), False),
+    ("pool", (2,), (32, 64, 112, 112), True), ("activation", (), (32, 64, 112, 112), True),
+]
+QUICK_LAYER_GRID = [LAYER_GRID[0], LAYER_GRID[4], LAYER_GRID[10], LAYER_GRID[12], LAYER_GRID[15], LAYER_GRID[17]]
 QUICK_GEMM_GRID = [(m, n, k) for m in (16, 256) for (n, k) in ((128, 128), (1024, 1024), (10, 1024))]
 
 
@@ -79,28 +96,74 @@ def layer_overhead_seconds(device, best, comm, layers: int = 20) -> float:
     return _slowest(comm, best(step, 9) / layers)
 
 
-def convolution_rows(shapes, device, best, comm) -> list[dict]:
-    """Seconds of one ``nn.Conv2d``'s forward and backward (weight gradient, and input gradient unless it has
-    at most 3 input channels, as a first layer) per shape, the slowest rank's, with the (m, n, k) of its im2col GEMM: m = batch × output pixels, n = out channels, k = in channels ×
-    kernel area.
+def build_layer(kind: str, arguments: tuple) -> torch.nn.Module:
+    """The torch module a :data:`LAYER_GRID` entry measures.
 
-    >>> convolution_rows([(2, 1, 4, 3, 8)], torch.device("cpu"), _timer(torch.device("cpu")), one_rank)[0]["m"]  # doctest: +SKIP
-    72
+    >>> build_layer("conv", (1, 32, 5))
+    Conv2d(1, 32, kernel_size=(5, 5), stride=(1, 1))
+    """
+    make = {"linear": torch.nn.Linear, "conv": torch.nn.Conv2d, "pool": torch.nn.MaxPool2d,
+            "activation": torch.nn.ReLU}[kind]
+    return make(*arguments)
+
+
+def layer_rows(grid, device, best, comm) -> list[dict]:
+    """Seconds of each layer's forward and of its backward (weight gradients, and the input's where the
+    entry says so), the slowest rank's, with what built it.
+
+    >>> layer_rows([("activation", (), (2, 8), True)], torch.device("cpu"), _timer(torch.device("cpu")), one_rank)[0]["kind"]  # doctest: +SKIP
+    'activation'
     """
     rows = []
-    for batch, c_in, c_out, kernel, side in shapes:
-        conv = torch.nn.Conv2d(c_in, c_out, kernel).to(device)
-        # a network's first layer (an image's 1 or 3 channels) needs no input gradient
-        x = torch.randn(batch, c_in, side, side, device=device, requires_grad=c_in > 3)
+    for kind, arguments, shape, input_grad in grid:
+        layer = build_layer(kind, arguments).to(device)
+        x = torch.randn(*shape, device=device, requires_grad=input_grad)
+        grad = torch.ones_like(layer(x))
 
-        def step():
-            conv(x).sum().backward()
+        def forward():
+            layer(x)
+
+        def both():
+            layer(x).backward(grad)
+
+        # Small layers take a fraction of a millisecond: each timing repeats the layer for about 10 ms, so
+        # the timer and a stray interruption do not decide the ratio the predictor scales by.
+        inner = max(1, min(200, int(0.01 / max(timed(both, 1), 1e-6))))
+
+        def repeated(fn):
+            return lambda: [fn() for _ in range(inner)]
 
         comm.barrier()
-        seconds = _slowest(comm, best(step, 5))
-        out_side = side - kernel + 1
-        rows.append({"batch": batch, "in_channels": c_in, "out_channels": c_out, "kernel": kernel, "side": side,
-                     "m": batch * out_side * out_side, "n": c_out, "k": c_in * kernel * kernel, "seconds": seconds})
+        forward_s = _slowest(comm, best(repeated(forward), 7) / inner)
+        comm.barrier()
+        total_s = _slowest(comm, best(repeated(both), 7) / inner)
+        rows.append({"kind": kind, "arguments": list(arguments), "input": list(shape), "input_grad": input_grad,
+                     "forward_s": forward_s, "backward_s": max(total_s - forward_s, 0.0)})
+    return rows
+
+
+OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.01),
+              "momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+              "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
+
+
+def optimizer_rows(device, best, comm, sizes=(1 << 18, 1 << 22)) -> list[dict]:
+    """Seconds per parameter value of one step of each optimizer the predictor knows, over parameters of
+    ``sizes`` values in all (four tensors each: a layer's weight and bias are separate tensors too).
+
+    >>> optimizer_rows(torch.device("cpu"), _timer(torch.device("cpu")), one_rank, sizes=(4096,))[0]["optimizer"]  # doctest: +SKIP
+    'sgd'
+    """
+    rows = []
+    for name, make in OPTIMIZERS.items():
+        for values in sizes:
+            params = [torch.nn.Parameter(torch.randn(values // 4, device=device)) for _ in range(4)]
+            for p in params:
+                p.grad = torch.randn_like(p)
+            optimizer = make(params)
+            comm.barrier()
+            seconds = _slowest(comm, best(optimizer.step, 7))
+            rows.append({"optimizer": name, "values": values, "seconds_per_value": seconds / values})
     return rows
 
 
@@ -141,8 +204,9 @@ def measure_all(comm, quick: bool = False) -> dict:
                           device, best, comm, budget_flops=5e10 if device.type == "cuda" else 5e8),
         "memory_bytes_per_s": memory_bytes_per_s(device, best, comm),
         "layer_overhead_s": layer_overhead_seconds(device, best, comm),
-        "conv": convolution_rows(QUICK_CONV_GRID if quick else GPU_CONV_GRID if device.type == "cuda" else CONV_GRID,
-                                 device, best, comm),
+        "layers": layer_rows(QUICK_LAYER_GRID if quick else GPU_LAYER_GRID if device.type == "cuda" else LAYER_GRID,
+                             device, best, comm),
+        "optimizers": optimizer_rows(device, best, comm, sizes=(1 << 18,) if quick else (1 << 18, 1 << 22)),
         "codecs": codec_seconds_per_value(device, best, comm, n=1 << 18 if quick else 1 << 20),
     }
 

@@ -13,9 +13,11 @@ Two sources, one result (a :class:`~gpurig.perf.step.Device` and a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import GemmModel, fit_gemm_model
-from gpurig.perf.step import Device, backward_of
+from gpurig.perf.step import Device, layer_costs, layer_seconds, shape_key
 
 # Datasheet peaks are not what training reaches. These are the assumptions used when nothing is measured.
 GEMM_EFFICIENCY = 0.7          # of peak FLOPS on large GEMMs (cuBLAS on big matrices reaches 70-90 %)
@@ -102,26 +104,38 @@ def profile_device(profile: dict, ranks_per_node: int) -> Device:
     gemm = fit_gemm_model(data["gemm"])
     codecs = {name: (c["encode_s_per_value"], c["decode_s_per_value"]) for name, c in data["codecs"].items()}
     is_gpu = data["device"].startswith("cuda")
-    return Device(profile.get("device", "cpu"), gemm, data["memory_bytes_per_s"], data["layer_overhead_s"],
-                  is_gpu=is_gpu, codec_seconds_per_value=codecs, jitter=data.get("jitter", JITTER),
-                  conv_ratios=conv_ratios(gemm, data.get("conv", [])))
+    device = Device(profile.get("device", "cpu"), gemm, data["memory_bytes_per_s"], data["layer_overhead_s"],
+                    is_gpu=is_gpu, codec_seconds_per_value=codecs, jitter=data.get("jitter", JITTER),
+                    optimizer_rows=tuple((r["optimizer"], r["values"], r["seconds_per_value"])
+                                         for r in data.get("optimizers", [])))
+    return replace(device, layer_ratios=layer_ratios(device, data.get("layers", [])))
 
 
-def conv_ratios(gemm, rows: list[dict]) -> tuple[tuple[int, int, int, float], ...]:
-    """Per convolution ``bench`` measured: its im2col (m, n, k) and its time over what the GEMM model gives
-    its forward and backward GEMMs (no input gradient for a first layer's 1–3 channels).
+def layer_ratios(device: Device, rows: list[dict]) -> tuple[tuple[str, tuple[int, ...], float, float], ...]:
+    """Per layer ``bench`` measured: its kind, :func:`~gpurig.perf.step.shape_key`, and its forward's and
+    backward's measured time over what ``device``'s models give the same layer, described as the predictor
+    describes any model.
 
-    >>> model = GemmModel(0, 1e9, 1e12)
-    >>> conv_ratios(model, [{"m": 100, "n": 10, "k": 90, "in_channels": 10, "seconds": 3 * model.seconds(100, 10, 90) * 2}])
-    ((100, 10, 90, 2.0),)
+    >>> d = Device("cpu", GemmModel(0, 1e9, 1e12), 1e10)
+    >>> row = {"kind": "linear", "arguments": [100, 10], "input": [64, 100], "input_grad": False,
+    ...        "forward_s": 2 * 2 * 64 * 10 * 100 / 1e9, "backward_s": 3 * 2 * 64 * 10 * 100 / 1e9}
+    >>> layer_ratios(d, [row])
+    (('linear', (64, 10, 100, 1), 2.0, 3.0),)
     """
+    import torch
+
+    from gpurig.measure.compute import build_layer
+    from gpurig.spec.model import describe
+
     out = []
     for row in rows:
-        forward = (row["m"], row["n"], row["k"])
-        gemms = [forward, *backward_of(forward, input_gradient=row.get("in_channels", 4) > 3)]
-        modelled = sum(gemm.seconds(*g) for g in gemms)
-        if modelled > 0:
-            out.append((row["m"], row["n"], row["k"], round(row["seconds"] / modelled, 3)))
+        example = torch.empty(1, *row["input"][1:], requires_grad=row["input_grad"])
+        spec = describe(build_layer(row["kind"], tuple(row["arguments"])), example, batch=row["input"][0])
+        layer = layer_costs(spec)[0]
+        forward, backward = layer_seconds(layer, device)
+        key = shape_key(layer)
+        if key is not None and forward > 0 and backward > 0:
+            out.append((layer.kind, key, round(row["forward_s"] / forward, 3), round(row["backward_s"] / backward, 3)))
     return tuple(out)
 
 

@@ -78,26 +78,72 @@ class Device:
     layer_overhead_s: float = 0.0     # per layer, forward and backward together (dispatch, autograd)
     is_gpu: bool = False
     codec_seconds_per_value: dict = field(default_factory=dict)   # codec -> (encode, decode) seconds per value
-    # bench's convolutions: (m, n, k) of their im2col GEMM and their measured time over the GEMM model's
-    conv_ratios: tuple[tuple[int, int, int, float], ...] = ()
-
-    def conv_scale(self, gemm: tuple[int, ...]) -> float:
-        """How much longer a convolution with this im2col GEMM takes than the GEMM model says: the ratio of
-        the measured convolution nearest in shape (log distance over k, n and m), 1 when none was measured.
-
-        >>> d = Device("cpu", GemmModel(0, 1e9, 1e12), 1e10, conv_ratios=((36864, 32, 25, 6.0), (4096, 64, 800, 2.0)))
-        >>> d.conv_scale((18432, 32, 25)), d.conv_scale((8192, 64, 800)), Device("gpu", None, 1).conv_scale((1, 1, 1))
-        (6.0, 2.0, 1.0)
-        """
-        if not self.conv_ratios:
-            return 1.0
-        m, n, k = gemm[:3]
-
-        def distance(row):
-            return sum(math.log(a / b) ** 2 for a, b in ((row[2], k), (row[1], n), (row[0], m)))
-
-        return min(self.conv_ratios, key=distance)[3]
+    # bench's real layers: (kind, shape key, forward ratio, backward ratio), each ratio the layer's measured
+    # time over what the model gives it (:func:`gpurig.perf.machine.layer_ratios`)
+    layer_ratios: tuple[tuple[str, tuple[int, ...], float, float], ...] = ()
     jitter: float = 0.0    # coefficient of variation of one rank's compute time from step to step
+    # bench's optimizer steps: (optimizer, parameter values, seconds per value)
+    optimizer_rows: tuple[tuple[str, int, float], ...] = ()
+
+    def optimizer_seconds(self, optimizer: str, params: int) -> float:
+        """One ``optimizer`` step over ``params`` values: bench's measurement nearest in size, scaled, or the
+        bytes the update moves at the device's memory rate.
+
+        >>> d = Device("cpu", None, 1e10, optimizer_rows=(("momentum", 1 << 18, 1e-9), ("momentum", 1 << 22, 2e-9)))
+        >>> d.optimizer_seconds("momentum", 3_000_000), d.optimizer_seconds("sgd", 1000)
+        (0.006, 1.2e-06)
+        """
+        rows = [row for row in self.optimizer_rows if row[0] == optimizer]
+        if not rows or params <= 0:
+            return memory_seconds(params * OPTIMIZER_BYTES[optimizer], self.memory_bytes_per_s)
+        nearest = min(rows, key=lambda row: abs(math.log(row[1] / params)))
+        return params * nearest[2]
+
+    def layer_scale(self, layer: "LayerCost") -> tuple[float, float]:
+        """How much longer ``layer``'s forward and backward take than the model says: the ratios of the
+        measured layers of its kind, weighted by closeness in shape (inverse squared log distance of
+        :func:`shape_key`; a measured layer of the same shape gives its own ratios), (1, 1) when none was
+        measured. Layers with an input gradient are compared with layers with one, where bench has any.
+
+        >>> fc = LayerCost("fc", 0, ((64, 1024, 1024),), kind="linear")
+        >>> d = Device("cpu", GemmModel(0, 1e9, 1e12), 1e10,
+        ...            layer_ratios=(("linear", (32, 1024, 1024, 0), 1.2, 1.8), ("linear", (128, 1024, 1024, 0), 1.8, 1.2)))
+        >>> d.layer_scale(fc), d.layer_scale(LayerCost("fc", 0, ((32, 1024, 1024),), kind="linear"))
+        ((1.5, 1.5), (1.2, 1.8))
+        >>> d.layer_scale(LayerCost("pool", 0, kind="pool"))
+        (1.0, 1.0)
+        """
+        key = shape_key(layer)
+        rows = [row for row in self.layer_ratios if row[0] == layer.kind and len(row[1]) == len(key or ())]
+        if len(key or ()) == 4:  # the same number of backward products, where measured
+            rows = [row for row in rows if row[1][3] == key[3]] or rows
+        if not rows:
+            return 1.0, 1.0
+        measures = key[:3] if len(key) == 4 else key
+        weights = []
+        for row in rows:
+            distance = sum(math.log(max(a, 1) / max(b, 1)) ** 2 for a, b in zip(measures, row[1]))
+            if distance < 1e-12:
+                return row[2], row[3]
+            weights.append(1.0 / distance)
+        total = sum(weights)
+        return (sum(w * row[2] for w, row in zip(weights, rows)) / total,
+                sum(w * row[3] for w, row in zip(weights, rows)) / total)
+
+
+def shape_key(layer: "LayerCost") -> tuple[int, ...] | None:
+    """What makes two layers of a kind comparable: their first GEMM's (m, n, k) and backward product count,
+    or for a layer without GEMMs the bytes its forward moves.
+
+    >>> shape_key(LayerCost("fc", 0, ((64, 1200, 784),), ((1200, 784, 64),), kind="linear"))
+    (64, 1200, 784, 1)
+    >>> shape_key(LayerCost("pool", 0, forward_bytes=4096, kind="pool"))
+    (4096,)
+    """
+    if layer.forward_gemms:
+        m, n, k = layer.forward_gemms[0][:3]
+        return (m, n, k, len(layer.backward_gemms))
+    return (int(layer.forward_bytes),) if layer.forward_bytes else None
 
 
 @dataclass(frozen=True)
@@ -149,6 +195,30 @@ class StepPrediction:
         return max(parts, key=parts.get)
 
 
+def layer_costs(spec) -> list[LayerCost]:
+    """The cost model's view of a described model: GEMMs forward and backward, memory traffic, parameters.
+
+    A layer's backward runs one product per operand that needs a gradient (the
+    model description's convention): twice its forward FLOPs is the weight's and
+    the input's gradient, once the weight's only (the first layer).
+
+    >>> from gpurig.zoo import model_spec
+    >>> layers = layer_costs(model_spec("mnist-mlp", batch=64))
+    >>> layers[0].forward_gemms, layers[0].backward_gemms
+    (((64, 1200, 784),), ((1200, 784, 64),))
+    """
+    out = []
+    for layer in spec.layers:
+        forward = tuple((g.m, g.n, g.k, g.count) if g.count > 1 else (g.m, g.n, g.k) for g in layer.gemms)
+        both = layer.forward_flops and layer.backward_flops >= 1.5 * layer.forward_flops
+        backward = tuple(b for g in forward for b in backward_of(g, input_gradient=both)) \
+            if layer.backward_flops else ()
+        sizes = tuple(math.prod(shape) for _, shape in layer.parameter_shapes)
+        out.append(LayerCost(layer.name, layer.parameters, forward, backward, layer.forward_bytes,
+                             layer.backward_bytes, sizes, kind=layer.kind))
+    return out
+
+
 def straggler_seconds(compute_s: float, jitter: float, ranks: int) -> float:
     """Expected wait for the slowest of ``ranks`` ranks whose compute varies by ``jitter`` (its coefficient of variation).
 
@@ -168,18 +238,20 @@ def layer_seconds(layer: LayerCost, device: Device) -> tuple[float, float]:
     >>> layer_seconds(LayerCost("fc", 10, ((10, 10, 10),), tuple(backward_of((10, 10, 10)))), d)
     (2e-06, 4e-06)
     """
-    # A convolution is not run as its im2col GEMMs (oneDNN's direct kernels, cuDNN's Winograd and implicit
-    # GEMM): bench measures how far real ones are from the model's GEMMs on this device.
-    scale = device.conv_scale(layer.forward_gemms[0]) if layer.kind == "conv" and layer.forward_gemms else 1.0
-    forward = scale * sum(device.gemm.seconds(*g) for g in layer.forward_gemms)
+    forward = sum(device.gemm.seconds(*g) for g in layer.forward_gemms)
     forward += memory_seconds(layer.forward_bytes, device.memory_bytes_per_s)
-    backward = scale * sum(device.gemm.seconds(*g) for g in layer.backward_gemms)
+    backward = sum(device.gemm.seconds(*g) for g in layer.backward_gemms)
     backward += memory_seconds(layer.backward_bytes, device.memory_bytes_per_s)
     # the fixed cost is measured per layer for forward and backward together: a third of it is forward's
     fixed_forward, fixed_backward = device.layer_overhead_s / 3, 2 * device.layer_overhead_s / 3
     if device.is_gpu:  # the host queues kernels while the GPU runs earlier ones: the longer of the two counts
-        return max(forward, fixed_forward), max(backward, fixed_backward)
-    return forward + fixed_forward, backward + fixed_backward
+        forward, backward = max(forward, fixed_forward), max(backward, fixed_backward)
+    else:
+        forward, backward = forward + fixed_forward, backward + fixed_backward
+    # Real layers are not their GEMMs and bytes (oneDNN's direct convolutions, cuDNN's Winograd, autograd's
+    # transposed operands, pooling's index bookkeeping): bench measures how far they are on this device.
+    scale_forward, scale_backward = device.layer_scale(layer)
+    return scale_forward * forward, scale_backward * backward
 
 
 def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSetup) -> StepPrediction:
@@ -188,7 +260,7 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
     forward = sum(f for f, _ in per_layer)
     backward = sum(b for _, b in per_layer)
     params = sum(layer.params for layer in layers)
-    optimizer = memory_seconds(params * OPTIMIZER_BYTES[setup.optimizer], device.memory_bytes_per_s)
+    optimizer = device.optimizer_seconds(setup.optimizer, params)
 
     buckets: list[dict] = []
     comm_total = exposed = codec = 0.0

@@ -40,7 +40,7 @@ from gpurig.errors import UsageError, one_line
 from gpurig.spec.ops import NORM_OPS, Gemm, aten
 from gpurig.spec.trace import Charges, Tracer
 
-KINDS = ("linear", "conv", "embedding", "norm", "attention-matmul", "other")
+KINDS = ("linear", "conv", "embedding", "norm", "attention-matmul", "pool", "activation", "other")
 SCHEMA = "gpurig.model/1"
 
 
@@ -213,13 +213,19 @@ def on_meta(module: nn.Module) -> nn.Module:
 def example_input(example, batch: int) -> torch.Tensor:
     """A meta tensor of ``batch`` samples from a per-sample shape or an example tensor (first dimension = batch).
 
+    An example that requires grad gives an input that does too: the module is
+    then described as a layer fed by an earlier one (its input's gradient is computed).
+
     >>> example_input((3, 224, 224), 8).shape, example_input(torch.zeros(2, 128, dtype=torch.long), 4).dtype
     (torch.Size([8, 3, 224, 224]), torch.int64)
+    >>> example_input(torch.zeros(1, 4, requires_grad=True), 2).requires_grad
+    True
     """
     if isinstance(example, torch.Tensor):
         if example.dim() == 0:
             raise UsageError("the example input must have a batch dimension, got a scalar")
-        return torch.empty((batch, *example.shape[1:]), dtype=example.dtype, device="meta")
+        return torch.empty((batch, *example.shape[1:]), dtype=example.dtype, device="meta",
+                           requires_grad=example.requires_grad)
     if isinstance(example, int):
         example = (example,)
     if not (isinstance(example, (tuple, list, torch.Size)) and all(isinstance(d, int) and d > 0 for d in example)):
@@ -246,13 +252,18 @@ def _layers(charges: list[Charges]) -> tuple[LayerSpec, ...]:
 
 
 def _kind(charges: Charges) -> str:
-    """The GEMM kind with the most FLOPs; else embedding or norm by the operators run; else other."""
+    """The GEMM kind with the most FLOPs; else embedding or norm by the operators run; pool or activation by the
+    module; else other."""
     if charges.gemm_flops:
         return max(charges.gemm_flops.items(), key=lambda item: item[1])[0]
     if aten.embedding in charges.ops or isinstance(charges.module, (nn.Embedding, nn.EmbeddingBag)):
         return "embedding"
     if charges.ops & NORM_OPS or "Norm" in type(charges.module).__name__:
         return "norm"
+    if "Pool" in type(charges.module).__name__:
+        return "pool"
+    if type(charges.module).__module__ == nn.ReLU.__module__:  # torch.nn's activations: ReLU, GELU, Softmax, ...
+        return "activation"
     return "other"
 
 
