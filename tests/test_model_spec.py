@@ -104,7 +104,7 @@ def test_mnist_mlp_exact_numbers():
     assert linears[0].parameter_shapes == (("1.weight", (1200, 784)), ("1.bias", (1200,)))
     assert (linears[0].input_elements, linears[0].output_elements) == (128 * 784, 128 * 1200)
     relu = spec.layer("2")
-    assert relu.kind == "other" and relu.forward_bytes == 2 * 128 * 1200 * 4 and relu.forward_flops == 0
+    assert relu.kind == "activation" and relu.forward_bytes == 2 * 128 * 1200 * 4 and relu.forward_flops == 0
 
 
 def test_gemm_shape_of_a_linear_layer_on_tokens():

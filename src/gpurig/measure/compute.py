@@ -107,9 +107,10 @@ def build_layer(kind: str, arguments: tuple) -> torch.nn.Module:
     return make(*arguments)
 
 
-def layer_rows(grid, device, best, comm) -> list[dict]:
+def layer_rows(grid, device, best, comm, repeat_s: float = 0.01) -> list[dict]:
     """Seconds of each layer's forward and of its backward (weight gradients, and the input's where the
-    entry says so), the slowest rank's, with what built it.
+    entry says so), the slowest rank's, with what built it; each timing repeats the layer for about
+    ``repeat_s``.
 
     >>> layer_rows([("activation", (), (2, 8), True)], torch.device("cpu"), _timer(torch.device("cpu")), one_rank)[0]["kind"]  # doctest: +SKIP
     'activation'
@@ -126,9 +127,9 @@ def layer_rows(grid, device, best, comm) -> list[dict]:
         def both():
             layer(x).backward(grad)
 
-        # Small layers take a fraction of a millisecond: each timing repeats the layer for about 10 ms, so
+        # Small layers take a fraction of a millisecond: each timing repeats the layer (about 10 ms), so
         # the timer and a stray interruption do not decide the ratio the predictor scales by.
-        inner = max(1, min(200, int(0.01 / max(timed(both, 1), 1e-6))))
+        inner = max(1, min(200, int(repeat_s / max(timed(both, 1), 1e-6))))
 
         def repeated(fn):
             return lambda: [fn() for _ in range(inner)]
@@ -147,15 +148,16 @@ OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.01),
               "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
 
 
-def optimizer_rows(device, best, comm, sizes=(1 << 18, 1 << 22)) -> list[dict]:
-    """Seconds per parameter value of one step of each optimizer the predictor knows, over parameters of
+def optimizer_rows(device, best, comm, sizes=(1 << 18, 1 << 22), names=tuple(OPTIMIZERS)) -> list[dict]:
+    """Seconds per parameter value of one step of each optimizer in ``names``, over parameters of
     ``sizes`` values in all (four tensors each: a layer's weight and bias are separate tensors too).
 
     >>> optimizer_rows(torch.device("cpu"), _timer(torch.device("cpu")), one_rank, sizes=(4096,))[0]["optimizer"]  # doctest: +SKIP
     'sgd'
     """
     rows = []
-    for name, make in OPTIMIZERS.items():
+    for name in names:
+        make = OPTIMIZERS[name]
         for values in sizes:
             params = [torch.nn.Parameter(torch.randn(values // 4, device=device)) for _ in range(4)]
             for p in params:
@@ -205,8 +207,9 @@ def measure_all(comm, quick: bool = False) -> dict:
         "memory_bytes_per_s": memory_bytes_per_s(device, best, comm),
         "layer_overhead_s": layer_overhead_seconds(device, best, comm),
         "layers": layer_rows(QUICK_LAYER_GRID if quick else GPU_LAYER_GRID if device.type == "cuda" else LAYER_GRID,
-                             device, best, comm),
-        "optimizers": optimizer_rows(device, best, comm, sizes=(1 << 18,) if quick else (1 << 18, 1 << 22)),
+                             device, best, comm, repeat_s=0.002 if quick else 0.01),
+        "optimizers": optimizer_rows(device, best, comm, sizes=(1 << 18,) if quick else (1 << 18, 1 << 22),
+                                     names=("momentum",) if quick else tuple(OPTIMIZERS)),
         "codecs": codec_seconds_per_value(device, best, comm, n=1 << 18 if quick else 1 << 20),
     }
 
