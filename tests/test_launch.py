@@ -121,7 +121,10 @@ def test_mpirun_command_line():
     assert line[0] == find_mpirun()
     assert line[1:] == ["-np", "6", "--oversubscribe", "--bind-to", "none", "--host", "a:4,b:4",
                         "-x", "GPURIG_ENGINE", "-x", "PATH", "--mca", "btl", "tcp,self",
-                        *WRAPPER, "python", "x.py"]
+                        "--mca", "btl_tcp_links", "2", *WRAPPER, "python", "x.py"]
+    # a user's choice of TCP connections per pair wins over gpurig's two
+    line = mpirun_command(["x"], 2, [], "--mca btl_tcp_links 1", [])
+    assert line.count("btl_tcp_links") == 1 and line[line.index("btl_tcp_links") + 1] == "1"
 
 
 def test_python_programs_run_under_pyrun():

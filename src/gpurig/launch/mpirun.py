@@ -53,15 +53,31 @@ def mpirun_command(command: list[str], nprocs: int, hosts: list[tuple[str, int]]
     >>> line = mpirun_command(["./a.out"], 2, [("a", 4), ("b", 4)], "--mca btl tcp,self", ["GPURIG_ENGINE"])
     >>> line[1:10]
     ['-np', '2', '--oversubscribe', '--bind-to', 'none', '--host', 'a:4,b:4', '-x', 'GPURIG_ENGINE']
-    >>> line[10:13], line[-3:]
-    (['--mca', 'btl', 'tcp,self'], ['gpurig.launch.rank_wrapper', '--', './a.out'])
+    >>> line[10:16], line[-3:]
+    (['--mca', 'btl', 'tcp,self', '--mca', 'btl_tcp_links', '2'], ['gpurig.launch.rank_wrapper', '--', './a.out'])
     """
     line = [find_mpirun(), "-np", str(nprocs), "--oversubscribe", "--bind-to", "none"]
     if hosts:
         line += ["--host", ",".join(f"{host}:{slots}" for host, slots in hosts)]
     for name in exported:
         line += ["-x", name]
-    return line + mpi_arg_words(mpi_args) + wrap(command)
+    return line + mpi_arg_words(with_tcp_defaults(mpi_args)) + wrap(command)
+
+
+def with_tcp_defaults(mpi_args: str) -> str:
+    """``mpi_args`` plus two TCP connections per pair of ranks, unless the user chose a number.
+
+    With one connection, each pair's large exchanges over TCP (an allreduce's two directions at once)
+    alternated between their wire time and twice it, call after call: a 4 MB allreduce over a 1 Gbit/s
+    link took 35 or 67 ms whatever the allreduce algorithm; with two, 35 ms every time
+    (docs/benchmarks.md). Open MPI uses these only between machines; shared memory is unaffected.
+
+    >>> with_tcp_defaults(""), with_tcp_defaults("--mca btl_tcp_links 4")
+    ('--mca btl_tcp_links 2', '--mca btl_tcp_links 4')
+    """
+    if "btl_tcp_links" in mpi_args:
+        return mpi_args
+    return f"{mpi_args} --mca btl_tcp_links 2".strip()
 
 
 def mpi_arg_words(mpi_args: str) -> list[str]:
