@@ -140,8 +140,8 @@ def test_bench_measured_layers_and_optimizer_are_predicted_as_measured():
     """bench's compute part, really run here, feeds the predictor: each layer it timed is predicted at its
     measured forward and backward time, and the optimizer at its measured cost; other kinds keep the model."""
     import gpurig
-    from gpurig.measure.compute import build_layer, measure_all
-    from gpurig.perf.machine import profile_device
+    from gpurig.measure.compute import measure_all
+    from gpurig.perf.machine import build_layer, profile_device
     from gpurig.perf.step import layer_costs, layer_seconds
     from gpurig.spec.model import describe
 

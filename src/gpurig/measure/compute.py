@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from gpurig.perf.machine import build_layer
 from gpurig.timing import device_sync, timed
 
 GEMM_GRID = [(m, n, k) for m in (16, 64, 256, 1024) for (n, k) in ((128, 128), (1024, 1024), (1024, 4096),
@@ -94,17 +95,6 @@ def layer_overhead_seconds(device, best, comm, layers: int = 20) -> float:
 
     comm.barrier()
     return _slowest(comm, best(step, 9) / layers)
-
-
-def build_layer(kind: str, arguments: tuple) -> torch.nn.Module:
-    """The torch module a :data:`LAYER_GRID` entry measures.
-
-    >>> build_layer("conv", (1, 32, 5))
-    Conv2d(1, 32, kernel_size=(5, 5), stride=(1, 1))
-    """
-    make = {"linear": torch.nn.Linear, "conv": torch.nn.Conv2d, "pool": torch.nn.MaxPool2d,
-            "activation": torch.nn.ReLU}[kind]
-    return make(*arguments)
 
 
 def layer_rows(grid, device, best, comm, repeat_s: float = 0.01) -> list[dict]:

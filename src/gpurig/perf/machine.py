@@ -14,10 +14,14 @@ Two sources, one result (a :class:`~gpurig.perf.step.Device` and a
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import GemmModel, fit_gemm_model
 from gpurig.perf.step import Device, layer_costs, layer_seconds, shape_key
+
+if TYPE_CHECKING:
+    import torch
 
 # Datasheet peaks are not what training reaches. These are the assumptions used when nothing is measured.
 GEMM_EFFICIENCY = 0.7          # of peak FLOPS on large GEMMs (cuBLAS on big matrices reaches 70-90 %)
@@ -111,6 +115,19 @@ def profile_device(profile: dict, ranks_per_node: int) -> Device:
     return replace(device, layer_ratios=layer_ratios(device, data.get("layers", [])))
 
 
+def build_layer(kind: str, arguments: tuple) -> "torch.nn.Module":
+    """The torch module a ``bench`` layer measurement (:data:`gpurig.measure.compute.LAYER_GRID`) times.
+
+    >>> build_layer("conv", (1, 32, 5))
+    Conv2d(1, 32, kernel_size=(5, 5), stride=(1, 1))
+    """
+    import torch
+
+    make = {"linear": torch.nn.Linear, "conv": torch.nn.Conv2d, "pool": torch.nn.MaxPool2d,
+            "activation": torch.nn.ReLU}[kind]
+    return make(*arguments)
+
+
 def layer_ratios(device: Device, rows: list[dict]) -> tuple[tuple[str, tuple[int, ...], float, float], ...]:
     """Per layer ``bench`` measured: its kind, :func:`~gpurig.perf.step.shape_key`, and its forward's and
     backward's measured time over what ``device``'s models give the same layer, described as the predictor
@@ -124,7 +141,6 @@ def layer_ratios(device: Device, rows: list[dict]) -> tuple[tuple[str, tuple[int
     """
     import torch
 
-    from gpurig.measure.compute import build_layer
     from gpurig.spec.model import describe
 
     out = []

@@ -114,8 +114,8 @@ class Device:
         (1.0, 1.0)
         """
         key = shape_key(layer)
-        rows = [row for row in self.layer_ratios if row[0] == layer.kind and len(row[1]) == len(key or ())]
-        if len(key or ()) == 4:  # the same number of backward products, where measured
+        rows = [row for row in self.layer_ratios if key and row[0] == layer.kind and len(row[1]) == len(key)]
+        if rows and len(key) == 4:  # the same number of backward products, where measured
             rows = [row for row in rows if row[1][3] == key[3]] or rows
         if not rows:
             return 1.0, 1.0
