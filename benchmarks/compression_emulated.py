@@ -33,22 +33,25 @@ def main():
     p.add_argument("--warmup", type=int, default=8)  # auto decides after 6 steps
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--bucket-mb", type=float, default=None, help="default: DataParallel's (25 MB, 4 MB compressed)")
+    p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated; default: all")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    codecs = args.codecs.split(",")
     comm = gpurig.init()
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(comm.rank)
     x = torch.randn(args.per_rank_batch, 784, generator=g)
     y = torch.randint(0, 10, (args.per_rank_batch,), generator=g)
     variants = {}
-    for name in CODECS:
+    for name in codecs:
         torch.manual_seed(0)
         model = gpurig.DataParallel(models.mlp(), compression=name, bucket_cap_mb=args.bucket_mb)
         variants[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
-    times = {name: [] for name in CODECS}
-    sent = {name: [] for name in CODECS}
+    times = {name: [] for name in codecs}
+    sent = {name: [] for name in codecs}
+    exposed = {name: [] for name in codecs}
     for rnd in range(args.warmup + args.rounds):
-        order = CODECS[rnd % len(CODECS):] + CODECS[: rnd % len(CODECS)]
+        order = codecs[rnd % len(codecs):] + codecs[: rnd % len(codecs)]
         for name in order:
             model, opt = variants[name]
             comm.barrier()
@@ -60,14 +63,16 @@ def main():
             if rnd >= args.warmup:
                 times[name].append(elapsed)
                 sent[name].append(after - before)
-    slowest = comm.allreduce(torch.tensor([sorted(times[n])[len(times[n]) // 2] for n in CODECS],
+                exposed[name].append(model.stats.last_exposed_s)
+    slowest = comm.allreduce(torch.tensor([sorted(times[n])[len(times[n]) // 2] for n in codecs],
                                           dtype=torch.float64), op="sum") / comm.size
     if comm.rank == 0:
         result = {"ranks": comm.size, "per_rank_batch": args.per_rank_batch, "engine": comm.engine_name, "codecs": {}}
-        for i, name in enumerate(CODECS):
+        for i, name in enumerate(codecs):
             step = slowest[i].item()
             result["codecs"][name] = {
-                "step_ms": 1000 * step, "samples_per_s": comm.size * args.per_rank_batch / step,
+                "step_ms": 1000 * step,
+                "exposed_ms": 1000 * sorted(exposed[name])[len(exposed[name]) // 2], "samples_per_s": comm.size * args.per_rank_batch / step,
                 "bytes_sent_per_step": sorted(sent[name])[len(sent[name]) // 2],
                 "bytes_computed_per_step": variants[name][0].stats.bytes_sent // variants[name][0].stats.steps,
                 "methods": variants[name][0].methods,

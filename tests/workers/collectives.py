@@ -110,6 +110,31 @@ def _():
     assert mixed.tolist() == list(range(P))
 
 
+@case("alltoall_and_allgather_begun_inside_a_job_finish_in_order")
+def _():
+    """A run_async job starts several non-blocking collectives, computes between them, then waits (the
+    compressed averaging's pipeline); results land in the caller's buffers."""
+    def job():
+        sends = [value(R + k, 4 * P, torch.int64).view(P, 4) for k in range(3)]
+        outs = [torch.empty_like(s) for s in sends]
+        handles = [comm.alltoall_async(s, out=o) for s, o in zip(sends, outs)]
+        mine = [torch.full((1, 5), float(R + 10 * k)) for k in range(3)]
+        gathered = [torch.empty(P, 5) for _ in range(3)]
+        handles += [comm.allgather_async(m, sizes=[1] * P, out=g) for m, g in zip(mine, gathered)]
+        results = [h.wait() for h in handles]
+        assert all(r.data_ptr() == o.data_ptr() for r, o in zip(results, outs + gathered))
+        return outs, gathered
+
+    outs, gathered = comm.run_async(job).wait()
+    for k in range(3):
+        want = torch.cat([value(r + k, 4 * P, torch.int64).view(P, 4)[R: R + 1] for r in range(P)])
+        assert torch.equal(outs[k], want), (outs[k], want)
+        assert torch.equal(gathered[k], torch.tensor([[float(r + 10 * k)] * 5 for r in range(P)]))
+    # and from the caller's thread (queued behind nothing, or run by the engine's own threads)
+    out = comm.alltoall_async(value(R, 2 * P, torch.float32).view(P, 2)).wait()
+    assert torch.equal(out, torch.cat([value(r, 2 * P, torch.float32).view(P, 2)[R: R + 1] for r in range(P)]))
+
+
 @case("run_async_jobs_interleave_with_async_collectives")
 def _():
     a = torch.full((100,), float(R))

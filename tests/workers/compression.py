@@ -7,8 +7,9 @@ import torch.nn.functional as F
 
 import gpurig
 from casekit import case, write
-from gpurig.parallel import codecs
-from gpurig.parallel.compression import FeedbackState, average, compressed_average, switch_method, wire_bytes
+from gpurig.parallel import codecs, compression
+from gpurig.parallel.compression import (PIECE_BYTES, FeedbackState, average, compressed_average, switch_method,
+                                         wire_bytes)
 
 comm = gpurig.init()
 R, P = comm.rank, comm.size
@@ -144,6 +145,64 @@ for name in METHODS:
         steps(again, opt2, batches[4:])
         for p, q in zip(dp.parameters(), again.parameters()):
             assert torch.equal(p, q), (p - q).abs().max()
+
+
+@case("pieces_change_nothing_but_how_the_bytes_travel")
+def _():
+    """Cut into many pieces (a pipeline of collectives) or sent whole, the average is bit-identical."""
+    for name in LOSSY:
+        results = []
+        for piece_bytes in (1 << 30, 2000):
+            compression.PIECE_BYTES = piece_bytes
+            try:
+                x, state = gradient(R, 20_000), FeedbackState()
+                for _ in range(2):  # the second step uses the residuals the first left
+                    sent = compressed_average(comm, x, codecs.get(name), state, name="t")
+                results.append((x, state.sent, state.owned, sent))
+            finally:
+                compression.PIECE_BYTES = PIECE_BYTES
+        (one, *_), (many, *_) = results
+        assert len(compression.piece_bounds(20_000 // P, codecs.get(name))) == 1
+        assert all(torch.equal(a, b) for a, b in zip(results[0][:3], results[1][:3])), name
+        assert results[0][3] == results[1][3] == wire_bytes(name, [torch.Size([20_000])], P)
+
+
+@case("overlapped_buckets_average_as_one_bucket_at_a_time")
+def _():
+    """DataParallel begins each compressed bucket before finishing the one before, with plain and PowerSGD
+    buckets between them: every bucket still gets exactly the average it would get alone."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(6)])
+    dp = gpurig.DataParallel(copy.deepcopy(net), compression="int8", bucket_cap_mb=0.004)
+    methods = (["int8", "fp16", "none", "int8", "powersgd:2", "int8"] * 3)[: len(dp.buckets)]
+    for bucket, method in zip(dp.buckets, methods):
+        bucket.method = method
+    compression.PIECE_BYTES = 1500  # several pieces per bucket
+    try:
+        states = [FeedbackState() for _ in dp.buckets]
+        for step in range(3):
+            x = torch.randn(8, 40, generator=torch.Generator().manual_seed(100 * step + R))
+            dp.zero_grad()
+            dp(x).sum().backward()
+            net.zero_grad()
+            net(x).sum().backward()
+            for bucket, method, state in zip(dp.buckets, methods, states):
+                flat = torch.zeros_like(bucket.flat)
+                own = dict(zip(map(id, dp.module.parameters()), net.parameters()))
+                for p, start in zip(bucket.params, bucket.offsets):
+                    flat[start: start + p.numel()] = own[id(p)].grad.reshape(-1)
+                if method == "none":
+                    flat[: bucket.numel] = comm.allreduce(flat[: bucket.numel] * (1 / P), op="sum")  # as DDP
+                else:
+                    average(comm, flat, method, state, bucket.shapes)
+                for p, start in zip(bucket.params, bucket.offsets):
+                    assert torch.equal(p.grad.reshape(-1), flat[start: start + p.numel()]), (step, method)
+            with torch.no_grad():  # keep both models equal for the next step
+                for p, q in zip(dp.module.parameters(), net.parameters()):
+                    q.copy_(p)
+        assert len(set(methods)) == 4 and dp._in_flight is None
+    finally:
+        compression.PIECE_BYTES = PIECE_BYTES
 
 
 @case("compression_state_roundtrip_and_mismatch")

@@ -254,6 +254,35 @@ class Communicator:
         return (native and self._engine_reads(flat)
                 and self._worker.idle() and not self._worker.on_worker_thread())
 
+    def _can_start(self, *tensors: torch.Tensor) -> bool:
+        """Whether a collective on ``tensors`` can be begun on this thread and left to finish on its own.
+
+        Needs an engine with non-blocking operations that reads the tensors in
+        place, and a thread that owns the order of collectives: the background
+        thread itself (a ``run_async`` job pipelining its collectives), or any
+        thread of an engine with its own async operations when nothing is queued.
+        """
+        if not hasattr(self.engine, "start_alltoall") or not all(self._engine_reads(t) for t in tensors):
+            return False
+        if any(not t.is_contiguous() for t in tensors[1:]):  # an ``out`` the engine must write in place
+            return False
+        return self._worker.on_worker_thread() or (getattr(self.engine, "native_async", False)
+                                                   and self._worker.idle())
+
+    def _begin(self, signature: Signature, nbytes: int, work, start, blocking: bool):
+        """Run a collective: blocking, queued on the background thread, or begun here without waiting.
+
+        ``work()`` runs it to the end and returns the result; ``start()`` begins
+        it and returns (result, the engine's request); the handle's ``wait()``
+        then waits for that request.
+        """
+        if blocking or start is None:
+            return self._run(lambda: self._guarded(signature, nbytes, work), blocking)
+        with self._engine_errors():
+            self.guard.begin(signature, nbytes)
+            result, request = start()
+        return Handle(work=request, finish=lambda: self._ended(result), errors=self._engine_errors)
+
     def _engine_reads(self, flat: torch.Tensor) -> bool:
         """Whether the engine takes ``flat`` where it is (NCCL only device memory, MPI without CUDA only host)."""
         if flat.is_cuda:
@@ -340,11 +369,17 @@ class Communicator:
         """
         return self._allgather(tensor, sizes, blocking=True, name=name)
 
-    def allgather_async(self, tensor: torch.Tensor, sizes: list[int] | None = None, name: str | None = None) -> Handle:
-        """Start :meth:`allgather`."""
-        return self._allgather(tensor, sizes, blocking=False, name=name)
+    def allgather_async(self, tensor: torch.Tensor, sizes: list[int] | None = None, name: str | None = None,
+                        out: torch.Tensor | None = None) -> Handle:
+        """Start :meth:`allgather`; with equal ``sizes``, ``out`` (``size`` times ``tensor``'s rows) may receive it.
 
-    def _allgather(self, tensor, sizes, blocking, name=None):
+        >>> handle = comm.allgather_async(torch.tensor([comm.rank]), sizes=[1, 1])   # doctest: +SKIP
+        >>> handle.wait()                                                             # doctest: +SKIP
+        tensor([0, 1])
+        """
+        return self._allgather(tensor, sizes, blocking=False, name=name, out=out)
+
+    def _allgather(self, tensor, sizes, blocking, name=None, out=None):
         self._check(tensor, "allgather")
         if tensor.dim() == 0:
             tensor = tensor.view(1)
@@ -356,12 +391,21 @@ class Communicator:
             rows = list(sizes) if sizes is not None else self._sizes(tensor)
             row = math.prod(tensor.shape[1:])
             flat = self._to_engine(tensor.reshape(-1).contiguous())
-            out = self.engine.allgather(flat, [r * row for r in rows])
-            return out.to(tensor.device).view(sum(rows), *tensor.shape[1:])
+            gathered = self.engine.allgather(flat, [r * row for r in rows])
+            gathered = gathered.to(tensor.device).view(sum(rows), *tensor.shape[1:])
+            return gathered if out is None else out.copy_(gathered)
 
+        def start():
+            flat = tensor.reshape(-1).contiguous()
+            target = out if out is not None else flat.new_empty(self.size * flat.numel())
+            return target.view(self.size * tensor.shape[0], *tensor.shape[1:]), \
+                self.engine.start_allgather(flat, target.view(-1))
+
+        equal = sizes is not None and len(set(sizes)) == 1
         signature = Signature.of("allgather", tensor, name, "" if sizes is None else f"rows {sizes}",
                                  vary_first=sizes is None)
-        return self._run(lambda: self._guarded(signature, tensor.nbytes, work), blocking)
+        can_start = not blocking and equal and self._can_start(tensor, *([] if out is None else [out]))
+        return self._begin(signature, tensor.nbytes, work, start if can_start else None, blocking)
 
     def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> torch.Tensor:
         """Reduce over ranks, then give rank r the r-th piece along dim 0.
@@ -445,18 +489,45 @@ class Communicator:
         >>> comm.alltoall(torch.tensor([10 * comm.rank, 10 * comm.rank + 1]))   # doctest: +SKIP
         tensor([0, 10])                                                        # rank 0 of 2
         """
+        return self._alltoall(tensor, None, blocking=True, name=name)
+
+    def alltoall_async(self, tensor: torch.Tensor, out: torch.Tensor | None = None,
+                       name: str | None = None) -> Handle:
+        """Start :meth:`alltoall`; ``out`` (shaped like ``tensor``) may receive it.
+
+        A ``run_async`` job that starts several and works between them overlaps
+        its arithmetic with the transfers (the compressed averaging does).
+
+        >>> handle = comm.alltoall_async(torch.tensor([10 * comm.rank, 10 * comm.rank + 1]))   # doctest: +SKIP
+        >>> handle.wait()                                                                     # doctest: +SKIP
+        tensor([0, 10])
+        """
+        return self._alltoall(tensor, out, blocking=False, name=name)
+
+    def _alltoall(self, tensor, out, blocking, name=None):
         self._check(tensor, "alltoall")
         if tensor.dim() == 0 or tensor.shape[0] % self.size:
             raise ValueError(f"alltoall needs a first dimension divisible by {self.size} ranks, got {tuple(tensor.shape)}")
+        if out is not None and (out.shape != tensor.shape or out.dtype != tensor.dtype):
+            raise ValueError(f"alltoall out {tuple(out.shape)} {out.dtype} differs from the tensor's "
+                             f"{tuple(tensor.shape)} {tensor.dtype}")
 
         def work():
             if tensor.numel() == 0:
-                return tensor.clone()
+                return tensor.clone() if out is None else out
             flat = self._to_engine(tensor.reshape(-1).contiguous())
-            return self.engine.alltoall(flat).to(tensor.device).view(tensor.shape)
+            received = self.engine.alltoall(flat).to(tensor.device).view(tensor.shape)
+            return received if out is None else out.copy_(received)
+
+        def start():
+            flat = tensor.reshape(-1).contiguous()
+            target = out if out is not None else torch.empty_like(tensor)
+            return target, self.engine.start_alltoall(flat, target.view(-1))
 
         signature = Signature.of("alltoall", tensor, name)
-        return self._run(lambda: self._guarded(signature, tensor.nbytes, work), blocking=True)
+        can_start = (not blocking and tensor.numel() > 0
+                     and self._can_start(tensor, *([] if out is None else [out])))
+        return self._begin(signature, tensor.nbytes, work, start if can_start else None, blocking)
 
     def barrier(self) -> None:
         """Wait until every rank has reached this point."""

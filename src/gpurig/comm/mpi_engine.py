@@ -85,6 +85,24 @@ def _abort_on_unhandled_exception() -> None:
     sys.excepthook = hook
 
 
+class Request:
+    """A non-blocking MPI operation, with torch's ``Work`` interface (``wait``, ``is_completed``).
+
+    It holds the buffers until the operation ends. Open MPI moves the data only
+    inside MPI calls, so ``is_completed()`` (MPI_Test) also drives it forward.
+    """
+
+    def __init__(self, request, *buffers):
+        self._request, self._buffers = request, buffers
+
+    def wait(self) -> None:
+        self._request.Wait()
+        self._buffers = ()
+
+    def is_completed(self) -> bool:
+        return self._request.Test()
+
+
 class MPIEngine:
     """Blocking collectives on flat, contiguous tensors over ``MPI.COMM_WORLD``.
 
@@ -149,6 +167,14 @@ class MPIEngine:
         out = torch.empty_like(tensor)
         self.comm.Alltoall(self._buf(tensor), self._buf(out))
         return out
+
+    def start_alltoall(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
+        """Begin :meth:`alltoall` into ``out`` without waiting; MPI moves it whenever this rank calls MPI."""
+        return Request(self.comm.Ialltoall(self._buf(tensor), self._buf(out)), tensor, out)
+
+    def start_allgather(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
+        """Begin an allgather of equal pieces into ``out`` without waiting."""
+        return Request(self.comm.Iallgather(self._buf(tensor), self._buf(out)), tensor, out)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self.comm.Bcast(self._buf(tensor), root=root)

@@ -98,6 +98,14 @@ class TorchEngine:
         dist.all_to_all_single(out, tensor)
         return out
 
+    def start_alltoall(self, tensor: torch.Tensor, out: torch.Tensor):
+        """Begin :meth:`alltoall` into ``out``; returns the backend's ``Work`` (Gloo moves it on its own threads)."""
+        return dist.all_to_all_single(out, tensor, async_op=True)
+
+    def start_allgather(self, tensor: torch.Tensor, out: torch.Tensor):
+        """Begin an allgather of equal pieces into ``out``; returns the backend's ``Work``."""
+        return _all_gather(out, tensor, async_op=True)
+
     def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool = False):
         return dist.broadcast(tensor, src=root, async_op=async_op)
 

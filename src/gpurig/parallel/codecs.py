@@ -54,6 +54,10 @@ class Codec:
     bits_per_value: float
     lossy: bool = True
     blockwise: bool = False
+    # Optional faster paths, same results up to rounding: encode and write what the encoding lost into
+    # ``residual`` in one go; add the decoded values to ``out`` without a temporary.
+    encode_residual: Callable[[torch.Tensor, torch.Tensor, Payload], None] | None = None
+    decode_add: Callable[[Payload, torch.Tensor], None] | None = None
 
 
 def padded_length(n: int, codec: Codec) -> int:
@@ -130,19 +134,39 @@ def _blockwise_layout(code_dtype):
     return lambda n: [(code_dtype, n), (torch.float32, n // BLOCK)]
 
 
+_SMALLEST_SCALE = 127 * torch.finfo(torch.float32).tiny  # so 127 / scale stays finite for an all-zero block
+
+
 def _absmax(blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Largest magnitude of each row, into ``out``; max and −min avoid an abs() temporary."""
     torch.amax(blocks, dim=1, out=out)
-    out.clamp_min_(torch.finfo(torch.float32).tiny)
+    out.clamp_min_(_SMALLEST_SCALE)
     return torch.maximum(out, blocks.amin(dim=1).neg_(), out=out)
 
 
-def _encode_int8(x: torch.Tensor, payload: Payload) -> None:
+def _int8_levels(x: torch.Tensor, payload: Payload) -> torch.Tensor:
+    """Write the codes of ``x``; return them as float levels (a per-thread scratch buffer)."""
     codes, scale = payload
     blocks = x.view(-1, BLOCK)
     _absmax(blocks, scale)
-    scaled = torch.mul(blocks, (127 / scale)[:, None], out=_scratch(blocks))
-    codes.view(-1, BLOCK).copy_(scaled.round_())
+    levels = torch.mul(blocks, (127 / scale)[:, None], out=_scratch(blocks)).round_()
+    codes.view(-1, BLOCK).copy_(levels)
+    return levels
+
+
+def _encode_int8(x: torch.Tensor, payload: Payload) -> None:
+    _int8_levels(x, payload)
+
+
+def _encode_int8_residual(x: torch.Tensor, residual: torch.Tensor, payload: Payload) -> None:
+    # x − levels·scale/127 from the float levels still at hand: one pass, not decode-then-subtract's three
+    levels = _int8_levels(x, payload)
+    torch.addcmul(x.view(-1, BLOCK), levels, (payload[1] / -127)[:, None], out=residual.view(-1, BLOCK))
+
+
+def _decode_add_int8(payload: Payload, out: torch.Tensor) -> None:
+    codes, scale = payload
+    out.view(-1, BLOCK).addcmul_(codes.view(-1, BLOCK), (scale / 127)[:, None])
 
 
 def _decode_int8(payload: Payload, out: torch.Tensor) -> None:
@@ -206,7 +230,7 @@ CODECS: dict[str, Codec] = {
     "fp16": Codec("fp16", lambda n: [(torch.float16, n)], *_cast(torch.float16), 16.0),
     "bf16": Codec("bf16", lambda n: [(torch.bfloat16, n)], *_cast(torch.bfloat16), 16.0),
     "int8": Codec("int8", _blockwise_layout(torch.int8), _encode_int8, _decode_int8, 8 + 32 / BLOCK,
-                  blockwise=True),
+                  blockwise=True, encode_residual=_encode_int8_residual, decode_add=_decode_add_int8),
     "int8-dynamic": Codec("int8-dynamic", _blockwise_layout(torch.uint8), _encode_dynamic, _decode_dynamic,
                           8 + 32 / BLOCK, blockwise=True),
 }
@@ -270,13 +294,33 @@ def encode_with_feedback(codec: Codec, x: torch.Tensor, residual: torch.Tensor |
     """
     if residual is not None:
         x.add_(residual)
-    codec.encode(x, payload)
     if not codec.lossy:
+        codec.encode(x, payload)
         return None
     if residual is None:
         residual = torch.empty_like(x)
+    if codec.encode_residual is not None:
+        codec.encode_residual(x, residual, payload)
+        return residual
+    codec.encode(x, payload)
     codec.decode(payload, residual)
     return torch.sub(x, residual, out=residual)
+
+
+def decode_add(codec: Codec, payload: Payload, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """Add the values ``payload`` stands for to ``out``; ``scratch`` (same length) is used only if the codec
+    has no fused way.
+
+    >>> x = torch.randn(1024); out = torch.ones(1024)
+    >>> decode_add(get("int8"), encode(get("int8"), x), out, torch.empty(1024))
+    >>> torch.allclose(out, 1 + decode(get("int8"), encode(get("int8"), x), 1024), atol=1e-6)
+    True
+    """
+    if codec.decode_add is not None:
+        codec.decode_add(payload, out)
+    else:
+        codec.decode(payload, scratch)
+        out.add_(scratch)
 
 
 def cost_seconds(codec: Codec, n: int, ranks: int, device=None) -> float:

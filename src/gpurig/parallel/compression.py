@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpurig.comm.signature import Signature
 from gpurig.parallel import codecs, powersgd
 
 POWERSGD = "powersgd"
@@ -127,57 +128,163 @@ def wire_bytes(method: str, shapes: list[torch.Size], ranks: int) -> int:
     return 2 * (ranks - 1) * codecs.payload_bytes(codec, chunk_length(n, ranks, codec))
 
 
-def compressed_average(comm, x: torch.Tensor, codec: codecs.Codec, state: FeedbackState) -> int:
+PIECE_BYTES = 256 * 1024  # compressed bytes per message: encoding the next piece overlaps sending this one
+MAX_PIECES = 8
+
+
+def piece_bounds(chunk: int, codec: codecs.Codec) -> list[tuple[int, int]]:
+    """Where a rank's chunk is cut for the pipeline: about :data:`PIECE_BYTES` compressed each, whole blocks.
+
+    >>> piece_bounds(3 * 2**20, codecs.get("int8"))[:2], len(piece_bounds(3 * 2**20, codecs.get("int8")))
+    ([(0, 393216), (393216, 786432)], 8)
+    >>> piece_bounds(4096, codecs.get("int8"))
+    [(0, 4096)]
+    """
+    count = max(1, min(MAX_PIECES, round(codecs.payload_bytes(codec, chunk) / PIECE_BYTES)))
+    unit = codecs.BLOCK if codec.blockwise else 1
+    per = -(-chunk // (unit * count)) * unit
+    return [(start, min(start + per, chunk)) for start in range(0, chunk, per)]
+
+
+def collectives(n: int, ranks: int, method: str, name: str | None = None) -> tuple[list, list] | None:
+    """The collectives averaging a bucket of ``n`` values with ``method`` submits: (when it begins, when it
+    finishes), each in order; None when they depend on more than the size (PowerSGD).
+
+    DataParallel announces them, so the guard checks a whole step with one exchange.
+
+    >>> begun, finished = collectives(4096, 2, "int8", "bucket 0")
+    >>> [s.describe() for s in begun + finished]
+    ["alltoall 'bucket 0 piece 0' uint8[2,2056]", "allgather 'bucket 0 piece 0' uint8[1,2056] rows [1, 1]"]
+    """
+    kind, _ = parse_method(method)
+    if kind == POWERSGD:
+        return None
+    if kind == "none":
+        return [Signature("allreduce", name, "float32", (n,), "sum")], []
+    codec = codecs.get(kind)
+    pieces = piece_bounds(chunk_length(n, ranks, codec), codec)
+    rows = [codecs.payload_bytes(codec, b - a) for a, b in pieces]
+    label = [f"{name} piece {k}" if name else f"piece {k}" for k in range(len(pieces))]
+    return ([Signature("alltoall", label[k], "uint8", (ranks, row)) for k, row in enumerate(rows)],
+            [Signature("allgather", label[k], "uint8", (1, row), f"rows {[1] * ranks}") for k, row in enumerate(rows)])
+
+
+def elementwise(method: str) -> bool:
+    """Whether ``method`` is an element-wise codec, averaged by :class:`CompressedAverage`.
+
+    >>> elementwise("int8"), elementwise("none"), elementwise("powersgd:2")
+    (True, False, False)
+    """
+    return parse_method(method)[0] not in ("none", POWERSGD)
+
+
+def compressed_average(comm, x: torch.Tensor, codec: codecs.Codec, state: FeedbackState,
+                       name: str | None = None) -> int:
     """Average the flat float32 ``x`` over all ranks through ``codec``, in place; return the bytes this rank sent.
 
-    Must be called by every rank with the same ``x.numel()`` and codec. When
-    ``x`` is already a whole number of chunks (:func:`padded_bucket_length`) it
-    is used as the working buffer; otherwise it is copied once.
+    Must be called by every rank with the same ``x.numel()`` and codec. The
+    same as beginning a :class:`CompressedAverage` and finishing it at once.
 
     >>> sent = compressed_average(comm, grad, codecs.get("int8"), FeedbackState())   # doctest: +SKIP
     """
-    n, ranks, me = x.numel(), comm.size, comm.rank
-    chunk = chunk_length(n, ranks, codec)
-    work = x if n == chunk * ranks else state.buffer("padded", chunk * ranks, device=x.device)
-    if work is not x:
-        work[:n].copy_(x)
-        work[n:].zero_()
-    if codec.lossy and state.sent is None:
-        state.sent = torch.zeros_like(work)
-    row = codecs.payload_bytes(codec, chunk)
-
-    def piece(tensor, r):
-        return None if tensor is None else tensor[r * chunk: (r + 1) * chunk]
-
-    # 1. Reduce-scatter: chunk r, compressed, to rank r. This rank's own chunk never travels, so it stays exact.
-    send = state.buffer("send", ranks * row, torch.uint8, x.device).view(ranks, row)
-    for r in range(ranks):
-        if r != me:
-            codecs.encode_with_feedback(codec, piece(work, r), piece(state.sent, r),
-                                        codecs.payload_views(codec, chunk, send[r]))
-    received = comm.alltoall(send)
-    mine, decoded = piece(work, me), state.buffer("decoded", chunk, device=x.device)
-    for r in range(ranks):
-        if r != me:
-            codec.decode(codecs.payload_views(codec, chunk, received[r]), decoded)
-            mine.add_(decoded)
-    mine.div_(ranks)
-
-    # 2. Allgather of every chunk's compressed average; each rank decodes all of them, its own too, so the
-    #    result is bit-identical everywhere.
-    if codec.lossy and state.owned is None:
-        state.owned = torch.zeros_like(mine)
-    owned = state.buffer("owned_payload", row, torch.uint8, x.device)
-    state.owned = codecs.encode_with_feedback(codec, mine, state.owned, codecs.payload_views(codec, chunk, owned))
-    gathered = comm.allgather(owned.view(1, row), sizes=[1] * ranks)
-    for r in range(ranks):
-        codec.decode(codecs.payload_views(codec, chunk, gathered[r]), piece(work, r))
-    if work is not x:
-        x.copy_(work[:n])
-    return 2 * (ranks - 1) * row
+    return CompressedAverage(comm, x, codec, state, name).finish()
 
 
-def average(comm, flat: torch.Tensor, method: str, state: FeedbackState, shapes: list[torch.Size]) -> int:
+class CompressedAverage:
+    """One bucket's compressed average in flight: begun, then finished, possibly with other work between.
+
+    Beginning it compresses this rank's pieces of every other rank's chunk and
+    starts sending them (the reduce-scatter); :meth:`finish` adds what arrives
+    to this rank's own chunk, compresses the average and allgathers it. Each
+    chunk is cut into pieces (:func:`piece_bounds`) that travel as separate
+    non-blocking collectives, so one piece is encoded or decoded while another
+    is on the wire. DataParallel begins the next bucket before finishing this
+    one, keeping the link busy across buckets. When ``x`` is a whole number of
+    chunks (:func:`padded_bucket_length`) it is the working buffer; otherwise
+    it is copied once.
+
+    >>> average = CompressedAverage(comm, grad, codecs.get("int8"), FeedbackState())   # doctest: +SKIP
+    >>> sent = average.finish()                                                        # doctest: +SKIP
+    """
+
+    def __init__(self, comm, x: torch.Tensor, codec: codecs.Codec, state: FeedbackState, name: str | None = None):
+        n, ranks, me = x.numel(), comm.size, comm.rank
+        self.comm, self.x, self.codec, self.state = comm, x, codec, state
+        self.chunk = chunk = chunk_length(n, ranks, codec)
+        self.work = x if n == chunk * ranks else state.buffer("padded", chunk * ranks, device=x.device)
+        if self.work is not x:
+            self.work[:n].copy_(x)
+            self.work[n:].zero_()
+        if codec.lossy and state.sent is None:
+            state.sent = torch.zeros_like(self.work)
+        if codec.lossy and state.owned is None:
+            state.owned = torch.zeros(chunk, device=x.device)
+        self.pieces = piece_bounds(chunk, codec)
+        self.labels = [f"{name} piece {k}" if name else f"piece {k}" for k in range(len(self.pieces))]
+        # 1. Reduce-scatter: piece k of chunk r, compressed, to rank r. This rank's own chunk never travels, so it
+        #    stays exact.
+        self.scattered = []
+        for k in range(len(self.pieces)):
+            send = self._buffer("send", k, ranks)
+            for r in range(ranks):
+                if r != me:
+                    codecs.encode_with_feedback(codec, self._part(self.work, r, k), self._part(state.sent, r, k),
+                                                self._views(k, send[r]))
+            self.scattered.append(comm.alltoall_async(send, out=self._buffer("received", k, ranks),
+                                                      name=self.labels[k]))
+            _keep_moving(self.scattered)
+
+    def finish(self) -> int:
+        """Wait for the pieces, average, allgather and decode into ``x``; return the bytes this rank sent."""
+        comm, codec, state, work = self.comm, self.codec, self.state, self.work
+        ranks, me = comm.size, comm.rank
+        # 2. Allgather of every piece's compressed average; each rank decodes all of them, its own too, so the
+        #    result is bit-identical everywhere.
+        gathered = []
+        scratch = state.buffer("decoded", self.pieces[0][1] - self.pieces[0][0], device=work.device)
+        for k in range(len(self.pieces)):
+            received = self.scattered[k].wait()
+            mine = self._part(work, me, k)
+            for r in range(ranks):
+                if r != me:
+                    codecs.decode_add(codec, self._views(k, received[r]), mine, scratch[: mine.numel()])
+            mine.div_(ranks)
+            owned = self._buffer("owned", k, 1)
+            codecs.encode_with_feedback(codec, mine, self._part(state.owned, 0, k), self._views(k, owned[0]))
+            gathered.append(comm.allgather_async(owned, sizes=[1] * ranks, name=self.labels[k],
+                                                 out=self._buffer("gathered", k, ranks)))
+            _keep_moving(gathered)
+        for k in range(len(self.pieces)):
+            everyone = gathered[k].wait()
+            for r in range(ranks):
+                codec.decode(self._views(k, everyone[r]), self._part(work, r, k))
+        if work is not self.x:
+            self.x.copy_(work[: self.x.numel()])
+        return 2 * (ranks - 1) * sum(codecs.payload_bytes(codec, end - start) for start, end in self.pieces)
+
+    def _part(self, tensor: torch.Tensor | None, r: int, k: int) -> torch.Tensor | None:
+        """Piece ``k`` of rank ``r``'s chunk of ``tensor``."""
+        start, end = self.pieces[k]
+        return None if tensor is None else tensor[r * self.chunk + start: r * self.chunk + end]
+
+    def _buffer(self, what: str, k: int, rows: int) -> torch.Tensor:
+        """A payload buffer of ``rows`` rows for piece ``k``, kept in the state between steps."""
+        length = self.pieces[k][1] - self.pieces[k][0]
+        return self.state.buffer(f"{what} {k}", rows * codecs.payload_bytes(self.codec, length), torch.uint8,
+                                 self.work.device).view(rows, -1)
+
+    def _views(self, k: int, row: torch.Tensor):
+        return codecs.payload_views(self.codec, self.pieces[k][1] - self.pieces[k][0], row)
+
+
+def _keep_moving(handles) -> None:
+    """Ask about every transfer in flight: MPI moves bytes only inside its calls (Gloo and NCCL need not)."""
+    for handle in handles:
+        handle.is_completed()
+
+
+def average(comm, flat: torch.Tensor, method: str, state: FeedbackState, shapes: list[torch.Size],
+            name: str | None = None) -> int:
     """Average ``flat`` (the gradients of tensors of ``shapes``, back to back) in place with ``method``.
 
     Returns the bytes this rank sent. For ``none`` any residual left by an
@@ -192,9 +299,9 @@ def average(comm, flat: torch.Tensor, method: str, state: FeedbackState, shapes:
         if state.sent is not None:
             flat.add_(state.sent[: flat.numel()])
             state.sent = state.owned = None
-        comm.allreduce(flat, op="average")
+        comm.allreduce(flat, op="average", name=name)
         return wire_bytes("none", shapes, comm.size)
-    return compressed_average(comm, flat, codecs.get(kind), state)
+    return compressed_average(comm, flat, codecs.get(kind), state, name)
 
 
 def switch_method(state: FeedbackState, old: str, new: str, rank: int, ranks: int) -> None:

@@ -22,8 +22,8 @@ import torch
 from gpurig import comm as comm_mod
 from gpurig.comm.signature import Signature
 from gpurig.parallel import auto, codecs, numerics, powersgd
-from gpurig.parallel.compression import (POWERSGD, FeedbackState, average, padded_bucket_length, parse_method,
-                                         switch_method, wire_bytes)
+from gpurig.parallel.compression import (POWERSGD, CompressedAverage, FeedbackState, average, collectives,
+                                         elementwise, padded_bucket_length, parse_method, switch_method, wire_bytes)
 
 DEFAULT_BUCKET_MB = 25.0
 COMPRESSED_BUCKET_MB = 4.0  # compressed buckets are cheap to send: smaller ones start travelling during backward
@@ -236,6 +236,7 @@ class DataParallel(torch.nn.Module):
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._names = {id(p): name for name, p in module.named_parameters()}
         self._announced: tuple = ((), [])  # (bucket methods, the signatures announced for them)
+        self._in_flight: CompressedAverage | None = None  # begun on the background thread, not yet finished
         if self.compresses and any(p.dtype != torch.float32 for p in self._params):
             raise ValueError(f"compression {compression!r} needs float32 parameters")
         self._bucket_cap_mb = bucket_cap_mb
@@ -316,13 +317,31 @@ class DataParallel(torch.nn.Module):
         return bucket.ready == len(bucket.params)
 
     def _signatures(self) -> list[Signature]:
-        """What this step's bucket allreduces submit, when every bucket travels uncompressed, else nothing."""
+        """What this step's buckets submit, in the order they do; nothing when a method cannot say (PowerSGD).
+
+        A compressed bucket's second half is submitted after the next compressed
+        bucket has begun (see :meth:`_launch`), the last one's at the end.
+        """
         methods = tuple(self.methods)
         if self._announced[0] != methods:
-            plain = all(m == "none" for m in methods)
-            self._announced = (methods, [Signature("allreduce", f"bucket {b}", "float32", (bucket.numel,), "sum")
-                                         for b, bucket in enumerate(self.buckets)] if plain else [])
+            order, pending = [], []
+            for i, (bucket, method) in enumerate(zip(self.buckets, methods)):
+                n = len(bucket.flat) if method != "none" else bucket.numel
+                planned = collectives(n, self.comm.size, method, f"bucket {i}")
+                if planned is None:
+                    order, pending = [], []
+                    break
+                begun, finished = planned
+                order += begun
+                if elementwise(method):
+                    order, pending = order + pending, finished
+            self._announced = (methods, order + pending)
         return self._announced[1]
+
+    @property
+    def _pipelined(self) -> bool:
+        """Whether compressed buckets overlap (some bucket uses an element-wise codec)."""
+        return any(elementwise(m) for m in self.methods)
 
     def _launch(self, bucket: Bucket) -> None:
         # Launch order is the bucket order on every rank, whatever order autograd finished in.
@@ -343,26 +362,46 @@ class DataParallel(torch.nn.Module):
                 bucket.flat.add_(bucket.state.sent, alpha=scale)
                 bucket.state = FeedbackState()
         bucket.launched_at = time.perf_counter()
-        if plain:
-            bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=f"bucket {index}")
-            self.stats.bytes_sent += wire_bytes("none", bucket.shapes, self.comm.size)
+        name = f"bucket {index}"
+        if plain and not self._pipelined:
+            bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=name)
+        elif plain:  # on the background thread too, so its place among the compressed buckets' is the same everywhere
+            bucket.handle = self.comm.run_async(lambda: self.comm.allreduce(bucket.flat[: bucket.numel], "sum", name))
+        elif elementwise(bucket.method):
+            bucket.handle = self.comm.run_async(lambda: self._begin_compressed(bucket, name))
         else:
-            bucket.handle = self.comm.run_async(lambda: self._compressed_average(bucket))
+            bucket.handle = self.comm.run_async(lambda: self._lowrank_average(bucket, name))
+        if plain:
+            self.stats.bytes_sent += wire_bytes("none", bucket.shapes, self.comm.size)
         self._next_bucket += 1
 
-    def _compressed_average(self, bucket: Bucket) -> torch.Tensor:
-        self.stats.bytes_sent += average(self.comm, bucket.flat, bucket.method, bucket.state,
-                                                     bucket.shapes)
-        return bucket.flat
+    def _begin_compressed(self, bucket: Bucket, name: str) -> None:
+        """Begin this bucket's compressed average, then finish the one before: the link has this one's pieces
+        to carry while the earlier one's are decoded, averaged and sent back."""
+        begun = CompressedAverage(self.comm, bucket.flat, codecs.get(bucket.method), bucket.state, name)
+        self._finish_in_flight()
+        self._in_flight = begun
+
+    def _finish_in_flight(self) -> None:
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None:
+            self.stats.bytes_sent += pending.finish()
+
+    def _lowrank_average(self, bucket: Bucket, name: str) -> None:
+        self._finish_in_flight()
+        self.stats.bytes_sent += average(self.comm, bucket.flat, bucket.method, bucket.state, bucket.shapes, name)
 
     def _finish_backward(self) -> None:
         self._finalize_queued = False
         while self._next_bucket < len(self.buckets):  # parameters that got no gradient this step
             self._launch(self.buckets[self._next_bucket])
             self.stats.launched_at_end += 1
+        last = self.comm.run_async(self._finish_in_flight) if self._pipelined else None
         start = time.perf_counter()
         for bucket in self.buckets:
             bucket.handle.wait()
+        if last is not None:
+            last.wait()
         waited = time.perf_counter() - start
         # The averaged gradients stay in the buckets: each param.grad becomes a view of its
         # bucket (DDP's gradient_as_bucket_view), so there is no copy back and no second copy.
