@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpurig.parallel import auto, codecs, powersgd
+from gpurig.parallel import auto, codecs, native, powersgd
 from gpurig.parallel.compression import chunk_length, parse_method, switch_method, wire_bytes, FeedbackState
 
 LOSSY = ["fp16", "bf16", "int8", "int8-dynamic"]
@@ -219,3 +219,63 @@ def test_fitted_bandwidth_reproduces_the_measured_wait(gbit, lead):
     assert math.isclose(again, waited, rel_tol=1e-3, abs_tol=1e-7)
     if waited > 1e-6:
         assert math.isclose(fitted, truth.bandwidth, rel_tol=1e-2)
+
+
+def _int8_both_ways(x, residual):
+    """(codes, scale, new residual, x after) from the C kernel and from the torch functions, for one input."""
+    results = []
+    for use_native in (True, False):
+        xx, rr = x.clone(), residual.clone()
+        payload = codecs.empty_payload(codecs.get("int8"), x.numel())
+        if use_native:
+            native.library().int8_encode_feedback(xx.data_ptr(), rr.data_ptr(), 1, payload[0].data_ptr(),
+                                                  payload[1].data_ptr(), x.numel(), codecs.BLOCK,
+                                                  codecs._SMALLEST_SCALE)
+        else:
+            xx.add_(rr)
+            levels = codecs._int8_levels(xx, payload)
+            rr = xx - (levels * (payload[1] / 127)[:, None]).view(-1)
+        results.append((*payload, rr, xx))
+    return results
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: the torch functions are used")
+@settings(max_examples=40, deadline=None)
+@given(x=gradients())
+def test_native_int8_gives_the_torch_codes_and_scales(x):
+    """The C kernel is a faster way to the same payload: codes and scales equal, residuals equal to rounding."""
+    n = codecs.padded_length(x.numel(), codecs.get("int8"))
+    x = torch.cat([x, x.new_zeros(n - x.numel())])
+    residual = torch.randn(n, generator=torch.Generator().manual_seed(n)) * x.abs().max() * 1e-3
+    (codes, scale, res, after), (codes_t, scale_t, res_t, after_t) = _int8_both_ways(x, residual)
+    assert torch.equal(codes, codes_t) and torch.equal(scale, scale_t) and torch.equal(after, after_t)
+    assert torch.allclose(res, res_t, rtol=1e-6, atol=1e-30 + 1e-6 * scale.max().item())
+    out, out_t = torch.empty(n), torch.empty(n)
+    codecs.get("int8").decode((codes, scale), out)  # the C decode
+    out_t.copy_(codes).view(-1, codecs.BLOCK).mul_((scale / 127)[:, None])
+    assert torch.equal(out, out_t)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: the torch functions are used")
+def test_native_int8_lets_nan_and_inf_through_to_the_scale():
+    """A NaN or Inf in a block makes its scale non-finite, as with torch.amax, so the numerical guard sees it."""
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(3 * codecs.BLOCK)
+        x[codecs.BLOCK + 5] = bad
+        (codes, scale, *_), _ = _int8_both_ways(x, torch.zeros_like(x))
+        assert torch.isfinite(scale[0]) and not torch.isfinite(scale[1]) and torch.isfinite(scale[2]), (bad, scale)
+
+
+def test_without_the_kernels_the_codec_falls_back_to_torch(monkeypatch, tmp_path):
+    """GPURIG_NATIVE=0 (or no compiler) gives no library; encoding still works, through torch."""
+    monkeypatch.setenv("GPURIG_NATIVE", "0")
+    assert native._load() is None
+    monkeypatch.setattr(native, "_loaded", [None])
+    x = torch.randn(4096)
+    payload = codecs.empty_payload(codecs.get("int8"), 4096)
+    residual = codecs.encode_with_feedback(codecs.get("int8"), x.clone(), None, payload)
+    assert torch.allclose(codecs.decode(codecs.get("int8"), payload, 4096) + residual, x, atol=1e-6)
+    monkeypatch.delenv("GPURIG_NATIVE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if native.compiler() is not None:  # a fresh cache directory: built there, atomically, once
+        assert native._load() is not None and len(list((tmp_path / "gpurig").glob("int8-*.so"))) == 1

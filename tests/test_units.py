@@ -18,6 +18,7 @@ import gpurig.parallel.auto
 import gpurig.parallel.codecs
 import gpurig.parallel.compression
 import gpurig.parallel.data_parallel
+import gpurig.parallel.native
 import gpurig.parallel.powersgd
 import gpurig.parallel.sharding
 import gpurig.train
@@ -33,7 +34,7 @@ from gpurig.train import TrainConfig, split_across_ranks, validate
                                     gpurig.parallel.sharding, gpurig.models, gpurig.train, gpurig.checkpoint,
                                     gpurig.launch.hosts, gpurig.launch.job, gpurig.launch.status,
                                     gpurig.parallel.auto, gpurig.parallel.codecs, gpurig.parallel.compression,
-                                    gpurig.parallel.powersgd])
+                                    gpurig.parallel.powersgd, gpurig.parallel.native])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0

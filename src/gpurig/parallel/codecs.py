@@ -33,6 +33,8 @@ from typing import Callable
 
 import torch
 
+from gpurig.parallel import native
+
 BLOCK = 1024  # values per absmax scale: 4 bytes of scale per KiB of int8 codes
 EXPONENTS = 7  # decades the 8-bit dynamic type spans below each block's absmax
 
@@ -54,9 +56,10 @@ class Codec:
     bits_per_value: float
     lossy: bool = True
     blockwise: bool = False
-    # Optional faster paths, same results up to rounding: encode and write what the encoding lost into
-    # ``residual`` in one go; add the decoded values to ``out`` without a temporary.
-    encode_residual: Callable[[torch.Tensor, torch.Tensor, Payload], None] | None = None
+    # Optional faster paths, same results up to rounding: ``encode_residual(x, residual, payload, add)`` adds
+    # the residual to x (if ``add``), encodes, and writes what the encoding lost into ``residual``, in one go;
+    # ``decode_add`` adds the decoded values to ``out`` without a temporary.
+    encode_residual: Callable[[torch.Tensor, torch.Tensor, Payload, bool], None] | None = None
     decode_add: Callable[[Payload, torch.Tensor], None] | None = None
 
 
@@ -158,10 +161,25 @@ def _encode_int8(x: torch.Tensor, payload: Payload) -> None:
     _int8_levels(x, payload)
 
 
-def _encode_int8_residual(x: torch.Tensor, residual: torch.Tensor, payload: Payload) -> None:
+def _native(*tensors: torch.Tensor):
+    """The C kernels (:mod:`gpurig.parallel.native`) when every tensor is contiguous host memory, else None."""
+    if all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return native.library()
+    return None
+
+
+def _encode_int8_residual(x: torch.Tensor, residual: torch.Tensor, payload: Payload, add: bool) -> None:
+    codes, scale = payload
+    lib = _native(x, residual, codes, scale)
+    if lib is not None:
+        lib.int8_encode_feedback(x.data_ptr(), residual.data_ptr(), int(add), codes.data_ptr(), scale.data_ptr(),
+                                 x.numel(), BLOCK, _SMALLEST_SCALE)
+        return
+    if add:
+        x.add_(residual)
     # x − levels·scale/127 from the float levels still at hand: one pass, not decode-then-subtract's three
     levels = _int8_levels(x, payload)
-    torch.addcmul(x.view(-1, BLOCK), levels, (payload[1] / -127)[:, None], out=residual.view(-1, BLOCK))
+    torch.addcmul(x.view(-1, BLOCK), levels, (scale / -127)[:, None], out=residual.view(-1, BLOCK))
 
 
 def _decode_add_int8(payload: Payload, out: torch.Tensor) -> None:
@@ -171,6 +189,10 @@ def _decode_add_int8(payload: Payload, out: torch.Tensor) -> None:
 
 def _decode_int8(payload: Payload, out: torch.Tensor) -> None:
     codes, scale = payload
+    lib = _native(codes, scale, out)
+    if lib is not None:
+        lib.int8_decode(codes.data_ptr(), scale.data_ptr(), out.data_ptr(), out.numel(), BLOCK)
+        return
     out.copy_(codes)
     out.view(-1, BLOCK).mul_((scale / 127)[:, None])
 
@@ -292,6 +314,11 @@ def encode_with_feedback(codec: Codec, x: torch.Tensor, residual: torch.Tensor |
     >>> torch.allclose(decode(get("int8"), payload, 2048) + residual, x)
     True
     """
+    if codec.encode_residual is not None:
+        add = residual is not None
+        residual = residual if add else torch.empty_like(x)
+        codec.encode_residual(x, residual, payload, add)
+        return residual
     if residual is not None:
         x.add_(residual)
     if not codec.lossy:
@@ -299,9 +326,6 @@ def encode_with_feedback(codec: Codec, x: torch.Tensor, residual: torch.Tensor |
         return None
     if residual is None:
         residual = torch.empty_like(x)
-    if codec.encode_residual is not None:
-        codec.encode_residual(x, residual, payload)
-        return residual
     codec.encode(x, payload)
     codec.decode(payload, residual)
     return torch.sub(x, residual, out=residual)

@@ -1,0 +1,50 @@
+/* gpurig's int8 codec on CPU: one pass over memory where the torch version makes seven.
+ *
+ * Blockwise absmax, 8-bit linear levels, with error feedback: the same codes and
+ * scales as gpurig.parallel.codecs' torch functions (tested equal), built by
+ * gpurig.parallel.native with the machine's C compiler. Loops are written so the
+ * compiler vectorizes them without -ffast-math: a NaN or an infinity in a block
+ * still makes its scale NaN or infinite, as torch.amax does, so the numerical
+ * guard sees it after the average.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+/* x += residual (if add_residual); codes, scale = encode(x); residual = x - decode(codes, scale). */
+void int8_encode_feedback(float *restrict x, float *restrict residual, int add_residual,
+                          int8_t *restrict codes, float *restrict scale, long n, long block, float smallest) {
+    for (long b = 0; b < n / block; b++) {
+        float *restrict xb = x + b * block;
+        float *restrict rb = residual + b * block;
+        int8_t *restrict cb = codes + b * block;
+        if (add_residual)
+            for (long i = 0; i < block; i++) xb[i] += rb[i];
+        /* |x| as bits: for non-negative floats integer order is float order, and NaN sorts above inf */
+        uint32_t most = 0;
+        for (long i = 0; i < block; i++) {
+            uint32_t bits;
+            memcpy(&bits, &xb[i], 4);
+            bits &= 0x7fffffffu;
+            most = bits > most ? bits : most;
+        }
+        float m;
+        memcpy(&m, &most, 4);
+        if (m < smallest) m = smallest;
+        scale[b] = m;
+        float inv = 127.0f / m, step = m / 127.0f;
+        for (long i = 0; i < block; i++) {
+            float level = nearbyintf(xb[i] * inv);
+            cb[i] = (int8_t)level;
+            rb[i] = xb[i] - level * step;
+        }
+    }
+}
+
+/* out = codes * scale / 127, block by block. */
+void int8_decode(const int8_t *restrict codes, const float *restrict scale, float *restrict out, long n, long block) {
+    for (long b = 0; b < n / block; b++) {
+        float step = scale[b] / 127.0f;
+        for (long i = b * block; i < (b + 1) * block; i++) out[i] = (float)codes[i] * step;
+    }
+}
