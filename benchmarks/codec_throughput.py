@@ -2,7 +2,9 @@
 
 One thread (what each rank gets on a 2-core machine with 2 ranks), the source's
 MLP gradient (2.4 M float32 values, 9.6 MB), best of several repetitions,
-buffers allocated once (as the training loop does). PowerSGD (rank 4) is timed
+buffers allocated once (as the training loop does). Encoding is what training
+does: with error feedback (add last step's residual, encode, keep what was
+lost); int8 uses the C kernels where this machine can build them. PowerSGD (rank 4) is timed
 on the MLP's own layer shapes: encoding is P = M·Q, orthonormalising P and
 Q = Mᵀ·P; decoding is P·Qᵀ.
 
@@ -15,7 +17,7 @@ import json
 import torch
 
 from gpurig import models
-from gpurig.parallel import codecs, powersgd
+from gpurig.parallel import codecs, native, powersgd
 from gpurig.timing import device_sync, timed
 
 
@@ -41,7 +43,8 @@ def main():
     rows = {}
     for name, codec in codecs.CODECS.items():
         payload = codecs.empty_payload(codec, n, device)
-        encode = best(lambda: codec.encode(x, payload))
+        residual = torch.zeros_like(x) if codec.lossy else None
+        encode = best(lambda: codecs.encode_with_feedback(codec, x, residual, payload))
         decode = best(lambda: codec.decode(payload, out))
         rows[name] = {"encode_ms": 1000 * encode, "decode_ms": 1000 * decode,
                       "gb_per_s": nbytes / (encode + decode) / 1e9,
@@ -74,8 +77,8 @@ def main():
         "fraction_of_memcpy": nbytes / (encode + decode) / memcpy,
         "wire_bytes": 4 * powersgd.factor_values(shapes, rank)}
     with open(args.out, "w") as f:
-        json.dump({"values": values, "device": str(device), "memcpy_gb_per_s": memcpy / 1e9, "codecs": rows}, f,
-                  indent=2)
+        json.dump({"values": values, "device": str(device), "memcpy_gb_per_s": memcpy / 1e9,
+                   "native_kernels": device.type == "cpu" and native.library() is not None, "codecs": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ def codec_table() -> None:
     subprocess.run([sys.executable, str(HERE / "codec_throughput.py"), "--out", str(out)], check=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
     result = json.loads(out.read_text())
-    table = Table(title=f"Codec encode + decode, {result['values'] / 1e6:.1f} M float32 values, one thread "
-                        f"(memcpy {result['memcpy_gb_per_s']:.1f} GB/s)")
+    table = Table(title=f"Codec encode (with error feedback) + decode, {result['values'] / 1e6:.1f} M float32 "
+                        f"values, one thread (memcpy {result['memcpy_gb_per_s']:.1f} GB/s"
+                        f"{', int8 in C' if result.get('native_kernels') else ''})")
     for col in ("codec", "wire MB", "encode ms", "decode ms", "GB/s", "of memcpy"):
         table.add_column(col, justify="right")
     for name, row in result["codecs"].items():
