@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpurig.bench import SCHEMA, summarize_engine
+from gpurig.bench import SCHEMA, summarize_engine, summarize_overlap
 from gpurig.launch.emulator import Cluster
 
 
@@ -52,13 +52,14 @@ def calibrate_links(env: str, tmp: Path) -> dict:
     config = tmp / f"comm-{env}.json"
     config.write_text(json.dumps({"events": str(events), "collectives": ["allreduce"], "p2p": False,
                                   "min_bytes": 4096, "max_bytes": 8 << 20, "budget_bytes": 64 << 20,
-                                  "min_iterations": 5, "max_iterations": 100, "warmup": 3, "isolated": True}))
+                                  "min_iterations": 5, "max_iterations": 100, "warmup": 3, "isolated": True,
+                                  "overlap": True, "compressed": ["int8", "fp16", "powersgd"]}))
     run_env(env, [sys.executable, "-m", "gpurig.measure.comm", str(config)])
     rows = [json.loads(line) for line in events.read_text().splitlines()]
     rows = [r for r in rows if r.get("event") == "row"]
     # emulated nodes are namespaces of this one machine: both ranks share its cores
     return {"ranks": 2, "nodes": 1 if env == "local" else 2, "ranks_per_machine": 2,
-            "engines": {"mpi": summarize_engine(rows)}}
+            "engines": {"mpi": summarize_engine(rows)}, "overlap": {"mpi": summarize_overlap(rows)}}
 
 
 def profile_for(compute: dict, env: str, tmp: Path) -> Path:

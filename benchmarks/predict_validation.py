@@ -8,7 +8,10 @@ The model is calibrated only from micro-benchmarks, never from training runs:
 per-layer overhead, real layers of each kind timed forward and backward, an
 optimizer step, codec costs; on 1 rank and on 2 ranks at once) and, per
 environment, its allreduce measurements by message size, each call after a
-barrier (latency and bandwidth fitted). Then, per environment — 1 rank; 2 ranks on this machine (MPI, shared
+barrier (latency and bandwidth fitted), the compressed average timed the same
+way per codec, and how much slower computing runs while a collective is in
+flight. Everything is calibrated again in each environment, right before its
+configurations run. Then, per environment — 1 rank; 2 ranks on this machine (MPI, shared
 memory); 2 emulated nodes behind 1 Gbit/s and 10 Gbit/s links — every
 configuration (model × per-rank batch × compression) is trained for a few
 steps and predicted. Printed: predicted vs measured step time, the error, the
@@ -63,13 +66,15 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpurig-validate-") as tmp_name:
         tmp = Path(tmp_name)
-        compute = calibrate_compute(tmp)
         single = [{"model": m, "batch": b, "compression": "none"} for m, b in itertools.product(models, batches)]
         plan = [("1 rank", single)] + [(env, [{"model": m, "batch": b, "compression": c}
                                                for m, b, c in itertools.product(models, batches, codecs)])
                                        for env in envs]
         for env, cases in plan:
             console.print(f"[bold]{env}[/]: calibrating, then {len(cases)} configurations")
+            # calibrated again in each environment, just before its configurations run: this machine's speed
+            # drifts by 10-30 % over minutes, which a calibration taken once at the start would carry over
+            compute = calibrate_compute(tmp)
             path = profile_for(compute, "local" if env == "1 rank" else env, tmp)
             for case in measure(env, cases, tmp, args.steps):
                 gpus = 1 if env == "1 rank" else 2

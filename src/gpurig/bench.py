@@ -92,7 +92,9 @@ def _comm_job(config: BenchConfig, engine: str, on_event) -> list[dict]:
         rank_config = {"events": str(events), "collectives": list(config.collectives) if "comm" in config.parts else [],
                        "p2p": "p2p" in config.parts, "min_bytes": config.min_bytes, "max_bytes": config.max_bytes,
                        "budget_bytes": config.budget_bytes, "min_iterations": config.min_iterations,
-                       "max_iterations": config.max_iterations, "warmup": config.warmup}
+                       "max_iterations": config.max_iterations, "warmup": config.warmup,
+                       "overlap": "comm" in config.parts,
+                       "compressed": ["fp16", "bf16", "int8", "int8-dynamic", "powersgd"] if "comm" in config.parts else []}
         path = Path(tmp) / "config.json"
         path.write_text(json.dumps(rank_config))
         rows: list[dict] = []
@@ -127,6 +129,7 @@ def _compute_job(config: BenchConfig, nprocs: int) -> dict:
 def summarize_engine(rows: list[dict]) -> dict:
     """Per collective: the rows, alpha and beta fitted to them, and the largest size's busbw."""
     out: dict = {}
+    rows = [r for r in rows if r["collective"] != "overlap"]
     for collective in dict.fromkeys(r["collective"] for r in rows):
         mine = [r for r in rows if r["collective"] == collective]
         clean = [{k: v for k, v in r.items() if k not in ("event", "engine", "ranks")} for r in mine]
@@ -137,6 +140,19 @@ def summarize_engine(rows: list[dict]) -> dict:
                          fitted_gbs=fit.bytes_per_s / 1e9 if fit.beta > 0 else None)
         out[collective] = entry
     return out
+
+
+def summarize_overlap(rows: list[dict]) -> dict | None:
+    """The measurement of computing while a collective is in flight (:func:`gpurig.measure.comm.measure_overlap`),
+    if the rows hold one.
+
+    >>> summarize_overlap([{"event": "row", "collective": "overlap", "slowdown": 1.6, "samples": 12}])
+    {'slowdown': 1.6, 'samples': 12}
+    """
+    found = [r for r in rows if r.get("collective") == "overlap"]
+    if not found:
+        return None
+    return {k: v for k, v in found[-1].items() if k not in ("event", "engine", "ranks", "collective")}
 
 
 def _cpu_name() -> str:
@@ -160,13 +176,15 @@ def bench(config: BenchConfig, on_event=lambda event: None) -> dict:
     from gpurig.measure import local
 
     if "comm" in config.parts or "p2p" in config.parts:
-        engines = {}
+        engines, overlap = {}, {}
         for engine in config.engines:
             on_event({"event": "part", "part": f"comm ({engine})"})
             rows = _comm_job(config, engine, on_event)
             name = rows[0]["engine"] if rows else engine
             engines[name] = summarize_engine(rows)
-        profile["comm"] = {"ranks": config.nprocs, "engines": engines}
+            if summarize_overlap(rows):
+                overlap[name] = summarize_overlap(rows)
+        profile["comm"] = {"ranks": config.nprocs, "engines": engines, "overlap": overlap}
     if "compute" in config.parts:
         profile["compute"] = {}
         for ranks in sorted({1, config.nprocs}):

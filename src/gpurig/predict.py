@@ -21,7 +21,7 @@ speed-up and scaling efficiency for 1..N GPUs; the bottleneck; advice.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpurig.errors import UsageError
@@ -98,6 +98,8 @@ class Hardware:
     host_to_device_bytes_per_s: float | None
     disk_bytes_per_s: float | None
     source: str
+    compute_slowdown: float = 1.0   # while a collective is in flight (bench's overlap measurement)
+    compressed: dict = field(default_factory=dict)  # codec -> (alpha s, s per gradient byte): bench's timed chain
 
 
 def load_hardware(request: PredictRequest) -> Hardware:
@@ -155,10 +157,18 @@ def load_hardware(request: PredictRequest) -> Hardware:
     # Emulated nodes share one machine's cores: what a rank computes at depends on all ranks on the machine.
     per_machine = comm.get("ranks_per_machine", per_node)
     disk = (profile.get("disk") or {}).get("mb_per_s")
+    slowdown, compressed = 1.0, {}
+    if comm:
+        engine = _engine_key(profile, request.engine)
+        slowdown = ((comm.get("overlap") or {}).get(engine) or {}).get("slowdown", 1.0)
+        compressed = {name.partition(":")[2]: (max(0.0, fit["alpha_s"]), fit["beta_s_per_byte"])
+                      for name, fit in comm["engines"][engine].items()
+                      if name.startswith("compressed:") and fit.get("beta_s_per_byte", 0) > 0}
     return Hardware(f"{profile.get('cpu') or profile.get('device')} ({profile.get('host', 'this machine')})",
                     ranks, per_node,
                     lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine)),
-                    lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile")
+                    lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile", slowdown,
+                    compressed)
 
 
 def _engine_key(profile: dict, engine: str) -> str:
@@ -190,6 +200,7 @@ def _sized(base: Topology, ranks: int, per_node: int) -> Topology:
 def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: Topology, request: PredictRequest,
                        hardware: Hardware) -> StepPrediction:
     """Predict one data-parallel step of ``spec`` (at its batch per rank) on ``topology``'s ranks."""
+    from gpurig.parallel import powersgd
     from gpurig.parallel.compression import parse_method, wire_bytes
 
     ranks = topology.ranks
@@ -199,23 +210,36 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     bucket_of = bucket_of_tensors(spec, cap)
     shapes = [shape for layer in spec.layers for _, shape in layer.parameter_shapes]
     payload, codec_s = [], []
+    # bench times each codec's whole chain on the profile's ranks (PowerSGD at its default rank)
+    key = kind if kind != "powersgd" or rank == powersgd.DEFAULT_RANK else method
+    measured = key in hardware.compressed and ranks == hardware.max_ranks
     for b in range(max(bucket_of, default=0) + 1):
         mine = [s for s, owner in zip(shapes, bucket_of) if owner == b]
         # the bytes a ring allreduce would carry to send what this method sends: wire × P / 2(P−1)
         payload.append(wire_bytes(method, mine, ranks) * ranks / (2 * (ranks - 1)) if ranks > 1 else 0.0)
-        if kind == "powersgd":
+        if measured:
+            codec_s.append(0.0)  # in the measured chain below
+        elif kind == "powersgd":
             codec_s.append(codec_cost.powersgd_seconds(mine, rank, device.gemm, device.memory_bytes_per_s))
         elif kind != "none":
             encode, decode = device.codec_seconds_per_value.get(kind, (0.0, 0.0))
             codec_s.append(codec_cost.elementwise_seconds(sum(math.prod(s) for s in mine), encode, decode, ranks))
         else:
             codec_s.append(0.0)
+    # bench timed this codec's whole chain on these ranks (encode, pieces in flight, decode, with the ranks'
+    # synchronisation): each bucket takes what the fit says for its gradient bytes, codec included
+    chain = None
+    if measured:
+        alpha, beta = hardware.compressed[key]
+        chain = tuple(alpha + beta * 4 * sum(math.prod(s) for s, owner in zip(shapes, bucket_of) if owner == b)
+                      for b in range(max(bucket_of, default=0) + 1))
     input_bytes = spec.batch * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
     load = input_bytes / hardware.disk_bytes_per_s if hardware.disk_bytes_per_s else 0.0
     setup = DataParallelSetup(
         ranks=ranks, topology=topology, algorithm=request.algorithm, bucket_of_tensor=bucket_of,
         bucket_payload_bytes=tuple(payload), bucket_codec_s=tuple(codec_s),
         collectives_per_bucket=1 if kind == "none" else 2, optimizer=request.optimizer,
+        compute_slowdown=hardware.compute_slowdown, bucket_seconds=chain or (),
         input_bytes=input_bytes if device.is_gpu else 0.0,
         host_to_device_bytes_per_s=hardware.host_to_device_bytes_per_s if device.is_gpu else None,
         load_seconds=load, prefetch=request.prefetch)

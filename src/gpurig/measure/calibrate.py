@@ -23,8 +23,8 @@ def job_profile(comm) -> dict:
     >>> sorted(profile["comm"]["engines"])             # doctest: +SKIP
     ['mpi']
     """
-    from gpurig.bench import SCHEMA, summarize_engine
-    from gpurig.measure.comm import iterations, measure_collective
+    from gpurig.bench import SCHEMA, summarize_engine, summarize_overlap
+    from gpurig.measure.comm import iterations, measure_collective, measure_overlap
     from gpurig.measure.compute import measure_all
 
     compute = measure_all(comm, quick=True)
@@ -34,6 +34,7 @@ def job_profile(comm) -> dict:
             # 16 MB per size: ~1 s in all at 1 Gbit/s, still seconds behind a 100 Mbit/s link
             n = iterations(nbytes, 16 << 20, 3, 30)
             rows.append(measure_collective(comm, "allreduce", nbytes, n, warmup=1))
+        overlap = measure_overlap(comm, 1 << 20, rounds=3)
     # Hostnames tell nodes apart; the kernel's boot id tells machines apart (emulated nodes are network
     # namespaces of one machine and share its cores, which is what the compute measurements saw).
     nodes = len(set(comm.allgather_bytes(platform.node().encode())))
@@ -47,7 +48,9 @@ def job_profile(comm) -> dict:
         "torch": torch.__version__, "quick": True, "measured_by": "gpurig train (in the job, before training)",
         "compute": {str(per_machine): compute},
         "comm": {"ranks": comm.size, "nodes": nodes, "ranks_per_machine": per_machine,
-                 "engines": {comm.engine_name: summarize_engine(rows)}} if rows else None,
+                 "engines": {comm.engine_name: summarize_engine(rows)},
+                 "overlap": {comm.engine_name: summarize_overlap([overlap])}}
+        if rows else None,
     }
 
 

@@ -19,6 +19,7 @@ measures the path the data takes (benchmarks/check_overhead.py measures the chec
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -30,6 +31,7 @@ import gpurig
 from gpurig.perf.busbw import algbw, busbw
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
+COMPRESSED_VALUES = (1 << 16, 1 << 18, 1 << 20, 1 << 22)  # gradient values per compressed average timed
 
 
 def sizes(min_bytes: int, max_bytes: int, step: int = 4) -> list[int]:
@@ -152,6 +154,89 @@ def measure_p2p(comm, nbytes: int, n: int, warmup: int) -> dict | None:
             "busbw_gbs": busbw("sendrecv", buf.numel() * 4, one_way, 2) / 1e9}
 
 
+def measure_compressed(comm, method: str, values: int, n: int, warmup: int) -> dict:
+    """One size of a compressed average (DataParallel's path for ``method``): its median time, each call after
+    a barrier as a step's buckets start. The bytes are the float32 gradient's, so the fit reads per value.
+
+    The whole chain is timed — encode, the pieces' all-to-alls, decode and add,
+    encode, the allgathers, decode (PowerSGD: its products, two allreduces and
+    the orthogonalisation, on a square matrix) — as a bucket takes it, with its
+    synchronisation between the ranks, not the codec and the wire apart.
+    """
+    from gpurig.parallel.compression import FeedbackState, average
+
+    x = torch.randn(values, device=comm.device)
+    side = 1 << (values.bit_length() - 1) // 2  # a square-ish weight matrix (what PowerSGD factors)
+    state, shapes = FeedbackState(), [torch.Size([side, values // side])]
+    times = []
+    for i in range(warmup + n):
+        comm.barrier()
+        start = time.perf_counter()
+        comm.run_async(lambda: average(comm, x, method, state, shapes)).wait()  # on the comm thread, as in training
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    seconds = statistics.median(slowest(comm, times))
+    return {"collective": f"compressed:{method}", "bytes": values * 4, "iterations": n, "seconds": seconds,
+            "algbw_gbs": algbw(values * 4, seconds) / 1e9, "busbw_gbs": busbw("allreduce", values * 4, seconds,
+                                                                               comm.size) / 1e9}
+
+
+def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
+    """How much slower computing is while a collective is in flight on this rank: the ``slowdown`` factor.
+
+    A matrix product of a few milliseconds (on a CPU; a backward pass runs
+    such ones back to back) is timed alone, then again and again while
+    allreduces of ``nbytes`` queued on the Communicator's async path (as
+    DataParallel's buckets are) keep the link busy; only products that finished
+    before the last allreduce did count. On a CPU rank the communication thread
+    shares the cores (Open MPI polls, the TCP stack copies), so backward runs
+    slower while buckets travel; on a GPU, the collective's kernels share the
+    SMs. The median over ``rounds``, averaged over the ranks.
+    """
+    from gpurig.timing import device_sync
+
+    device = comm.device
+    sync = device_sync(device)
+    a, b = torch.randn(128, 1024, device=device), torch.randn(1024, 1024, device=device)
+    buf = torch.zeros(max(nbytes // 4, 1), device=device)
+
+    def product() -> float:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        return time.perf_counter() - start
+
+    for _ in range(3):
+        product()
+    alone = [product() for _ in range(5)]
+    comm.barrier()
+    start = time.perf_counter()
+    for _ in range(3):
+        comm.allreduce(buf, op="sum")
+    one = (time.perf_counter() - start) / 3
+    # enough allreduces in a row to cover several products (agreed by all ranks: they must queue the same)
+    queued = int(comm.allreduce(torch.tensor([math.ceil(6 * statistics.median(alone) / one)]), op="sum").item()
+                 // comm.size) or 1
+    during = []
+    for _ in range(rounds):
+        comm.barrier()
+        alone += [product() for _ in range(3)]
+        comm.barrier()
+        handles = [comm.allreduce_async(buf, op="sum") for _ in range(queued)]
+        while True:
+            t = product()
+            if handles[-1].is_completed():  # this one may have run partly after the last allreduce: not counted
+                break
+            during.append(t)
+        for handle in handles:
+            handle.wait()
+    alone_s = statistics.median(alone)
+    during_s = statistics.median(during) if during else alone_s
+    slowdown = comm.allreduce(torch.tensor([during_s / alone_s], dtype=torch.float64), op="average").item()
+    return {"collective": "overlap", "bytes": buf.numel() * 4, "queued": queued, "product_s": alone_s,
+            "product_during_s": during_s, "samples": len(during), "slowdown": max(1.0, slowdown)}
+
+
 def run(config: dict) -> None:
     """Every measurement the config asks for; rank 0 appends each result to ``config["events"]``."""
     comm = gpurig.init()
@@ -175,6 +260,14 @@ def run(config: dict) -> None:
         else:
             row = measure_collective(comm, collective, nbytes, n, config["warmup"], config.get("isolated", False))
         emit(event="row", engine=comm.engine_name, ranks=comm.size, **row)
+    if comm.size >= 2:
+        for method in config.get("compressed", []):
+            for values in COMPRESSED_VALUES:
+                emit(event="row", engine=comm.engine_name, ranks=comm.size,
+                     **measure_compressed(comm, method, values, config.get("compressed_iterations", 7), 2))
+    if config.get("overlap") and comm.size >= 2:
+        emit(event="row", engine=comm.engine_name, ranks=comm.size,
+             **measure_overlap(comm, config["max_bytes"]))
     emit(event="done")
     if events is not None:
         events.close()

@@ -24,15 +24,46 @@ def exposed_seconds(lead_s: list[float], transfer_s: list[float], codec_s: list[
     >>> round(exposed_seconds([0.0], [0.004], [0.001], codec_on_cores=True), 6)
     0.005
     """
+    return timeline(lead_s, transfer_s, codec_s, codec_on_cores)[0]
+
+
+def timeline(lead_s: list[float], transfer_s: list[float], codec_s: list[float] | None = None,
+             codec_on_cores: bool = True, slowdown: float = 1.0) -> tuple[float, float]:
+    """(seconds the step waits after backward, seconds backward is stretched by communicating under it).
+
+    ``slowdown``: how much slower backward computes while a bucket is in flight
+    (``gpurig bench`` measures it: on a CPU rank the communication thread shares
+    the cores; on a GPU, the collective's kernels share the SMs). Backward's
+    work is followed in wall-clock time: a bucket leaves once backward has done
+    its share of work and the link is free, and while one travels backward
+    advances at 1/``slowdown`` speed. The work itself is ``sum`` of the
+    backward, so the leads are in work-seconds.
+
+    >>> timeline([0.010, 0.0], [0.004, 0.004])                  # no slowdown: as exposed_seconds
+    (0.004, 0.0)
+    >>> [round(x, 6) for x in timeline([0.010, 0.0], [0.004, 0.004], slowdown=2.0)]   # 4 ms at half speed
+    [0.004, 0.002]
+    """
     codec_s = codec_s or [0.0] * len(lead_s)
-    finish, on_cores = float("-inf"), 0.0
+    total = max(lead_s, default=0.0)  # backward work still to do when the first bucket is ready, at the least
+    clock, done = 0.0, 0.0             # wall time and backward work since the first bucket was ready
+    link_free, on_cores = float("-inf"), 0.0
+
+    def advance(work: float) -> None:  # run ``work`` seconds of backward from ``clock``
+        nonlocal clock, done
+        busy = max(0.0, min(link_free - clock, work * slowdown))  # wall time spent beside a transfer
+        clock += busy + (work - busy / slowdown)
+        done += work
+
     for lead, transfer, codec in zip(lead_s, transfer_s, codec_s):
         if codec_on_cores:
             on_cores += codec
         else:
             transfer += codec
-        finish = max(-lead, finish) + transfer
-    return max(0.0, finish) + on_cores
+        advance(max(0.0, (total - lead) - done))
+        link_free = max(clock, link_free) + transfer
+    advance(total - done)
+    return max(0.0, link_free - clock) + on_cores, clock - total
 
 
 def bucket_leads(backward_s: list[float], bucket_of_layer: list[int], buckets: int) -> list[float]:

@@ -159,6 +159,8 @@ class DataParallelSetup:
     bucket_payload_bytes: tuple[float, ...] = ()
     bucket_codec_s: tuple[float, ...] = ()
     collectives_per_bucket: int = 1
+    compute_slowdown: float = 1.0      # backward's pace while a bucket travels (bench: overlap)
+    bucket_seconds: tuple[float, ...] = ()  # per bucket, its measured averaging time, replacing the models
     optimizer: str = "momentum"
     input_bytes: float = 0.0           # one rank's batch, as it crosses PCIe
     host_to_device_bytes_per_s: float | None = None
@@ -286,13 +288,17 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
             else:
                 algorithm, seconds = setup.algorithm, allreduce_seconds(nbytes, setup.topology, setup.algorithm)
             seconds += (setup.collectives_per_bucket - 1) * setup.topology.slowest().latency_s
+            if setup.bucket_seconds:
+                algorithm, seconds = "measured", setup.bucket_seconds[b]
             codec_b = setup.bucket_codec_s[b] if setup.bucket_codec_s else 0.0
             transfers.append(seconds)
             codecs.append(codec_b)
             buckets.append({"values": values, "wire_bytes": nbytes, "algorithm": algorithm, "seconds": seconds,
                             "lead_s": leads[b], "codec_s": codec_b})
         comm_total, codec = sum(transfers), sum(codecs)
-        exposed = overlap.exposed_seconds(leads, transfers, codecs, codec_on_cores=not device.is_gpu)
+        exposed, stretch = overlap.timeline(leads, transfers, codecs, codec_on_cores=not device.is_gpu,
+                                            slowdown=setup.compute_slowdown)
+        backward += stretch
         if not device.is_gpu:
             exposed -= codec  # codec arithmetic on the cores is compute time, reported with backward
 
