@@ -5,7 +5,9 @@
 CONFIG lists configurations (model, per-rank batch, compression); for each,
 rank 0 writes the step time (the slower rank's mean over the timed steps), and
 the part of it spent waiting for communication at the end of backward (the
-least over the ranks: the network's share, not the slower rank's compute).
+least over the ranks: the network's share, not the slower rank's compute), and
+right after it one GEMM of bench's grid timed as bench times it (how fast the
+machine was just then: this shared machine drifts by 10-30 % over minutes).
 """
 
 import json
@@ -18,6 +20,15 @@ import torch.nn.functional as F
 
 import gpurig
 from gpurig import models
+from gpurig.measure.compute import typical_timer, gemm_rows
+
+
+REFERENCE = (256, 1024, 1024)  # one GEMM of bench's grid, timed as bench times it, next to every configuration
+
+
+def reference_seconds(comm) -> float:
+    """The machine's speed right now: bench's own timing of one of its GEMMs (the slowest rank's)."""
+    return gemm_rows([REFERENCE], comm.device, typical_timer(comm.device), comm)[0]["seconds"]
 
 
 def measure(comm, model_name: str, batch: int, compression: str, warmup: int, steps: int) -> dict:
@@ -44,7 +55,8 @@ def measure(comm, model_name: str, batch: int, compression: str, warmup: int, st
     elapsed = (time.perf_counter() - start) / steps
     exposed = ((model.stats.exposed_s if comm.size > 1 else 0.0) - exposed_before) / steps
     both = comm.allgather(torch.tensor([[elapsed, exposed]], dtype=torch.float64))
-    return {"step_ms": 1000 * both[:, 0].max().item(), "comm_ms": 1000 * both[:, 1].min().item()}
+    return {"step_ms": 1000 * both[:, 0].max().item(), "comm_ms": 1000 * both[:, 1].min().item(),
+            "reference_s": reference_seconds(comm)}
 
 
 def main():

@@ -12,6 +12,7 @@ import gpurig.measure.comm
 import gpurig.measure.local
 from conftest import gpurig as gpurig_cli
 from gpurig.measure import local
+from gpurig.measure.comm import COMPRESSED_VALUES
 
 
 def test_docstring_examples():
@@ -35,8 +36,16 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
     assert profile["schema"] == "gpurig-profile/1" and profile["comm"]["ranks"] == 2
     assert set(profile["comm"]["engines"]) == {"mpi", "torch/gloo"}
     for engine, collectives in profile["comm"]["engines"].items():
-        assert set(collectives) == {"allreduce", "allgather", "broadcast", "sendrecv"}
+        chains = {f"compressed:{c}" for c in ("fp16", "bf16", "int8", "int8-dynamic", "powersgd")}
+        assert set(collectives) == {"allreduce", "allgather", "broadcast", "sendrecv"} | chains
+        for name in chains:  # each codec's whole compressed average, timed by gradient size
+            assert [r["bytes"] for r in collectives[name]["rows"]] == [4 * v for v in COMPRESSED_VALUES]
+            assert all(r["seconds"] > 0 for r in collectives[name]["rows"])
+        overlap = profile["comm"]["overlap"][engine]  # a product timed alone and under queued allreduces
+        assert overlap["slowdown"] >= 1.0 and overlap["samples"] > 0 and overlap["product_s"] > 0
         for name, entry in collectives.items():
+            if name in chains:
+                continue
             assert [r["bytes"] for r in entry["rows"]] == [16384, 65536, 262144, 1048576]
             for row in entry["rows"]:
                 assert row["busbw_gbs"] == pytest.approx(nccl_tests_busbw(name, row["bytes"], row["seconds"], 2))

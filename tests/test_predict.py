@@ -160,3 +160,40 @@ def test_bench_measured_layers_and_optimizer_are_predicted_as_measured():
         momentum["values"] * momentum["seconds_per_value"])
     unmeasured = [layer for layer in layer_costs(describe(torch.nn.LayerNorm(64), (64,), batch=8))]
     assert device.layer_scale(unmeasured[0]) == (1.0, 1.0)
+
+
+def test_measured_compressed_chain_and_compute_slowdown_are_what_the_step_uses(tmp_path):
+    """bench's timed compressed average replaces the codec-and-wire model per bucket, and its measured
+    slowdown of computing under a collective stretches backward exactly as perf.overlap.timeline says."""
+    import math
+
+    import gpurig
+    from gpurig.measure.compute import measure_all
+    from gpurig.perf.overlap import timeline
+
+    compute = measure_all(gpurig.init(), quick=True)
+    alpha, beta = 2e-4, 1 / 120e6   # a compressed chain: 0.2 ms, then 120 MB of float32 gradient per second
+    comm = {"ranks": 2, "nodes": 2, "ranks_per_machine": 2,
+            "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": 5e-5, "beta_s_per_byte": 8e-9},
+                                "compressed:int8": {"rows": [], "busbw_gbs": 0.1, "alpha_s": alpha,
+                                                    "beta_s_per_byte": beta}}},
+            "overlap": {"mpi": {"slowdown": 1.0}}}
+    steps = {}
+    for slowdown in (1.0, 2.0):
+        comm["overlap"]["mpi"]["slowdown"] = slowdown
+        path = tmp_path / f"profile-{slowdown}.json"
+        path.write_text(json.dumps({"schema": "gpurig-profile/1", "device": "cpu", "cpu": "test",
+                                    "compute": {"2": compute}, "comm": comm}))
+        result = predict(PredictRequest(model="mnist-mlp", cluster=str(path), gpus=2, batch=64, compression="int8"))
+        steps[slowdown] = result["step"]
+        buckets = result["buckets"]
+        assert buckets and all(b["algorithm"] == "measured" for b in buckets)
+        for b in buckets:
+            assert b["seconds"] == pytest.approx(alpha + beta * 4 * b["values"])
+            assert b["codec_s"] == 0.0   # inside the measured chain
+    # the same prediction, one with backward at half pace while buckets travel
+    leads = [b["lead_s"] for b in buckets]
+    _, stretch = timeline(leads, [b["seconds"] for b in buckets], [0.0] * len(buckets), slowdown=2.0)
+    assert stretch > 0
+    assert steps[2.0]["backward_ms"] == pytest.approx(steps[1.0]["backward_ms"] + 1000 * stretch, rel=1e-6)
+    assert math.isclose(steps[2.0]["forward_ms"], steps[1.0]["forward_ms"])

@@ -54,7 +54,7 @@ QUICK_LAYER_GRID = [LAYER_GRID[0], LAYER_GRID[4], LAYER_GRID[10], LAYER_GRID[12]
 QUICK_GEMM_GRID = [(m, n, k) for m in (16, 256) for (n, k) in ((128, 128), (1024, 1024), (10, 1024))]
 
 
-def _timer(device: torch.device):
+def typical_timer(device: torch.device):
     """The typical time of a run on ``device`` (the median: under contention the best case is not typical)."""
     sync = device_sync(device)
     return lambda fn, repeats: timed(fn, repeats, sync=sync, typical=True)
@@ -102,7 +102,7 @@ def layer_rows(grid, device, best, comm, repeat_s: float = 0.01) -> list[dict]:
     entry says so), the slowest rank's, with what built it; each timing repeats the layer for about
     ``repeat_s``.
 
-    >>> layer_rows([("activation", (), (2, 8), True)], torch.device("cpu"), _timer(torch.device("cpu")), one_rank)[0]["kind"]  # doctest: +SKIP
+    >>> layer_rows([("activation", (), (2, 8), True)], torch.device("cpu"), typical_timer(torch.device("cpu")), one_rank)[0]["kind"]  # doctest: +SKIP
     'activation'
     """
     rows = []
@@ -142,7 +142,7 @@ def optimizer_rows(device, best, comm, sizes=(1 << 18, 1 << 22), names=tuple(OPT
     """Seconds per parameter value of one step of each optimizer in ``names``, over parameters of
     ``sizes`` values in all (four tensors each: a layer's weight and bias are separate tensors too).
 
-    >>> optimizer_rows(torch.device("cpu"), _timer(torch.device("cpu")), one_rank, sizes=(4096,))[0]["optimizer"]  # doctest: +SKIP
+    >>> optimizer_rows(torch.device("cpu"), typical_timer(torch.device("cpu")), one_rank, sizes=(4096,))[0]["optimizer"]  # doctest: +SKIP
     'sgd'
     """
     rows = []
@@ -189,7 +189,7 @@ def measure_all(comm, quick: bool = False) -> dict:
     2
     """
     device = comm.device
-    best = _timer(device)
+    best = typical_timer(device)
     return {
         "ranks": comm.size, "threads_per_rank": torch.get_num_threads(), "device": str(device),
         "gemm": gemm_rows(QUICK_GEMM_GRID if quick else GPU_GEMM_GRID if device.type == "cuda" else GEMM_GRID,
