@@ -85,6 +85,7 @@ def validate(config: BenchConfig) -> None:
 def _comm_job(config: BenchConfig, engine: str, on_event) -> list[dict]:
     """Run :mod:`gpurig.measure.comm` on ``config.nprocs`` ranks of ``engine``; return its rows."""
     from gpurig import launch
+    from gpurig.measure.comm import COMPRESSED_VALUES
     from gpurig.launch.events import following
 
     with tempfile.TemporaryDirectory(prefix="gpurig-bench-") as tmp:
@@ -94,7 +95,9 @@ def _comm_job(config: BenchConfig, engine: str, on_event) -> list[dict]:
                        "budget_bytes": config.budget_bytes, "min_iterations": config.min_iterations,
                        "max_iterations": config.max_iterations, "warmup": config.warmup,
                        "overlap": "comm" in config.parts,
-                       "compressed": ["fp16", "bf16", "int8", "int8-dynamic", "powersgd"] if "comm" in config.parts else []}
+                       "compressed": ["fp16", "bf16", "int8", "int8-dynamic", "powersgd"] if "comm" in config.parts else [],
+                       "compressed_values": COMPRESSED_VALUES[:2] if config.quick else COMPRESSED_VALUES,
+                       "compressed_iterations": 3 if config.quick else 7}
         path = Path(tmp) / "config.json"
         path.write_text(json.dumps(rank_config))
         rows: list[dict] = []

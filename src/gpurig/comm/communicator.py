@@ -521,7 +521,7 @@ class Communicator:
 
         def start():
             flat = tensor.reshape(-1).contiguous()
-            target = out if out is not None else torch.empty_like(tensor)
+            target = out if out is not None else torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
             return target, self.engine.start_alltoall(flat, target.view(-1))
 
         signature = Signature.of("alltoall", tensor, name)

@@ -262,7 +262,7 @@ def run(config: dict) -> None:
         emit(event="row", engine=comm.engine_name, ranks=comm.size, **row)
     if comm.size >= 2:
         for method in config.get("compressed", []):
-            for values in COMPRESSED_VALUES:
+            for values in config.get("compressed_values", COMPRESSED_VALUES):
                 emit(event="row", engine=comm.engine_name, ranks=comm.size,
                      **measure_compressed(comm, method, values, config.get("compressed_iterations", 7), 2))
     if config.get("overlap") and comm.size >= 2:

@@ -398,10 +398,14 @@ class DataParallel(torch.nn.Module):
             self.stats.launched_at_end += 1
         last = self.comm.run_async(self._finish_in_flight) if self._pipelined else None
         start = time.perf_counter()
-        for bucket in self.buckets:
-            bucket.handle.wait()
-        if last is not None:
-            last.wait()
+        try:
+            for bucket in self.buckets:
+                bucket.handle.wait()
+            if last is not None:
+                last.wait()
+        except BaseException:
+            self._in_flight = None  # a failed step leaves no half-finished average for the next one
+            raise
         waited = time.perf_counter() - start
         # The averaged gradients stay in the buckets: each param.grad becomes a view of its
         # bucket (DDP's gradient_as_bucket_view), so there is no copy back and no second copy.
