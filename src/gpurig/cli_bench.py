@@ -156,6 +156,10 @@ def show(profile: dict, out, plots: list[str]) -> None:
                          + (f"{e['fitted_gbs']:.2f} GB/s" if e["fitted_gbs"] else "- (too noisy)")
                          for name, e in collectives.items() if "alpha_s" in e)
         console.print(f"fitted time = alpha + bytes × beta: {fits}")
+        overlap = (profile["comm"].get("overlap") or {}).get(engine)
+        if overlap:
+            console.print(f"computing while a collective is in flight: a {1e3 * overlap['product_s']:.2f} ms matrix "
+                          f"product takes {1e3 * overlap['product_during_s']:.2f} ms ({overlap['slowdown']:.2f}x)")
     if "gemm" in profile:
         table = Table(title=f"GEMM (batch × {profile['gemm']['rows'][0]['k']}) @ ({profile['gemm']['rows'][0]['k']}"
                             f" × {profile['gemm']['rows'][0]['n']}) fp32 on {profile['gemm']['device']}",
