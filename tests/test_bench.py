@@ -16,7 +16,7 @@ from gpurig.measure.comm import COMPRESSED_VALUES
 
 
 def test_docstring_examples():
-    for module in (gpurig.measure.comm, gpurig.measure.local):
+    for module in (gpurig.measure.comm, gpurig.measure.local, gpurig.bench):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
 
 
