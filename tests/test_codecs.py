@@ -279,3 +279,23 @@ def test_without_the_kernels_the_codec_falls_back_to_torch(monkeypatch, tmp_path
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     if native.compiler() is not None:  # a fresh cache directory: built there, atomically, once
         assert native._load() is not None and len(list((tmp_path / "gpurig").glob("int8-*.so"))) == 1
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: the torch functions are used")
+@settings(max_examples=30, deadline=None)
+@given(x=gradients())
+def test_native_dynamic_type_gives_the_torch_codes_and_scales(x):
+    """The 8-bit dynamic type's C kernel: the same nearest codes and scales as the torch table lookup."""
+    codec = codecs.get("int8-dynamic")
+    n = codecs.padded_length(x.numel(), codec)
+    x = torch.cat([x, x.new_zeros(n - x.numel())])
+    residual = torch.randn(n, generator=torch.Generator().manual_seed(n)) * x.abs().max() * 1e-3
+    native_payload, torch_payload = codecs.empty_payload(codec, n), codecs.empty_payload(codec, n)
+    native_residual = codecs.encode_with_feedback(codec, x.clone(), residual.clone(), native_payload)
+    corrected = x + residual
+    codecs._encode_dynamic(corrected, torch_payload)
+    assert torch.equal(native_payload[0], torch_payload[0]) and torch.equal(native_payload[1], torch_payload[1])
+    decoded = codecs.decode(codec, native_payload, n)  # the C decode
+    reference = torch.index_select(codecs._map(torch.device("cpu")), 0, torch_payload[0].int()).view(-1, codecs.BLOCK)
+    assert torch.equal(decoded, (reference * torch_payload[1][:, None]).view(-1))
+    assert torch.allclose(native_residual, corrected - decoded, rtol=1e-6, atol=1e-30)

@@ -233,8 +233,28 @@ def _encode_dynamic(x: torch.Tensor, payload: Payload) -> None:
 
 def _decode_dynamic(payload: Payload, out: torch.Tensor) -> None:
     codes, scale = payload
+    lib = _native(codes, scale, out)
+    if lib is not None:
+        lib.dynamic_decode(codes.data_ptr(), scale.data_ptr(), out.data_ptr(), out.numel(), BLOCK,
+                           _map(out.device).data_ptr())
+        return
     torch.index_select(_map(out.device), 0, codes.int(), out=out)
     out.view(-1, BLOCK).mul_(scale[:, None])
+
+
+def _encode_dynamic_residual(x: torch.Tensor, residual: torch.Tensor, payload: Payload, add: bool) -> None:
+    codes, scale = payload
+    lib = _native(x, residual, codes, scale)
+    if lib is not None:
+        lib.dynamic_encode_feedback(x.data_ptr(), residual.data_ptr(), int(add), codes.data_ptr(), scale.data_ptr(),
+                                    x.numel(), BLOCK, _SMALLEST_SCALE, _nearest_table(x.device).data_ptr(),
+                                    _map(x.device).data_ptr())
+        return
+    if add:
+        x.add_(residual)
+    _encode_dynamic(x, payload)
+    _decode_dynamic(payload, residual)
+    torch.sub(x, residual, out=residual)
 
 
 def _cast(dtype):
@@ -254,7 +274,7 @@ CODECS: dict[str, Codec] = {
     "int8": Codec("int8", _blockwise_layout(torch.int8), _encode_int8, _decode_int8, 8 + 32 / BLOCK,
                   blockwise=True, encode_residual=_encode_int8_residual, decode_add=_decode_add_int8),
     "int8-dynamic": Codec("int8-dynamic", _blockwise_layout(torch.uint8), _encode_dynamic, _decode_dynamic,
-                          8 + 32 / BLOCK, blockwise=True),
+                          8 + 32 / BLOCK, blockwise=True, encode_residual=_encode_dynamic_residual),
 }
 
 

@@ -1,4 +1,4 @@
-"""The int8 codec's CPU kernels in C, compiled once per machine with its C compiler and loaded with ctypes.
+"""The 8-bit codecs' CPU kernels in C, compiled once per machine with its C compiler and loaded with ctypes.
 
 On a CPU rank the codec is memory-bound: the torch version of encode-with-
 feedback reads and writes the gradient seven times (add the residual, max,
@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("int8.c")
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC"]
 _lock = threading.Lock()
 _loaded: list = []  # [library or None] once tried
 
@@ -88,4 +88,9 @@ def _load():
     lib.int8_encode_feedback.restype = None
     lib.int8_decode.argtypes = [pointer, pointer, pointer, size, size]
     lib.int8_decode.restype = None
+    lib.dynamic_encode_feedback.argtypes = [pointer, pointer, ctypes.c_int, pointer, pointer, size, size,
+                                            ctypes.c_float, pointer, pointer]
+    lib.dynamic_encode_feedback.restype = None
+    lib.dynamic_decode.argtypes = [pointer, pointer, pointer, size, size, pointer]
+    lib.dynamic_decode.restype = None
     return lib

@@ -48,3 +48,47 @@ void int8_decode(const int8_t *restrict codes, const float *restrict scale, floa
         for (long i = b * block; i < (b + 1) * block; i++) out[i] = (float)codes[i] * step;
     }
 }
+
+/* The 8-bit dynamic type: x += residual (if add_residual); per block, the nearest of the 256 codes to x / absmax,
+ * found by the top 20 bits of the normalised magnitude (``nearest``: 2^20 entries, the code's position among
+ * the positive values, -1 for zero), as gpurig.parallel.codecs._encode_dynamic; residual = x - map[code] * absmax. */
+void dynamic_encode_feedback(float *restrict x, float *restrict residual, int add_residual,
+                             uint8_t *restrict codes, float *restrict scale, long n, long block, float smallest,
+                             const int16_t *restrict nearest, const float *restrict map) {
+    for (long b = 0; b < n / block; b++) {
+        float *restrict xb = x + b * block;
+        float *restrict rb = residual + b * block;
+        uint8_t *restrict cb = codes + b * block;
+        if (add_residual)
+            for (long i = 0; i < block; i++) xb[i] += rb[i];
+        uint32_t most = 0;
+        for (long i = 0; i < block; i++) {
+            uint32_t bits;
+            memcpy(&bits, &xb[i], 4);
+            bits &= 0x7fffffffu;
+            most = bits > most ? bits : most;
+        }
+        float m;
+        memcpy(&m, &most, 4);
+        if (m < smallest) m = smallest;
+        scale[b] = m;
+        for (long i = 0; i < block; i++) {
+            float a = fabsf(xb[i]) / m;
+            if (a > 1.0f) a = 1.0f;
+            uint32_t bits;
+            memcpy(&bits, &a, 4);
+            int position = nearest[bits >> 11];
+            int code = xb[i] >= 0.0f ? 128 + position : 126 - position;
+            code = code < 0 ? 0 : code > 255 ? 255 : code;
+            cb[i] = (uint8_t)code;
+            rb[i] = xb[i] - map[code] * m;
+        }
+    }
+}
+
+/* out = map[codes] * scale, block by block. */
+void dynamic_decode(const uint8_t *restrict codes, const float *restrict scale, float *restrict out, long n, long block,
+                    const float *restrict map) {
+    for (long b = 0; b < n / block; b++)
+        for (long i = b * block; i < (b + 1) * block; i++) out[i] = map[codes[i]] * scale[b];
+}
