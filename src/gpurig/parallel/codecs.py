@@ -252,9 +252,7 @@ def _encode_dynamic_residual(x: torch.Tensor, residual: torch.Tensor, payload: P
         return
     if add:
         x.add_(residual)
-    _encode_dynamic(x, payload)
-    _decode_dynamic(payload, residual)
-    torch.sub(x, residual, out=residual)
+    _encode_then_subtract(_encode_dynamic, _decode_dynamic, x, residual, payload)
 
 
 def _cast(dtype):
@@ -346,8 +344,13 @@ def encode_with_feedback(codec: Codec, x: torch.Tensor, residual: torch.Tensor |
         return None
     if residual is None:
         residual = torch.empty_like(x)
-    codec.encode(x, payload)
-    codec.decode(payload, residual)
+    return _encode_then_subtract(codec.encode, codec.decode, x, residual, payload)
+
+
+def _encode_then_subtract(encode, decode, x: torch.Tensor, residual: torch.Tensor, payload: Payload) -> torch.Tensor:
+    """Encode ``x``; write what the encoding lost into ``residual`` (the plain way: decode, then subtract)."""
+    encode(x, payload)
+    decode(payload, residual)
     return torch.sub(x, residual, out=residual)
 
 

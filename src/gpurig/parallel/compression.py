@@ -146,6 +146,15 @@ def piece_bounds(chunk: int, codec: codecs.Codec) -> list[tuple[int, int]]:
     return [(start, min(start + per, chunk)) for start in range(0, chunk, per)]
 
 
+def piece_label(name: str | None, k: int) -> str:
+    """The name piece ``k``'s collectives carry (what :func:`collectives` announces and the averaging submits).
+
+    >>> piece_label("bucket 0", 2), piece_label(None, 0)
+    ('bucket 0 piece 2', 'piece 0')
+    """
+    return f"{name} piece {k}" if name else f"piece {k}"
+
+
 def collectives(n: int, ranks: int, method: str, name: str | None = None) -> tuple[list, list] | None:
     """The collectives averaging a bucket of ``n`` values with ``method`` submits: (when it begins, when it
     finishes), each in order; None when they depend on more than the size (PowerSGD).
@@ -164,7 +173,7 @@ def collectives(n: int, ranks: int, method: str, name: str | None = None) -> tup
     codec = codecs.get(kind)
     pieces = piece_bounds(chunk_length(n, ranks, codec), codec)
     rows = [codecs.payload_bytes(codec, b - a) for a, b in pieces]
-    label = [f"{name} piece {k}" if name else f"piece {k}" for k in range(len(pieces))]
+    label = [piece_label(name, k) for k in range(len(pieces))]
     return ([Signature("alltoall", label[k], "uint8", (ranks, row)) for k, row in enumerate(rows)],
             [Signature("allgather", label[k], "uint8", (1, row), f"rows {[1] * ranks}") for k, row in enumerate(rows)])
 
@@ -220,7 +229,7 @@ class CompressedAverage:
         if codec.lossy and state.owned is None:
             state.owned = torch.zeros(chunk, device=x.device)
         self.pieces = piece_bounds(chunk, codec)
-        self.labels = [f"{name} piece {k}" if name else f"piece {k}" for k in range(len(self.pieces))]
+        self.labels = [piece_label(name, k) for k in range(len(self.pieces))]
         # 1. Reduce-scatter: piece k of chunk r, compressed, to rank r. This rank's own chunk never travels, so it
         #    stays exact.
         self.scattered = []

@@ -11,6 +11,25 @@
 #include <string.h>
 #include <math.h>
 
+/* Adds the residual to a block if asked, then returns the block's largest magnitude (at least ``smallest``).
+ * |x| is compared as bits: for non-negative floats integer order is float order, and NaN sorts above inf, so
+ * the loop vectorizes without -ffast-math and a NaN or infinity still becomes the block's scale. */
+static float corrected_absmax(float *restrict xb, const float *restrict rb, int add_residual, long block,
+                              float smallest) {
+    if (add_residual)
+        for (long i = 0; i < block; i++) xb[i] += rb[i];
+    uint32_t most = 0;
+    for (long i = 0; i < block; i++) {
+        uint32_t bits;
+        memcpy(&bits, &xb[i], 4);
+        bits &= 0x7fffffffu;
+        most = bits > most ? bits : most;
+    }
+    float m;
+    memcpy(&m, &most, 4);
+    return m < smallest ? smallest : m;
+}
+
 /* x += residual (if add_residual); codes, scale = encode(x); residual = x - decode(codes, scale). */
 void int8_encode_feedback(float *restrict x, float *restrict residual, int add_residual,
                           int8_t *restrict codes, float *restrict scale, long n, long block, float smallest) {
@@ -18,20 +37,7 @@ void int8_encode_feedback(float *restrict x, float *restrict residual, int add_r
         float *restrict xb = x + b * block;
         float *restrict rb = residual + b * block;
         int8_t *restrict cb = codes + b * block;
-        if (add_residual)
-            for (long i = 0; i < block; i++) xb[i] += rb[i];
-        /* |x| as bits: for non-negative floats integer order is float order, and NaN sorts above inf */
-        uint32_t most = 0;
-        for (long i = 0; i < block; i++) {
-            uint32_t bits;
-            memcpy(&bits, &xb[i], 4);
-            bits &= 0x7fffffffu;
-            most = bits > most ? bits : most;
-        }
-        float m;
-        memcpy(&m, &most, 4);
-        if (m < smallest) m = smallest;
-        scale[b] = m;
+        float m = scale[b] = corrected_absmax(xb, rb, add_residual, block, smallest);
         float inv = 127.0f / m, step = m / 127.0f;
         for (long i = 0; i < block; i++) {
             float level = nearbyintf(xb[i] * inv);
@@ -59,19 +65,7 @@ void dynamic_encode_feedback(float *restrict x, float *restrict residual, int ad
         float *restrict xb = x + b * block;
         float *restrict rb = residual + b * block;
         uint8_t *restrict cb = codes + b * block;
-        if (add_residual)
-            for (long i = 0; i < block; i++) xb[i] += rb[i];
-        uint32_t most = 0;
-        for (long i = 0; i < block; i++) {
-            uint32_t bits;
-            memcpy(&bits, &xb[i], 4);
-            bits &= 0x7fffffffu;
-            most = bits > most ? bits : most;
-        }
-        float m;
-        memcpy(&m, &most, 4);
-        if (m < smallest) m = smallest;
-        scale[b] = m;
+        float m = scale[b] = corrected_absmax(xb, rb, add_residual, block, smallest);
         for (long i = 0; i < block; i++) {
             float a = fabsf(xb[i]) / m;
             if (a > 1.0f) a = 1.0f;
