@@ -1,6 +1,6 @@
 """Does gpurig predict get it right? Predicted vs measured step time over a grid of configurations.
 
-    .venv/bin/python benchmarks/predict_validation.py            # needs root (emulated nodes); ~4 min on 2 cores
+    .venv/bin/python benchmarks/predict_validation.py            # needs root (emulated nodes); ~9 min on 2 cores
     .venv/bin/python benchmarks/predict_validation.py --quick    # fewer configurations
 
 The model is calibrated only from micro-benchmarks, never from training runs:
@@ -10,9 +10,10 @@ optimizer step, codec costs; on 1 rank and on 2 ranks at once) and, per
 environment, its allreduce measurements by message size, each call after a
 barrier (latency and bandwidth fitted), the compressed average timed the same
 way per codec, and how much slower computing runs while a collective is in
-flight. Everything is calibrated again in each environment, right before its
-configurations run. Then, per environment — 1 rank; 2 ranks on this machine (MPI, shared
-memory); 2 emulated nodes behind 1 Gbit/s and 10 Gbit/s links — every
+flight. Everything is calibrated again in each environment, and the
+calibration and the measurement are repeated turn about (``--passes``, 2 by
+default; medians kept), as this shared machine's speed drifts. Then, per
+environment — 1 rank; 2 ranks on this machine (MPI, shared memory); 2 emulated nodes behind 1 Gbit/s and 10 Gbit/s links — every
 configuration (model × per-rank batch × compression) is trained for a few
 steps and predicted. Printed: predicted vs measured step time, the error, the
 bottleneck each names, and whether the configurations' ranking is preserved.
@@ -30,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from calibration import calibrate_compute, profile_for, run_env, run_local
+from calibration import calibrate_compute, profile_for, run_env, run_local, typical
 from gpurig.launch.emulator import unavailable
 from predict_validation_ranks import REFERENCE
 from gpurig.predict import PredictRequest, predict
@@ -56,6 +57,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer configurations")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--passes", type=int, default=2,
+                   help="calibrations and measurement passes per environment, taken turn about (medians kept)")
     args = p.parse_args()
     reason = unavailable()
     envs = ["local"] + (["1gbit", "10gbit"] if reason is None else [])
@@ -72,15 +75,20 @@ def main():
                                                for m, b, c in itertools.product(models, batches, codecs)])
                                        for env in envs]
         for env, cases in plan:
-            console.print(f"[bold]{env}[/]: calibrating, then {len(cases)} configurations")
-            # calibrated again in each environment, just before its configurations run: this machine's speed
-            # drifts by 10-30 % over minutes, which a calibration taken once at the start would carry over
-            compute = calibrate_compute(tmp)
+            console.print(f"[bold]{env}[/]: {args.passes} passes of calibrating, then {len(cases)} configurations")
+            # Calibrated again in each environment, and calibrations and measurements interleaved: this machine's
+            # speed drifts by 10-30 % over minutes, so each side is the median of passes taken turn about
+            # (the configurations in reverse order every other pass).
+            computes, passes = [], []
+            for k in range(args.passes):
+                computes.append(calibrate_compute(tmp))
+                passes.append(measure(env, cases[::-1] if k % 2 else cases, tmp, args.steps))
+            compute = typical(computes)
             path = profile_for(compute, "local" if env == "1 rank" else env, tmp)
             gpus = 1 if env == "1 rank" else 2
             reference = next(r["seconds"] for r in compute["compute"][str(gpus)]["gemm"]
                              if (r["m"], r["n"], r["k"]) == REFERENCE)
-            for case in measure(env, cases, tmp, args.steps):
+            for case in median_cases(passes):
                 predicted = predict(PredictRequest(model=f"mnist-{case['model']}", cluster=str(path), gpus=gpus,
                                                    batch=case["batch"], compression=case["compression"]))
                 step = predicted["step"]
@@ -96,6 +104,17 @@ def main():
                              else "compute"})
     report(rows)
     (RESULTS / "predict_validation.json").write_text(json.dumps(rows, indent=2))
+
+
+def median_cases(passes: list[list[dict]]) -> list[dict]:
+    """One row per configuration: the median of its passes' measurements (passes may list them in any order)."""
+    key = lambda case: (case["model"], case["batch"], case["compression"])  # noqa: E731
+    runs: dict = {}
+    for rows in passes:
+        for case in rows:
+            runs.setdefault(key(case), []).append(case)
+    return [{**seen[0], **{field: statistics.median(c[field] for c in seen)
+                           for field in ("step_ms", "comm_ms", "reference_s")}} for seen in runs.values()]
 
 
 def ranking_kept(rows: list[dict], predicted: str = "predicted_ms") -> float:

@@ -83,6 +83,10 @@ def test_auto_compression_turns_on_behind_a_slow_link(tmp_path):
     assert choice["methods"] == ["int8"] * len(choice["methods"]), choice  # every bucket: none hides at 100 Mbit/s
     assert choice["bandwidth_gbit_s"] < 0.2, choice  # what the model inferred from the wait: the 0.1 Gbit/s link
     assert summary["predicted"]["compression"] == "int8" and summary["predicted"]["comm_ms"] > 0
+    # priced from int8's whole compressed average, timed in the job behind the same link: 1 M values take at
+    # least their bytes' time at 0.1 Gbit/s (each rank sends ~1 MB: half in the all-to-all, half in the allgather)
+    chain = json.loads((tmp_path / "profile.json").read_text())["comm"]["engines"]["mpi"]["compressed:int8"]
+    assert chain["rows"][-1]["seconds"] > 2**20 * 8 / 1e8 * 0.9, chain
     assert summary["test_accuracy"] > 0.8
 
 

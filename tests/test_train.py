@@ -38,6 +38,11 @@ def test_the_default_command_reaches_the_stated_accuracy(tmp_path):
     assert 1 / 3 < predicted["step_ms"] / measured["step_ms"] < 3, (predicted, measured)  # units and wiring right
     parts = predicted["compute_ms"] + predicted["comm_ms"] + predicted["wait_ms"] + predicted["data_ms"]
     assert abs(parts - predicted["step_ms"]) < 0.01
+    # the compressed averages auto may choose were timed whole in the job, each at two bucket sizes
+    engine = json.loads((tmp_path / "profile.json").read_text())["comm"]["engines"]["mpi"]
+    for method in ("fp16", "int8"):
+        rows = engine[f"compressed:{method}"]["rows"]
+        assert [r["bytes"] for r in rows] == [4 << 18, 4 << 20] and all(r["seconds"] > 0 for r in rows), rows
 
 
 def test_uncompressed_run_reaches_the_stated_accuracy(default_run):

@@ -418,8 +418,16 @@ def calibrate(comm, config: TrainConfig) -> str:
     import json as json_
 
     from gpurig.measure.calibrate import job_profile
+    from gpurig.parallel import auto
 
-    profile = job_profile(comm)
+    # the compressed averages this run may use are timed whole, as gpurig bench does ("auto": each it may choose)
+    if config.parallel == "model" or config.compression == "none":
+        compressed: tuple[str, ...] = ()
+    elif config.compression == "auto":
+        compressed = tuple(m for m in auto.CANDIDATES if m != "none")
+    else:
+        compressed = (config.compression,)
+    profile = job_profile(comm, compressed)
     path = Path(config.checkpoint_dir) / "profile.json"
     if comm.rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)

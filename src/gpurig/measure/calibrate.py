@@ -14,17 +14,23 @@ import platform
 import torch
 
 ALLREDUCE_SIZES = (4 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20)  # up to a gradient bucket's size
+COMPRESSED_VALUES = (1 << 18, 1 << 20)  # gradient values per compressed average timed (a bucket's size)
 
 
-def job_profile(comm) -> dict:
+def job_profile(comm, compressed: tuple[str, ...] = ()) -> dict:
     """A ``gpurig-profile/1`` dict for this job (every rank calls it; all get the same profile).
 
-    >>> profile = job_profile(gpurig.init())          # doctest: +SKIP
-    >>> sorted(profile["comm"]["engines"])             # doctest: +SKIP
-    ['mpi']
+    ``compressed`` names the compression methods whose whole compressed
+    average is timed too (as ``gpurig bench`` does), so the prediction prices a
+    compressed bucket from its own chain rather than from the codec's arithmetic
+    and the bytes apart.
+
+    >>> profile = job_profile(gpurig.init(), compressed=("int8",))   # doctest: +SKIP
+    >>> sorted(profile["comm"]["engines"]["mpi"])                     # doctest: +SKIP
+    ['allreduce', 'compressed:int8']
     """
     from gpurig.bench import SCHEMA, summarize_engine, summarize_overlap
-    from gpurig.measure.comm import iterations, measure_collective, measure_overlap
+    from gpurig.measure.comm import iterations, measure_collective, measure_compressed, measure_overlap
     from gpurig.measure.compute import measure_all
 
     compute = measure_all(comm, quick=True)
@@ -34,6 +40,8 @@ def job_profile(comm) -> dict:
             # 16 MB per size: ~1 s in all at 1 Gbit/s, still seconds behind a 100 Mbit/s link
             n = iterations(nbytes, 16 << 20, 3, 30)
             rows.append(measure_collective(comm, "allreduce", nbytes, n, warmup=1))
+        for method in compressed:
+            rows += [measure_compressed(comm, method, values, n=3, warmup=1) for values in COMPRESSED_VALUES]
         overlap = measure_overlap(comm, 1 << 20, rounds=3)
     # Hostnames tell nodes apart; the kernel's boot id tells machines apart (emulated nodes are network
     # namespaces of one machine and share its cores, which is what the compute measurements saw).
