@@ -13,7 +13,6 @@ and bandwidth;
 """
 
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -45,22 +44,6 @@ def calibrate_compute(tmp: Path) -> dict:
     if done.returncode:
         raise SystemExit(f"gpurig bench failed: {done.stderr[-2000:]}")
     return json.loads(out.read_text())
-
-
-def typical(results: list):
-    """The median of several calibrations of the same kind, number by number (the first's text and shapes).
-
-    >>> typical([{"gemm": [{"m": 64, "seconds": 1.0}]}, {"gemm": [{"m": 64, "seconds": 3.0}]}])
-    {'gemm': [{'m': 64, 'seconds': 2.0}]}
-    """
-    first = results[0]
-    if isinstance(first, dict):
-        return {key: typical([r[key] for r in results]) for key in first}
-    if isinstance(first, list):
-        return [typical(list(items)) for items in zip(*results)]
-    if isinstance(first, float):
-        return statistics.median(results)
-    return first
 
 
 def calibrate_links(env: str, tmp: Path) -> dict:

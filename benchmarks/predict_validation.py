@@ -31,7 +31,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from calibration import calibrate_compute, profile_for, run_env, run_local, typical
+from calibration import calibrate_compute, profile_for, run_env, run_local
+from gpurig.bench import median_profile
 from gpurig.launch.emulator import unavailable
 from predict_validation_ranks import REFERENCE
 from gpurig.predict import PredictRequest, predict
@@ -83,7 +84,7 @@ def main():
             for k in range(args.passes):
                 computes.append(calibrate_compute(tmp))
                 passes.append(measure(env, cases[::-1] if k % 2 else cases, tmp, args.steps))
-            compute = typical(computes)
+            compute = median_profile(computes)
             path = profile_for(compute, "local" if env == "1 rank" else env, tmp)
             gpus = 1 if env == "1 rank" else 2
             reference = next(r["seconds"] for r in compute["compute"][str(gpus)]["gemm"]

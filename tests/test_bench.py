@@ -65,12 +65,13 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
 
 
 def test_bench_local_parts_and_table(tmp_path):
-    done = gpurig_cli("bench", "--quick", "--parts", "gemm,copy,loading,disk", "--dir", tmp_path, "--out",
-                      tmp_path / "p.json", timeout=180, env={"COLUMNS": "160"})
+    done = gpurig_cli("bench", "--quick", "--parts", "gemm,copy,loading,disk", "--repeat", 2, "--dir", tmp_path,
+                      "--out", tmp_path / "p.json", timeout=180, env={"COLUMNS": "160"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "GEMM" in done.stdout and "disk read" in done.stdout
     profile = json.loads((tmp_path / "p.json").read_text())
     assert [r["batch"] for r in profile["gemm"]["rows"]] == [31, 32, 33, 63, 64, 65, 128]
+    assert profile["config"]["repeat"] == 2 and all(r["tflops"] > 0 for r in profile["gemm"]["rows"])
     assert profile["host_device"]["available"] == torch.cuda.is_available()
     assert profile["disk"]["mb_per_s"] > 0 and profile["loading"]["blocking_ms"] > 0
 
@@ -88,9 +89,21 @@ def test_prefetching_hides_the_smaller_of_loading_and_compute(tmp_path):
 
 def test_bad_bench_requests_are_one_line():
     for args, expected in ((["-n", "1", "--parts", "comm"], "at least 2"), (["--engine", "nccl2"], "unknown engine"),
-                           (["--parts", "gpu"], "unknown part")):
+                           (["--parts", "gpu"], "unknown part"), (["--repeat", "0"], "--repeat must be")):
         done = gpurig_cli("bench", *args, timeout=60)
         assert done.returncode == 2 and expected in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_repeated_takes_keep_each_numbers_median():
+    """bench --repeat: every measured float is the median of its takes; counts, shapes and names stay."""
+    takes = [{"ranks": 2, "device": "cpu", "gemm": [{"m": 64, "n": 1024, "seconds": s, "flops": 1e9}
+                                                    for s in (a, b)], "memory_bytes_per_s": mem}
+             for a, b, mem in ((1.0, 5.0, 10e9), (3.0, 4.0, 30e9), (2.0, 6.0, 20e9))]
+    merged = gpurig.bench.median_profile(takes)
+    assert merged == {"ranks": 2, "device": "cpu", "memory_bytes_per_s": 20e9,
+                      "gemm": [{"m": 64, "n": 1024, "seconds": 2.0, "flops": 1e9},
+                               {"m": 64, "n": 1024, "seconds": 5.0, "flops": 1e9}]}
+    assert gpurig.bench.median_profile(takes[:2])["gemm"][0]["seconds"] == 2.0  # an even count: the mean of the two
 
 
 def test_profile_loader_refuses_other_files(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import statistics
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -54,6 +55,7 @@ class BenchConfig:
     directory: str | None = None
     mpi_args: str = ""
     quick: bool = False
+    repeat: int = 1  # the compute and gemm parts, taken this many times turn about; medians kept
 
     @classmethod
     def quick_config(cls, **overrides) -> "BenchConfig":
@@ -68,6 +70,8 @@ def validate(config: BenchConfig) -> None:
     """Refuse an impossible configuration as one line."""
     if config.nprocs < 1:
         raise UsageError(f"-n must be at least 1, got {config.nprocs}")
+    if not 1 <= config.repeat <= 20:
+        raise UsageError(f"--repeat must be from 1 to 20, got {config.repeat}")
     if config.nprocs < 2 and ("comm" in config.parts or "p2p" in config.parts):
         raise UsageError(f"-n must be at least 2 to measure communication, got {config.nprocs}")
     check_ranks_here(config.nprocs)
@@ -188,15 +192,21 @@ def bench(config: BenchConfig, on_event=lambda event: None) -> dict:
             if summarize_overlap(rows):
                 overlap[name] = summarize_overlap(rows)
         profile["comm"] = {"ranks": config.nprocs, "engines": engines, "overlap": overlap}
+    # A shared machine's speed drifts by 10-30 % over minutes: with --repeat the compute measurements are
+    # taken several times, turn about, and each number is the median of its takes.
     if "compute" in config.parts:
-        profile["compute"] = {}
-        for ranks in sorted({1, config.nprocs}):
-            on_event({"event": "part", "part": f"compute ({ranks} rank{'s' if ranks > 1 else ''})"})
-            profile["compute"][str(ranks)] = _compute_job(config, ranks)
+        takes: dict = {}
+        for take in range(config.repeat):
+            counts = sorted({1, config.nprocs})
+            for ranks in counts[::-1] if take % 2 else counts:
+                on_event({"event": "part", "part": f"compute ({ranks} rank{'s' if ranks > 1 else ''})"
+                                                   + (f", take {take + 1} of {config.repeat}" if config.repeat > 1 else "")})
+                takes.setdefault(str(ranks), []).append(_compute_job(config, ranks))
+        profile["compute"] = {ranks: median_profile(takes[ranks]) for ranks in sorted(takes)}
     if "gemm" in config.parts:
         on_event({"event": "part", "part": "gemm"})
-        profile["gemm"] = {"device": profile["device"], "dtype": "float32",
-                           "rows": local.gemm(list(config.gemm_batches), config.gemm_k, config.gemm_k, device)}
+        rows = [local.gemm(list(config.gemm_batches), config.gemm_k, config.gemm_k, device) for _ in range(config.repeat)]
+        profile["gemm"] = {"device": profile["device"], "dtype": "float32", "rows": median_profile(rows)}
     if "copy" in config.parts:
         on_event({"event": "part", "part": "copy"})
         profile["host_device"] = local.host_device(list(config.copy_sizes))
@@ -207,6 +217,24 @@ def bench(config: BenchConfig, on_event=lambda event: None) -> dict:
         on_event({"event": "part", "part": "disk"})
         profile["disk"] = local.disk_read(config.disk_bytes, config.directory)
     return profile
+
+
+def median_profile(takes: list):
+    """Several takes of the same measurement merged: every float the median of its takes; text, whole numbers
+    and shapes from the first.
+
+    >>> median_profile([{"gemm": [{"m": 64, "seconds": 1.0}]}, {"gemm": [{"m": 64, "seconds": 3.0}]},
+    ...                 {"gemm": [{"m": 64, "seconds": 2.5}]}])
+    {'gemm': [{'m': 64, 'seconds': 2.5}]}
+    """
+    first = takes[0]
+    if isinstance(first, dict):
+        return {key: median_profile([take[key] for take in takes]) for key in first}
+    if isinstance(first, list):
+        return [median_profile(list(items)) for items in zip(*takes)]
+    if isinstance(first, float):
+        return statistics.median(takes)
+    return first
 
 
 def load_profile(path: str | Path) -> dict:

@@ -38,6 +38,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"which parts to run (default all): {','.join(PARTS)}")
     p.add_argument("--quick", action="store_true", help="small sizes and few iterations")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="take the compute and gemm parts N times, turn about, and keep each number's median "
+                        "(for a shared machine whose speed drifts; default 1)")
     p.add_argument("--min-kb", type=float, default=None, help="smallest message in KB (default 1)")
     p.add_argument("--max-mb", type=float, default=None, help="largest message in MB (default 64; 1 with --quick)")
     p.add_argument("--dir", default=None, help="directory for the disk and loading files (default: the temp dir)")
@@ -53,7 +56,7 @@ def _config(args):
 
     overrides = {"nprocs": args.nprocs, "engines": tuple(e.strip() for e in args.engine.split(",") if e.strip()),
                  "parts": tuple(x.strip() for x in args.parts.split(",") if x.strip()), "directory": args.dir,
-                 "mpi_args": args.mpi_args}
+                 "mpi_args": args.mpi_args, "repeat": args.repeat}
     if args.min_kb is not None:
         overrides["min_bytes"] = _size_flag(args.min_kb, "--min-kb", 1024)
     if args.max_mb is not None:
