@@ -109,13 +109,11 @@ def main():
 
 def median_cases(passes: list[list[dict]]) -> list[dict]:
     """One row per configuration: the median of its passes' measurements (passes may list them in any order)."""
-    key = lambda case: (case["model"], case["batch"], case["compression"])  # noqa: E731
     runs: dict = {}
     for rows in passes:
         for case in rows:
-            runs.setdefault(key(case), []).append(case)
-    return [{**seen[0], **{field: statistics.median(c[field] for c in seen)
-                           for field in ("step_ms", "comm_ms", "reference_s")}} for seen in runs.values()]
+            runs.setdefault((case["model"], case["batch"], case["compression"]), []).append(case)
+    return [median_profile(seen) for seen in runs.values()]
 
 
 def ranking_kept(rows: list[dict], predicted: str = "predicted_ms") -> float:
