@@ -53,22 +53,22 @@ def main():
 
     rank = powersgd.DEFAULT_RANK
     matrices, _ = powersgd.split(shapes, rank)
-    work = [(torch.randn(rows_, cols, device=device), torch.randn(cols, rank, device=device))
+    work = [(torch.randn(rows_, cols, device=device), torch.randn(rank, cols, device=device))
             for _, rows_, cols in matrices]
     factors = []
 
-    def lowrank_encode():
+    def lowrank_encode():  # as powersgd.lowrank_average computes them: P = M·Q, then Qᵀ = P̂ᵀ·M
         factors.clear()
-        for m, q in work:
-            p_hat = powersgd.orthonormalize(m @ q)
-            factors.append((p_hat, m.T @ p_hat))
+        for m, q_t in work:
+            p_hat = powersgd.orthonormalize(m @ q_t.T)
+            factors.append((p_hat, p_hat.T @ m))
 
     lowrank_encode()
     decoded = [torch.empty_like(m) for m, _ in work]
 
     def lowrank_decode():
-        for (p_hat, q), target in zip(factors, decoded):
-            torch.matmul(p_hat, q.T, out=target)
+        for (p_hat, q_t), target in zip(factors, decoded):
+            torch.matmul(p_hat, q_t, out=target)
 
     encode = best(lowrank_encode)
     decode = best(lowrank_decode)

@@ -30,7 +30,8 @@ def tx_bytes() -> int:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=8)  # auto decides after 6 steps
+    # auto decides after 6 steps, then times up to 3 shortlisted assignments for 4 steps each
+    p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--bucket-mb", type=float, default=None, help="default: DataParallel's (25 MB, 4 MB compressed)")
     p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated; default: all")
@@ -50,20 +51,26 @@ def main():
     times = {name: [] for name in codecs}
     sent = {name: [] for name in codecs}
     exposed = {name: [] for name in codecs}
-    for rnd in range(args.warmup + args.rounds):
-        order = codecs[rnd % len(codecs):] + codecs[: rnd % len(codecs)]
-        for name in order:
-            model, opt = variants[name]
-            comm.barrier()
-            before, start = tx_bytes(), time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            elapsed, after = time.perf_counter() - start, tx_bytes()
-            if rnd >= args.warmup:
-                times[name].append(elapsed)
-                sent[name].append(after - before)
-                exposed[name].append(model.stats.last_exposed_s)
+
+    def step(model, opt) -> tuple[float, int]:
+        comm.barrier()
+        before, start = tx_bytes(), time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        return time.perf_counter() - start, tx_bytes() - before
+
+    # Warm-up: each variant's steps in a row, as in training (auto decides and times its shortlist here,
+    # on its own steps); then the measured rounds, one step of each variant per round, in rotating order.
+    for name in codecs:
+        for _ in range(args.warmup):
+            step(*variants[name])
+    for rnd in range(args.rounds):
+        for name in codecs[rnd % len(codecs):] + codecs[: rnd % len(codecs)]:
+            elapsed, nbytes = step(*variants[name])
+            times[name].append(elapsed)
+            sent[name].append(nbytes)
+            exposed[name].append(variants[name][0].stats.last_exposed_s)
     slowest = comm.allreduce(torch.tensor([sorted(times[n])[len(times[n]) // 2] for n in codecs],
                                           dtype=torch.float64), op="sum") / comm.size
     if comm.rank == 0:

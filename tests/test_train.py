@@ -40,7 +40,7 @@ def test_the_default_command_reaches_the_stated_accuracy(tmp_path):
     assert abs(parts - predicted["step_ms"]) < 0.01
     # the compressed averages auto may choose were timed whole in the job, each at two bucket sizes
     engine = json.loads((tmp_path / "profile.json").read_text())["comm"]["engines"]["mpi"]
-    for method in ("fp16", "int8"):
+    for method in ("fp16", "int8", "powersgd"):
         rows = engine[f"compressed:{method}"]["rows"]
         assert [r["bytes"] for r in rows] == [4 << 18, 4 << 20] and all(r["seconds"] > 0 for r in rows), rows
 
@@ -113,6 +113,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights_past_a_corrupt_checkpoi
     (["--epochs", "three"], "invalid int value"),
     (["--compression", "int4"], "unknown compression"),
     (["--compression", "powersgd:0"], "positive integer"),
+    (["--compression", "auto:int4"], "'int4' is not a method"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     code, out, err = run_cli(["train", *args, "--checkpoint-dir", tmp_path / "none"])

@@ -62,8 +62,9 @@ def add_parser(subparsers) -> None:
                    help="gradient bucket size in MB (default 25; 4 when gradients are compressed)")
     p.add_argument("--compression", default="auto",
                    help="gradient compression: auto (default: measure the first steps, then per bucket compress "
-                        "only where the network is the bottleneck), none, fp16, bf16, int8, int8-dynamic (8 bits: "
-                        "4x fewer bytes), powersgd or powersgd:R (rank-R factors, default 4); all with error feedback")
+                        "only where the network is the bottleneck, with fp16, int8 or powersgd; auto:fp16,int8 to "
+                        "choose among those only), none, fp16, bf16, int8, int8-dynamic (8 bits: 4x fewer bytes), "
+                        "powersgd or powersgd:R (rank-R factors, default 4); all with error feedback")
     p.add_argument("--parallel", default="data",
                    help="data (default: each rank its part of the batch, gradients averaged), model (the fully "
                         "connected layers split over the ranks, column then row, every rank the whole batch) or "

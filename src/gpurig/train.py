@@ -95,13 +95,14 @@ def validate(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"--lr must be a positive number, got {config.lr}")
     if not 0 <= config.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
+    from gpurig.parallel import auto
     from gpurig.parallel.compression import parse_method
 
-    if config.compression != "auto":
-        try:
+    try:
+        if auto.parse(config.compression) is None:
             parse_method(config.compression)
-        except ValueError as e:
-            raise UsageError(f"{e} (or auto)") from None
+    except ValueError as e:
+        raise UsageError(str(e) if config.compression.startswith("auto") else f"{e} (or auto)") from None
     if config.bucket_mb is not None and not 0 < config.bucket_mb < math.inf:
         raise UsageError(f"--bucket-mb must be a positive number, got {config.bucket_mb}")
     if config.resume and not checkpoint_series.saved_epochs(config.checkpoint_dir):
@@ -125,7 +126,7 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"unknown parallelism {config.parallel!r}; choose one of: {', '.join(PARALLEL)}")
     if config.parallel == "data":
         return
-    if config.parallel == "model" and config.compression not in ("auto", "none"):
+    if config.parallel == "model" and config.compression != "none" and not config.compression.startswith("auto"):
         raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
                          "and with --parallel model none are")
     if config.on_nonfinite == "skip":  # the split layers' gradients are not averaged, so nothing could skip them
@@ -423,8 +424,8 @@ def calibrate(comm, config: TrainConfig) -> str:
     # the compressed averages this run may use are timed whole, as gpurig bench does ("auto": each it may choose)
     if config.parallel == "model" or config.compression == "none":
         compressed: tuple[str, ...] = ()
-    elif config.compression == "auto":
-        compressed = tuple(m for m in auto.CANDIDATES if m != "none")
+    elif config.compression.startswith("auto"):
+        compressed = auto.parse(config.compression)[1:]
     else:
         compressed = (config.compression,)
     profile = job_profile(comm, compressed)
@@ -440,7 +441,7 @@ def prediction(config: TrainConfig, comm, profile_path: str, dp) -> dict:
     from gpurig.predict import predicted_split
 
     method = config.compression
-    if method == "auto":
+    if method.startswith("auto"):
         method = (dp.auto_choice or {}).get("codec", "none") if dp is not None else "none"
     try:
         split = predicted_split(config.model, profile_path, comm.size, config.global_batch // comm.size, method,

@@ -226,7 +226,7 @@ def _():
 def _():
     torch.manual_seed(0)
     dp = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(200, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10)),
-                             compression="auto", bucket_cap_mb=0.01)
+                             compression="auto:fp16,int8", bucket_cap_mb=0.01)
     opt = torch.optim.SGD(dp.parameters(), lr=0.01)
     for step in range(10):
         opt.zero_grad()
@@ -236,8 +236,37 @@ def _():
             assert dp.auto_choice is None and set(dp.methods) == {"none"}
     choice = dp.auto_choice
     assert choice["step"] == 6 and choice["methods"] == dp.methods and len(dp.methods) == len(dp.buckets) > 1
-    assert set(dp.methods) <= {"none", "fp16", "int8"}, choice  # auto never picks a codec without a bounded error
+    assert set(dp.methods) <= {"none", "fp16", "int8"}, choice  # only what it was told it may choose
     assert choice["chosen_ms"] <= choice["none_ms"] + 1e-9, choice
+    assert len(set(comm.allgather_bytes(repr(choice).encode()))) == 1  # the same numbers, the same choice
+    for p in dp.parameters():  # and training went on in step everywhere
+        assert identical_everywhere(p.detach())
+
+
+@case("auto_times_its_shortlist_in_real_steps_and_every_rank_keeps_the_same")
+def _():
+    torch.manual_seed(0)
+    dp = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(200, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10)),
+                             compression="auto", bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(dp.parameters(), lr=0.01)
+    # as if the model had shortlisted two assignments at step 0: each is trained on for a few steps, timed
+    shortlist = [["int8"] * len(dp.buckets), ["powersgd:2"] * len(dp.buckets)]
+    dp.auto_choice = {"methods": shortlist[0], "step": 0}
+    dp._set_methods(shortlist[0])
+    dp._trials, dp._trial_times = shortlist, [[]]
+    seen = []
+    for step in range(2 * 4 + 2):
+        opt.zero_grad()
+        dp(torch.randn(16, 200)).sum().backward()
+        opt.step()
+        seen.append(list(dp.methods))
+    assert seen[:3] == [shortlist[0]] * 3 and seen[3:7] == [shortlist[1]] * 4, seen  # 4 steps each
+    choice = dp.auto_choice
+    assert [t["methods"] for t in choice["trials"]] == shortlist and all(t["ms"] > 0 for t in choice["trials"])
+    assert choice["methods"] in shortlist and seen[-1] == choice["methods"] and not dp._trials
+    fastest = min(choice["trials"], key=lambda t: t["ms"])
+    if choice["methods"] != shortlist[0]:  # the model's choice is left only for one measured faster
+        assert fastest["methods"] == choice["methods"] and fastest["ms"] * 1.03 < choice["trials"][0]["ms"]
     assert len(set(comm.allgather_bytes(repr(choice).encode()))) == 1  # the same numbers, the same choice
     for p in dp.parameters():  # and training went on in step everywhere
         assert identical_everywhere(p.detach())

@@ -8,7 +8,9 @@ The decision is a small model of one backward pass, fed only with measurements:
   bandwidth (the largest bucket allreduced on its own); the bandwidth that would
   explain the wait the steps measured at the end of backward
   (:func:`fit_bandwidth`) is kept beside it, to show how well the model fits;
-- what each method costs on this device for each bucket (timed here).
+- what each method costs on this device for each bucket (timed here), and
+  how long each method's whole chain holds the link, timed on the largest
+  bucket: the model's link time is scaled to it (:func:`link_scale`).
 
 Buckets travel one after another on one link: bucket b starts when it is ready
 and the previous one is done, and takes ``latency · collectives + bytes / bandwidth``.
@@ -18,18 +20,59 @@ sits in the communication pipeline. :func:`choose` takes, per bucket, the least
 lossy method whose predicted step is within a margin of the fastest assignment
 — a bucket hidden under backward anyway stays uncompressed — and ``none``
 everywhere unless compressing saves at least :data:`MARGIN` of the wait.
+
+The model ranks; real steps decide what it cannot tell apart. When the choice
+compresses, :func:`shortlist` names the assignments predicted close to it
+(each method on every bucket), DataParallel trains a few steps with each, and
+keeps the fastest measured — the model's choice unless another is clearly
+faster. On a CPU a codec and backward share the cores, and the model misses
+how they mix: behind an emulated 1 Gbit/s link it put int8 on the large
+bucket within half a millisecond of PowerSGD on both, where the steps
+measured 41–43 ms against 36.
+
+``"auto"`` chooses among :data:`CANDIDATES`; ``"auto:fp16,int8"`` among the
+methods named (and ``none``), e.g. to leave PowerSGD out (:func:`parse`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gpurig.parallel.compression import POWERSGD, method_names, parse_method
 from gpurig.perf import overlap
 
-# Least to most lossy. PowerSGD is not among them: its error is not bounded per value (a low-rank projection,
-# repaid by error feedback over later steps), and how well it trains depends on its rank and on warm-up, so
-# it stays a choice the user makes.
-CANDIDATES = ("none", "fp16", "int8")
+# Least to most lossy. PowerSGD comes last: its error is not bounded per value (a low-rank projection, repaid
+# by error feedback over later steps), so it is taken only where it beats int8 by more than the margin
+# :func:`choose` gives back for precision. Behind 1 Gbit/s it trains the reference MLP to int8's accuracy
+# (tests/test_train.py) in 0.8x int8's step time (docs/benchmarks.md).
+CANDIDATES = ("none", "fp16", "int8", POWERSGD)
+_LOSSINESS = ("none", "fp16", "bf16", "int8", "int8-dynamic", POWERSGD)
+
+
+def parse(compression: str) -> tuple[str, ...] | None:
+    """The methods ``compression`` lets auto choose from, least lossy first; None when it is not auto.
+
+    Raises ValueError, naming the choices, for an unknown method after ``auto:``.
+
+    >>> parse("auto"), parse("int8")
+    (('none', 'fp16', 'int8', 'powersgd'), None)
+    >>> parse("auto:int8,fp16"), parse("auto:powersgd:2")
+    (('none', 'fp16', 'int8'), ('none', 'powersgd:2'))
+    """
+    head, _, listed = compression.partition(":")
+    if head != "auto":
+        return None
+    if not _:
+        return CANDIDATES
+    names = [name.strip() for name in listed.split(",")]
+    for name in names:
+        try:
+            parse_method(name)
+        except ValueError:
+            raise ValueError(f"compression {compression!r}: {name!r} is not a method; after 'auto:' list some of: "
+                             f"{', '.join(method_names())}") from None
+    chosen = set(names) | {"none"}
+    return tuple(sorted(chosen, key=lambda name: _LOSSINESS.index(parse_method(name)[0])))
 MARGIN = 0.2          # compress only if it cuts the predicted wait by 20 % ...
 MIN_SAVING_S = 0.5e-3  # ... and by at least half a millisecond
 
@@ -50,6 +93,22 @@ class Bucket:
     wire_bytes: dict          # method -> bytes this rank sends
     collectives: dict         # method -> collective calls
     compute_s: dict           # method -> seconds of codec arithmetic
+    link_scale: dict = field(default_factory=dict)  # method -> its measured chain's link time over the model's
+
+
+def link_scale(chain_s: float, compute_s: float, latency_s: float, collectives: int, wire_bytes: float,
+               bandwidth: float) -> float:
+    """How much longer than ``latency · collectives + bytes / bandwidth`` a method holds the link, from its whole
+    chain timed on one bucket (its codec arithmetic taken out): the start before the first byte, the gaps
+    between pieces and phases. 1 when the chain is no slower than the model (or was not timed).
+
+    >>> round(link_scale(0.017, 0.0025, 1e-4, 2, 1.45e6, 125e6), 2)   # int8's 1.45 M values at 1 Gbit/s
+    1.23
+    """
+    modelled = latency_s * collectives + wire_bytes / bandwidth
+    if not chain_s == chain_s or modelled <= 0:  # NaN: not timed
+        return 1.0
+    return min(max((chain_s - compute_s) / modelled, 1.0), 10.0)
 
 
 def exposed_seconds(buckets: list[Bucket], methods: list[str], network: Network, codec_on_cores: bool) -> float:
@@ -62,7 +121,8 @@ def exposed_seconds(buckets: list[Bucket], methods: list[str], network: Network,
     """
     return overlap.exposed_seconds(
         [b.lead_s for b in buckets],
-        [network.latency_s * b.collectives[m] + b.wire_bytes[m] / network.bandwidth for b, m in zip(buckets, methods)],
+        [b.link_scale.get(m, 1.0) * (network.latency_s * b.collectives[m] + b.wire_bytes[m] / network.bandwidth)
+         for b, m in zip(buckets, methods)],
         [b.compute_s[m] for b, m in zip(buckets, methods)], codec_on_cores)
 
 
@@ -123,7 +183,9 @@ def choose(buckets: list[Bucket], network: Network, codec_on_cores: bool,
     predictions = {"none_ms": 1000 * plain, "fastest_ms": 1000 * best}
     if plain - best < max(MARGIN * plain, MIN_SAVING_S):
         return ["none"] * len(buckets), {**predictions, "chosen_ms": 1000 * plain}
-    allowed = best + 0.1 * (plain - best)  # give back at most a tenth of the saving to lose less precision
+    # To lose less precision, give back at most a tenth of the saving, and no more than a tenth of what is left
+    # (or half a millisecond): behind 100 Mbit/s a tenth of the saving would be int8's 80 ms for PowerSGD's 7.
+    allowed = best + min(0.1 * (plain - best), max(0.1 * best, MIN_SAVING_S))
     methods = list(fastest)
     for b, options in enumerate(usable):
         for method in options:  # least lossy first
@@ -134,3 +196,35 @@ def choose(buckets: list[Bucket], network: Network, codec_on_cores: bool,
                 methods = trial
                 break
     return methods, {**predictions, "chosen_ms": 1000 * cost(methods)}
+
+
+def shortlist(buckets: list[Bucket], network: Network, codec_on_cores: bool, chosen: list[str],
+              candidates: tuple[str, ...] = CANDIDATES, most: int = 3, within: float = 1.5) -> list[list[str]]:
+    """The assignments worth timing in real steps before settling: ``chosen`` first, then each method on every
+    bucket that can take it (the others keep ``chosen``'s), fastest predicted first, while the predicted wait
+    is within ``within`` times the fastest's (plus :data:`MIN_SAVING_S`); at most ``most``. Only ``chosen``
+    when it compresses nothing: the model saw nothing to gain.
+
+    The model ranks; the steps decide. On a CPU a codec and backward share the
+    cores, and how a method's traffic mixes with backward is measured, not modelled.
+
+    >>> net = Network(latency_s=1e-4, bandwidth=125e6)        # 1 Gbit/s
+    >>> big = Bucket(0.0, {"none": 9.6e6, "int8": 2.4e6}, {"none": 1, "int8": 2}, {"none": 0.0, "int8": 0.004})
+    >>> shortlist([big], net, True, ["int8"], ("none", "int8"))   # none: 77 ms predicted, int8 24 ms
+    [['int8']]
+    >>> shortlist([big], Network(1e-4, 1.25e9), True, ["int8"], ("none", "int8"))   # 10 Gbit/s: 7.8 vs 6.3 ms
+    [['int8'], ['none']]
+    """
+    if all(method == "none" for method in chosen):
+        return [chosen]
+
+    def cost(methods):
+        return exposed_seconds(buckets, methods, network, codec_on_cores)
+
+    uniform = [[m if m in b.wire_bytes else c for b, c in zip(buckets, chosen)] for m in candidates]
+    fastest = min(cost(methods) for methods in uniform + [chosen])
+    listed = [chosen]
+    for methods in sorted(uniform, key=cost):
+        if methods not in listed and cost(methods) <= within * fastest + MIN_SAVING_S:
+            listed.append(methods)
+    return listed[:most]

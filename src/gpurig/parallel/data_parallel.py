@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -30,6 +32,8 @@ COMPRESSED_BUCKET_MB = 4.0  # compressed buckets are cheap to send: smaller ones
 FIRST_BUCKET_MB = 1.0  # the last layers' gradients leave early (DDP's first bucket)
 AUTO_CALIBRATION_STEPS = 6  # uncompressed steps measured before the first choice (the first is warm-up)
 AUTO_REVIEW_STEPS = 200     # compression="auto" looks again this often, from the last steps' measurements
+AUTO_TRIAL_STEPS = 4        # steps per shortlisted assignment (the first after a switch is not timed)
+AUTO_TRIAL_MARGIN = 0.03    # the model's choice stays unless another measured this much faster
 
 
 class ModelMismatchError(ValueError):
@@ -197,7 +201,8 @@ class DataParallel(torch.nn.Module):
     and allgather of compressed chunks, ``"powersgd"`` (or ``"powersgd:R"``) as
     rank-R factors. ``"auto"`` measures the first steps uncompressed, then
     picks each bucket's method from the measured network and codec costs, and
-    looks again every few hundred steps (:mod:`gpurig.parallel.auto`).
+    looks again every few hundred steps (:mod:`gpurig.parallel.auto`);
+    ``"auto:fp16,int8"`` picks among those methods (and none) only.
 
     ``nonfinite`` is what a NaN or Inf in the averaged gradients does
     (:mod:`gpurig.parallel.numerics`): ``"stop"`` (default) raises
@@ -214,10 +219,11 @@ class DataParallel(torch.nn.Module):
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         self.nonfinite = numerics.check_action(nonfinite)
         self.finite = True  # whether the last backward's averaged gradients were all finite
-        if compression != "auto":
+        self._candidates = auto.parse(compression)  # ValueError naming the choices
+        if self._candidates is None:
             parse_method(compression)  # ValueError naming the choices
         self.compression = compression
-        self.auto = compression == "auto"
+        self.auto = self._candidates is not None
         self.auto_choice: dict | None = None
         self.module = module
         self.comm = comm or comm_mod.current()
@@ -228,6 +234,9 @@ class DataParallel(torch.nn.Module):
         self._next_bucket = 0
         self._recent: collections.deque = collections.deque(maxlen=AUTO_CALIBRATION_STEPS)
         self._method_costs: list[dict] | None = None
+        self._finished_at = 0.0  # when the last step's gradients were averaged
+        self._trials: list[list[str]] = []  # assignments auto times in real steps before settling
+        self._trial_times: list[list[float]] = []
 
         if self.comm.size > 1:
             check_same_model(self.comm, module)
@@ -421,6 +430,11 @@ class DataParallel(torch.nn.Module):
         if self.nonfinite != "ignore":
             self._guard_numerics()
         if self.auto:
+            now, previous = time.perf_counter(), self._finished_at
+            self._finished_at = now
+            if self._trials:  # from one step's averaged gradients to the next: the optimizer, forward, backward
+                self._trial_step(now - previous)
+                return
             self._recent.append([waited] + [start - b.launched_at for b in self.buckets])
             due = AUTO_CALIBRATION_STEPS if self.auto_choice is None else AUTO_REVIEW_STEPS
             if self.stats.steps - (self.auto_choice or {}).get("step", 0) >= due:
@@ -463,7 +477,7 @@ class DataParallel(torch.nn.Module):
         costs = []
         for bucket in self.buckets:
             row = {"none": 0.0}
-            for method in auto.CANDIDATES[1:]:
+            for method in self._candidates[1:]:
                 kind, rank = parse_method(method)
                 if kind == POWERSGD:
                     if powersgd.split(bucket.shapes, rank)[0]:
@@ -494,12 +508,38 @@ class DataParallel(torch.nn.Module):
             times.append(time.perf_counter() - begin)
         return wire_bytes("none", largest.shapes, self.comm.size) / max(min(times) - latency_s, 1e-9)
 
+    def _chain_seconds(self) -> tuple[int, list[float]]:
+        """The largest bucket, and each candidate's whole average of it timed here (best of two; NaN: unusable).
+
+        Each run starts after a barrier, on the communication thread, on a copy
+        of the bucket's last gradients with a state of its own, so training's
+        residuals and factors are untouched.
+        """
+        index = max(range(len(self.buckets)), key=lambda b: self.buckets[b].numel)
+        bucket, seconds = self.buckets[index], []
+        for method in self._candidates:
+            if method == "none" or method not in self._method_costs[index]:
+                seconds.append(float("nan"))
+                continue
+            state, times = FeedbackState(), []
+            for _ in range(2):
+                scratch = bucket.flat.clone()
+                self.comm.barrier()
+                begin = time.perf_counter()
+                self.comm.run_async(lambda: average(self.comm, scratch, method, state, bucket.shapes)).wait()
+                times.append(time.perf_counter() - begin)
+            seconds.append(min(times))
+        return index, seconds
+
     def _choose_methods(self) -> None:
-        """Pick each bucket's method from measurements (every rank reaches the same choice).
+        """Pick each bucket's method from measurements (every rank reaches the same choice), then time the
+        shortlist (:func:`gpurig.parallel.auto.shortlist`) in the next steps and keep the fastest.
 
         The link's latency and bandwidth are measured directly (tiny allreduces,
         and the largest bucket allreduced alone); when each bucket leaves comes
-        from the recent steps; each method's codec cost was timed once. The wait
+        from the recent steps; each method's codec cost was timed once; each
+        method's whole chain is timed on the largest bucket, and the model's
+        link time scaled to it (:func:`gpurig.parallel.auto.link_scale`). The wait
         the steps saw at the end of backward (median over the steps, least over
         the ranks: the rank that finished backward last waited only for the
         network) is kept, with the bandwidth that would explain it, to show how
@@ -509,19 +549,21 @@ class DataParallel(torch.nn.Module):
             self._method_costs = self._measure_method_costs()
         recent = torch.tensor(list(self._recent)[1:] if self.auto_choice is None else list(self._recent),
                               dtype=torch.float64)
-        methods = [m for m in auto.CANDIDATES]
+        methods = list(self._candidates)
         latency_here = self._collective_latency()
         link = [latency_here, self._link_bandwidth(latency_here)]
+        largest, chains = self._chain_seconds()
         mine = torch.cat([recent.median(dim=0).values, torch.tensor(link, dtype=torch.float64),
                           torch.tensor([[c.get(m, float("nan")) for m in methods] for c in self._method_costs],
-                                       dtype=torch.float64).view(-1)])
+                                       dtype=torch.float64).view(-1), torch.tensor(chains, dtype=torch.float64)])
         everyone = self.comm.allgather(mine.view(1, -1))
-        buckets_n = len(self.buckets)
+        buckets_n, methods_n = len(self.buckets), len(methods)
         exposed = everyone[:, 0].min().item()
         leads = everyone[:, 1: 1 + buckets_n].mean(dim=0).tolist()
         latency = everyone[:, 1 + buckets_n].mean().item()
         bandwidth = everyone[:, 2 + buckets_n].mean().item()
-        costs = everyone[:, 3 + buckets_n:].mean(dim=0).view(buckets_n, len(methods))
+        costs = everyone[:, 3 + buckets_n: -methods_n].mean(dim=0).view(buckets_n, methods_n)
+        chain_s = dict(zip(methods, everyone[:, -methods_n:].max(dim=0).values.tolist()))  # the slowest rank's
         model = []
         for bucket, lead, cost in zip(self.buckets, leads, costs.tolist()):
             usable = [m for m, c in zip(methods, cost) if c == c]  # NaN: not possible for this bucket
@@ -530,16 +572,49 @@ class DataParallel(torch.nn.Module):
                 wire_bytes={m: wire_bytes(m, bucket.shapes, self.comm.size) for m in usable},
                 collectives={m: 1 if m == "none" else 2 for m in usable},
                 compute_s={m: c for m, c in zip(methods, cost) if m in usable}))
+        timed_on = model[largest]
+        scales = {m: auto.link_scale(chain_s[m], timed_on.compute_s[m], latency, timed_on.collectives[m],
+                                     timed_on.wire_bytes[m], bandwidth) for m in timed_on.compute_s}
+        model = [dataclasses.replace(bucket, link_scale=scales) for bucket in model]
         on_cores = self.buckets[0].flat.device.type == "cpu"
         explaining = auto.fit_bandwidth(model, self.methods, latency, exposed, on_cores)
-        chosen, predictions = auto.choose(model, auto.Network(latency, bandwidth), on_cores)
-        for bucket, method in zip(self.buckets, chosen):
-            switch_method(bucket.state, bucket.method, method, self.comm.rank, self.comm.size)
-            bucket.method = method
+        network = auto.Network(latency, bandwidth)
+        chosen, predictions = auto.choose(model, network, on_cores, self._candidates)
+        self._set_methods(chosen)
         self.auto_choice = {"codec": _summary(chosen, self.buckets), "methods": chosen, "step": self.stats.steps,
                             "exposed_ms": 1000 * exposed, "latency_us": 1e6 * latency,
                             "bandwidth_gbit_s": 8 * bandwidth / 1e9, "explaining_gbit_s": 8 * explaining / 1e9,
-                            **predictions}
+                            "link_scale": {m: round(x, 3) for m, x in scales.items()}, **predictions}
+        trials = auto.shortlist(model, network, on_cores, chosen, self._candidates)
+        if len(trials) > 1:
+            self._trials, self._trial_times = trials, [[]]
+
+    def _set_methods(self, methods: list[str]) -> None:
+        for bucket, method in zip(self.buckets, methods):
+            switch_method(bucket.state, bucket.method, method, self.comm.rank, self.comm.size)
+            bucket.method = method
+
+    def _trial_step(self, seconds: float) -> None:
+        """Count one whole step of the assignment on trial; after the last trial keep the fastest: the model's
+        choice unless another was :data:`AUTO_TRIAL_MARGIN` faster (every rank times the same steps and takes
+        the slowest rank's medians, so all reach the same choice)."""
+        self._trial_times[-1].append(seconds)
+        if len(self._trial_times[-1]) < AUTO_TRIAL_STEPS:
+            return
+        if len(self._trial_times) < len(self._trials):
+            self._set_methods(self._trials[len(self._trial_times)])
+            self._trial_times.append([])
+            return
+        mine = torch.tensor([statistics.median(times[1:]) for times in self._trial_times], dtype=torch.float64)
+        slowest = self.comm.allgather(mine.view(1, -1)).max(dim=0).values.tolist()
+        best = min(range(len(slowest)), key=slowest.__getitem__)
+        if slowest[0] <= (1 + AUTO_TRIAL_MARGIN) * slowest[best]:
+            best = 0
+        methods = self._trials[best]
+        self._set_methods(methods)
+        self.auto_choice.update(codec=_summary(methods, self.buckets), methods=methods,
+                                trials=[{"methods": m, "ms": round(1000 * t, 3)} for m, t in zip(self._trials, slowest)])
+        self._trials, self._trial_times = [], []
 
     # -- conveniences users of DDP expect ---------------------------------
     def state_dict(self, *args, **kwargs):
