@@ -288,3 +288,34 @@ def test_run_job_returns_the_failing_ranks_code(capfd):
     assert run_job([sys.executable, "-c", "pass"], 2, engine="mpi") == 0
     with pytest.raises(UsageError):
         run_job([], 2)
+
+
+def _flaky_mpirun(tmp_path, failures: int) -> str:
+    """An ``mpirun`` that fails ``failures`` times as Open MPI's PMIx start-up race does, then is the real one."""
+    count, script = tmp_path / "starts", tmp_path / "mpirun"
+    script.write_text(f"""#!/bin/sh
+n=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}
+if [ "$n" -lt {failures} ]; then
+  printf -- '%s\\n' '--------------------------------------------------------------------------' \\
+    "The PMIx server's listener thread failed to start. We cannot" 'continue.' \\
+    '--------------------------------------------------------------------------' >&2
+  exit 213
+fi
+exec {find_mpirun()} "$@"
+""")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("failures,code", [(1, 0), (gpurig.launch.mpirun.STARTUP_RETRIES + 1, 213)])
+def test_open_mpi_start_up_race_is_retried_a_few_times(failures, code, tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(gpurig.launch.mpirun, "find_mpirun", lambda: _flaky_mpirun(tmp_path, failures))
+    marker = tmp_path / "ran"
+    assert run_job(["sh", "-c", f"echo x >> {marker}"], 2) == code
+    err = capfd.readouterr().err
+    assert err.count("before any rank ran; starting the job again") == min(failures, gpurig.launch.mpirun.STARTUP_RETRIES)
+    assert (tmp_path / "starts").read_text().strip() == str(min(failures, gpurig.launch.mpirun.STARTUP_RETRIES) + 1)
+    if code == 0:  # the job itself ran once, on both ranks
+        assert marker.read_text() == "x\nx\n"
+    else:
+        assert not marker.exists() and "no rank reported how it ended" in err

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from gpurig.errors import RankFailed, UsageError
@@ -31,6 +32,10 @@ EXPORTED = ["GPURIG_ENGINE", "OMP_NUM_THREADS", STATUS_DIR_VARIABLE, "PATH", "PY
             "VIRTUAL_ENV"]
 OWN_STOP_S = 2.0
 STOP_GRACE_S = 10.0
+# Open MPI's own start-up failing before any rank was launched (a race inside PMIx, seen about once in 500
+# starts on a busy machine): nothing of the job ran, so it is started again, at most this many times.
+STARTUP_RACES = ("The PMIx server's listener thread failed to start",)
+STARTUP_RETRIES = 2
 
 
 def find_mpirun() -> str:
@@ -113,10 +118,23 @@ def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
     ours = [name for name in env if name.startswith("GPURIG_") or name == "TORCH_CPP_LOG_LEVEL"]
     exported = list(dict.fromkeys([name for name in EXPORTED if name in env] + ours + given))
     line = mpirun_command(command, nprocs, hosts, mpi_args, exported)
+    for attempt in range(STARTUP_RETRIES + 1):
+        failure, race = _mpirun_once(line, env)
+        if race is None or failure is None or failure.rank is not None or attempt == STARTUP_RETRIES:
+            return failure
+        print(f"gpurig run: Open MPI failed to start ({race!r}) before any rank ran; starting the job again",
+              file=sys.stderr, flush=True)
+        time.sleep(1.0)
+    return failure
+
+
+def _mpirun_once(line: list[str], env: dict) -> tuple[RankFailed | None, str | None]:
+    """Run one mpirun; return its failure (None on success) and the start-up race it printed, if any."""
     proc = subprocess.Popen(line, env=env, stderr=subprocess.PIPE,
                             preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
     reports: list[RankFailed] = []
-    relay = threading.Thread(target=relay_stderr, args=(proc.stderr, sys.stderr, reports), daemon=True)
+    out = _Watched(sys.stderr, STARTUP_RACES)
+    relay = threading.Thread(target=relay_stderr, args=(proc.stderr, out, reports), daemon=True)
     relay.start()
     try:
         code = proc.wait()
@@ -129,8 +147,30 @@ def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
     finally:
         relay.join(timeout=5)
     if code == 0:
-        return None
-    return merge_reports(reports) or RankFailed(None, None, code)
+        return None, None
+    return merge_reports(reports) or RankFailed(None, None, code), out.seen
+
+
+class _Watched:
+    """A text stream passed through to ``out``, noting the first of ``phrases`` written to it (in ``seen``).
+
+    >>> import io
+    >>> w = _Watched(io.StringIO(), ("failed to start",)); w.write("PMIx: listener failed to start"); w.seen
+    'failed to start'
+    """
+
+    def __init__(self, out, phrases: tuple[str, ...]):
+        self.out, self.phrases, self.seen = out, phrases, None
+        self._recent = ""
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self._recent = (self._recent + text)[-4096:]  # a phrase may arrive split over two writes
+        if self.seen is None:
+            self.seen = next((phrase for phrase in self.phrases if phrase in " ".join(self._recent.split())), None)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
 def _exportable(name: str) -> bool:
