@@ -255,11 +255,16 @@ def _():
     dp._set_methods(shortlist[0])
     dp._trials, dp._trial_times = shortlist, [[]]
     seen = []
-    for step in range(2 * 4 + 2):
+    for step in range(2 * 4 + 4):
         opt.zero_grad()
         dp(torch.randn(16, 200)).sum().backward()
         opt.step()
         seen.append(list(dp.methods))
+        if step == 1:  # a checkpoint in the middle of the first trial: resumed, the trials start again
+            saved = dp.compression_state_dict()
+            dp.load_compression_state_dict(saved)
+            assert saved["trials"] == shortlist and dp._trial_times == [[]]
+            seen = []
     assert seen[:3] == [shortlist[0]] * 3 and seen[3:7] == [shortlist[1]] * 4, seen  # 4 steps each
     choice = dp.auto_choice
     assert [t["methods"] for t in choice["trials"]] == shortlist and all(t["ms"] > 0 for t in choice["trials"])

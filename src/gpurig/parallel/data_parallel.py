@@ -630,7 +630,7 @@ class DataParallel(torch.nn.Module):
         >>> torch.save(model.compression_state_dict(), f"ef-rank{comm.rank}.pt")   # doctest: +SKIP
         """
         return {"compression": self.compression, "ranks": self.comm.size, "auto_choice": self.auto_choice,
-                "steps": self.stats.steps, "methods": self.methods,
+                "steps": self.stats.steps, "methods": self.methods, "trials": self._trials,
                 "buckets": [b.state.saved() for b in self.buckets]}
 
     def load_compression_state_dict(self, state: dict) -> None:
@@ -645,6 +645,11 @@ class DataParallel(torch.nn.Module):
         for bucket, method, saved in zip(self.buckets, state["methods"], state["buckets"]):
             bucket.method = method
             bucket.state.restore(saved)
+        # auto's trials under way when it was saved start again from the first (their timings are not kept)
+        self._trials = [list(m) for m in state.get("trials", [])]
+        self._trial_times = [[]] if self._trials else []
+        if self._trials:
+            self._set_methods(self._trials[0])
 
     def remove_hooks(self) -> None:
         """Detach from the module: later backwards no longer communicate."""
