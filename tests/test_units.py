@@ -13,6 +13,7 @@ import gpurig.launch.env
 import gpurig.launch.hosts
 import gpurig.launch.job
 import gpurig.launch.status
+import gpurig.cli_train
 import gpurig.models
 import gpurig.parallel.auto
 import gpurig.parallel.codecs
@@ -34,7 +35,7 @@ from gpurig.train import TrainConfig, split_across_ranks, validate
                                     gpurig.parallel.sharding, gpurig.models, gpurig.train, gpurig.checkpoint,
                                     gpurig.launch.hosts, gpurig.launch.job, gpurig.launch.status,
                                     gpurig.parallel.auto, gpurig.parallel.codecs, gpurig.parallel.compression,
-                                    gpurig.parallel.powersgd, gpurig.parallel.native])
+                                    gpurig.parallel.powersgd, gpurig.parallel.native, gpurig.cli_train])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0

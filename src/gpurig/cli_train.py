@@ -194,6 +194,8 @@ class _TrainView:
             table.add_row(*(values.get(k, "") for k, _ in self.COLUMNS))
         self.console.print(table)
         self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")
+        if choice_line(done):
+            self.console.print(choice_line(done))
         if "step_ms" in predicted:
             self.console.print(f"predicted by gpurig predict from this job's own micro-benchmarks "
                                f"({predicted['profile']}), compression {predicted['compression']}")
@@ -201,3 +203,22 @@ class _TrainView:
             self.console.print(f"no prediction: {predicted['error']}")
 
 
+
+
+def choice_line(done: dict) -> str | None:
+    """What ``--compression auto`` chose, and from what, in one line (None when it did not choose).
+
+    >>> print(choice_line({"compression": "auto", "compression_choice": {
+    ...     "methods": ["powersgd", "powersgd"], "bandwidth_gbit_s": 0.96, "none_ms": 70.9, "chosen_ms": 9.6,
+    ...     "trials": [{"methods": ["int8", "powersgd"], "ms": 52.0}, {"methods": ["powersgd", "powersgd"], "ms": 49.6}]}}))
+    compression auto chose powersgd, powersgd (one per bucket): link 0.96 Gbit/s, predicted wait 9.6 ms (70.9 uncompressed); steps timed: int8+powersgd 52.0 ms, powersgd+powersgd 49.6 ms
+    """
+    choice = done.get("compression_choice")
+    if not choice or "methods" not in choice:
+        return None
+    line = (f"compression {done['compression']} chose {', '.join(choice['methods'])} (one per bucket): link "
+            f"{choice['bandwidth_gbit_s']:.2f} Gbit/s, predicted wait {choice['chosen_ms']:.1f} ms "
+            f"({choice['none_ms']:.1f} uncompressed)")
+    if choice.get("trials"):
+        line += "; steps timed: " + ", ".join(f"{'+'.join(t['methods'])} {t['ms']:.1f} ms" for t in choice["trials"])
+    return line
