@@ -308,6 +308,28 @@ def test_native_int8_lets_nan_and_inf_through_to_the_scale():
         assert torch.isfinite(scale[0]) and not torch.isfinite(scale[1]) and torch.isfinite(scale[2]), (bad, scale)
 
 
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: the torch functions are used")
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+@settings(max_examples=30, deadline=None)
+@given(x=gradients(), add=st.booleans())
+def test_native_16_bit_casts_give_the_torch_payload_and_residual(name, x, add):
+    """The 16-bit casts' C kernels (one pass): the torch cast's values, residual and corrected input, bit for bit
+    (NaN where torch has NaN), also past fp16's range and on lengths that are not a multiple of 8."""
+    if name == "fp16" and not hasattr(native.library(), "fp16_encode_feedback"):
+        pytest.skip("this compiler has no _Float16: fp16 is cast by torch")
+    codec = codecs.get(name)
+    x = torch.cat([x, torch.tensor([float("nan"), float("inf"), -float("inf"), 65519.0, 65520.0, -1e6, 3e-8])])
+    residual = torch.randn(x.numel(), generator=torch.Generator().manual_seed(x.numel())) * 1e-3
+    got, want = codecs.empty_payload(codec, x.numel()), codecs.empty_payload(codec, x.numel())
+    x_got, x_want = x.clone(), x.clone()
+    r_got = codecs.encode_with_feedback(codec, x_got, residual.clone() if add else None, got)
+    if add:
+        x_want.add_(residual)
+    r_want = codecs._encode_then_subtract(codec.encode, codec.decode, x_want, torch.empty_like(x), want)
+    for a, b in ((got[0].float(), want[0].float()), (r_got, r_want), (x_got, x_want)):
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
 def test_without_the_kernels_the_codec_falls_back_to_torch(monkeypatch, tmp_path):
     """GPURIG_NATIVE=0 (or no compiler) gives no library; encoding still works, through torch."""
     monkeypatch.setenv("GPURIG_NATIVE", "0")

@@ -93,4 +93,8 @@ def _load():
     lib.dynamic_encode_feedback.restype = None
     lib.dynamic_decode.argtypes = [pointer, pointer, pointer, size, size, pointer]
     lib.dynamic_decode.restype = None
+    for name in ("fp16_encode_feedback", "bf16_encode_feedback"):  # fp16: where the compiler has _Float16
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = [pointer, pointer, ctypes.c_int, pointer, size]
+            getattr(lib, name).restype = None
     return lib

@@ -86,3 +86,49 @@ void dynamic_decode(const uint8_t *restrict codes, const float *restrict scale, 
     for (long b = 0; b < n / block; b++)
         for (long i = b * block; i < (b + 1) * block; i++) out[i] = map[codes[i]] * scale[b];
 }
+
+/* The 16-bit casts with error feedback, in one pass where torch makes four: x += residual (if add_residual);
+ * out = x rounded to 16 bits (to nearest, ties to even: torch's casts); residual = x - out. */
+#ifdef __FLT16_MAX__
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
+void fp16_encode_feedback(float *restrict x, float *restrict residual, int add_residual, _Float16 *restrict out,
+                          long n) {
+    long i = 0;
+#if defined(__F16C__) && defined(__AVX__)  /* compilers do not vectorize the _Float16 cast: 8 at a time by hand */
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (add_residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
+        __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(out + i), h);
+        _mm256_storeu_ps(x + i, v);
+        _mm256_storeu_ps(residual + i, _mm256_sub_ps(v, _mm256_cvtph_ps(h)));
+    }
+#endif
+    for (; i < n; i++) {
+        float v = add_residual ? x[i] + residual[i] : x[i];
+        _Float16 h = (_Float16)v;
+        out[i] = h;
+        x[i] = v;
+        residual[i] = v - (float)h;
+    }
+}
+#endif
+
+/* bfloat16 is float32's top half: rounded to nearest even on the bits, NaN kept quiet (as c10::BFloat16). */
+void bf16_encode_feedback(float *restrict x, float *restrict residual, int add_residual, uint16_t *restrict out,
+                          long n) {
+    for (long i = 0; i < n; i++) {
+        float v = add_residual ? x[i] + residual[i] : x[i];
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+        rounded = (bits & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : rounded;
+        float back;
+        memcpy(&back, &rounded, 4);
+        out[i] = (uint16_t)(rounded >> 16);
+        x[i] = v;
+        residual[i] = v - back;
+    }
+}
