@@ -99,10 +99,14 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     from gpurig.parallel.compression import parse_method
 
     try:
-        if auto.parse(config.compression) is None:
-            parse_method(config.compression)
+        candidates = auto.parse(config.compression)
     except ValueError as e:
-        raise UsageError(str(e) if config.compression.startswith("auto") else f"{e} (or auto)") from None
+        raise UsageError(str(e)) from None
+    if candidates is None:
+        try:
+            parse_method(config.compression)
+        except ValueError as e:
+            raise UsageError(f"{e} (or auto)") from None
     if config.bucket_mb is not None and not 0 < config.bucket_mb < math.inf:
         raise UsageError(f"--bucket-mb must be a positive number, got {config.bucket_mb}")
     if config.resume and not checkpoint_series.saved_epochs(config.checkpoint_dir):
@@ -422,12 +426,11 @@ def calibrate(comm, config: TrainConfig) -> str:
     from gpurig.parallel import auto
 
     # the compressed averages this run may use are timed whole, as gpurig bench does ("auto": each it may choose)
+    candidates = auto.parse(config.compression)
     if config.parallel == "model" or config.compression == "none":
         compressed: tuple[str, ...] = ()
-    elif config.compression.startswith("auto"):
-        compressed = auto.parse(config.compression)[1:]
     else:
-        compressed = (config.compression,)
+        compressed = candidates[1:] if candidates else (config.compression,)
     profile = job_profile(comm, compressed)
     path = Path(config.checkpoint_dir) / "profile.json"
     if comm.rank == 0:

@@ -222,33 +222,43 @@ def _():
         raise AssertionError("no error")
 
 
-@case("auto_decides_once_calibrated_and_every_rank_agrees")
-def _():
+def small_auto_model(compression: str):
+    """A two-layer net in many small buckets under ``compression`` ("auto..."), and its optimizer."""
     torch.manual_seed(0)
     dp = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(200, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10)),
-                             compression="auto:fp16,int8", bucket_cap_mb=0.01)
-    opt = torch.optim.SGD(dp.parameters(), lr=0.01)
+                             compression=compression, bucket_cap_mb=0.01)
+    return dp, torch.optim.SGD(dp.parameters(), lr=0.01)
+
+
+def train_step(dp, opt) -> None:
+    opt.zero_grad()
+    dp(torch.randn(16, 200)).sum().backward()
+    opt.step()
+
+
+def assert_every_rank_agrees(dp, choice) -> None:
+    assert len(set(comm.allgather_bytes(repr(choice).encode()))) == 1  # the same numbers, the same choice
+    for p in dp.parameters():  # and training went on in step everywhere
+        assert identical_everywhere(p.detach())
+
+
+@case("auto_decides_once_calibrated_and_every_rank_agrees")
+def _():
+    dp, opt = small_auto_model("auto:fp16,int8")
     for step in range(10):
-        opt.zero_grad()
-        dp(torch.randn(16, 200)).sum().backward()
-        opt.step()
+        train_step(dp, opt)
         if step < 5:
             assert dp.auto_choice is None and set(dp.methods) == {"none"}
     choice = dp.auto_choice
     assert choice["step"] == 6 and choice["methods"] == dp.methods and len(dp.methods) == len(dp.buckets) > 1
     assert set(dp.methods) <= {"none", "fp16", "int8"}, choice  # only what it was told it may choose
     assert choice["chosen_ms"] <= choice["none_ms"] + 1e-9, choice
-    assert len(set(comm.allgather_bytes(repr(choice).encode()))) == 1  # the same numbers, the same choice
-    for p in dp.parameters():  # and training went on in step everywhere
-        assert identical_everywhere(p.detach())
+    assert_every_rank_agrees(dp, choice)
 
 
 @case("auto_times_its_shortlist_in_real_steps_and_every_rank_keeps_the_same")
 def _():
-    torch.manual_seed(0)
-    dp = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(200, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10)),
-                             compression="auto", bucket_cap_mb=0.01)
-    opt = torch.optim.SGD(dp.parameters(), lr=0.01)
+    dp, opt = small_auto_model("auto")
     # as if the model had shortlisted two assignments at step 0: each is trained on for a few steps, timed
     shortlist = [["int8"] * len(dp.buckets), ["powersgd:2"] * len(dp.buckets)]
     dp.auto_choice = {"methods": shortlist[0], "step": 0}
@@ -256,9 +266,7 @@ def _():
     dp._trials, dp._trial_times = shortlist, [[]]
     seen = []
     for step in range(2 * 4 + 4):
-        opt.zero_grad()
-        dp(torch.randn(16, 200)).sum().backward()
-        opt.step()
+        train_step(dp, opt)
         seen.append(list(dp.methods))
         if step == 1:  # a checkpoint in the middle of the first trial: resumed, the trials start again
             saved = dp.compression_state_dict()
@@ -272,9 +280,7 @@ def _():
     fastest = min(choice["trials"], key=lambda t: t["ms"])
     if choice["methods"] != shortlist[0]:  # the model's choice is left only for one measured faster
         assert fastest["methods"] == choice["methods"] and fastest["ms"] * 1.03 < choice["trials"][0]["ms"]
-    assert len(set(comm.allgather_bytes(repr(choice).encode()))) == 1  # the same numbers, the same choice
-    for p in dp.parameters():  # and training went on in step everywhere
-        assert identical_everywhere(p.detach())
+    assert_every_rank_agrees(dp, choice)
 
 
 @case("auto_switch_pays_what_the_old_method_owed")

@@ -36,6 +36,7 @@ methods named (and ``none``), e.g. to leave PowerSGD out (:func:`parse`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gpurig.parallel.compression import POWERSGD, method_names, parse_method
@@ -59,10 +60,10 @@ def parse(compression: str) -> tuple[str, ...] | None:
     >>> parse("auto:int8,fp16"), parse("auto:powersgd:2")
     (('none', 'fp16', 'int8'), ('none', 'powersgd:2'))
     """
-    head, _, listed = compression.partition(":")
+    head, colon, listed = compression.partition(":")
     if head != "auto":
         return None
-    if not _:
+    if not colon:
         return CANDIDATES
     names = [name.strip() for name in listed.split(",")]
     for name in names:
@@ -106,7 +107,7 @@ def link_scale(chain_s: float, compute_s: float, latency_s: float, collectives: 
     1.23
     """
     modelled = latency_s * collectives + wire_bytes / bandwidth
-    if not chain_s == chain_s or modelled <= 0:  # NaN: not timed
+    if math.isnan(chain_s) or modelled <= 0:  # NaN: not timed
         return 1.0
     return min(max((chain_s - compute_s) / modelled, 1.0), 10.0)
 

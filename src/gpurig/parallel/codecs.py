@@ -255,20 +255,16 @@ def _encode_dynamic_residual(x: torch.Tensor, residual: torch.Tensor, payload: P
     _encode_then_subtract(_encode_dynamic, _decode_dynamic, x, residual, payload)
 
 
-def _cast(dtype):
-    def encode(x: torch.Tensor, payload: Payload) -> None:
-        payload[0].copy_(x)
+def _cast_encode(x: torch.Tensor, payload: Payload) -> None:
+    payload[0].copy_(x)  # the payload's dtype is the cast
 
-    def decode(payload: Payload, out: torch.Tensor) -> None:
-        out.copy_(payload[0])
 
-    return encode, decode
+def _cast_decode(payload: Payload, out: torch.Tensor) -> None:
+    out.copy_(payload[0])
 
 
 def _cast_residual(kernel: str):
     """Encode-with-feedback for a 16-bit cast: the C kernel in one pass where there is one, else torch's four."""
-    encode, decode = _cast(None)
-
     def encode_residual(x: torch.Tensor, residual: torch.Tensor, payload: Payload, add: bool) -> None:
         lib = _native(x, residual, payload[0])
         if lib is not None and hasattr(lib, kernel):
@@ -276,16 +272,16 @@ def _cast_residual(kernel: str):
             return
         if add:
             x.add_(residual)
-        _encode_then_subtract(encode, decode, x, residual, payload)
+        _encode_then_subtract(_cast_encode, _cast_decode, x, residual, payload)
 
     return encode_residual
 
 
 CODECS: dict[str, Codec] = {
-    "none": Codec("none", lambda n: [(torch.float32, n)], *_cast(torch.float32), 32.0, lossy=False),
-    "fp16": Codec("fp16", lambda n: [(torch.float16, n)], *_cast(torch.float16), 16.0,
+    "none": Codec("none", lambda n: [(torch.float32, n)], _cast_encode, _cast_decode, 32.0, lossy=False),
+    "fp16": Codec("fp16", lambda n: [(torch.float16, n)], _cast_encode, _cast_decode, 16.0,
                   encode_residual=_cast_residual("fp16_encode_feedback")),
-    "bf16": Codec("bf16", lambda n: [(torch.bfloat16, n)], *_cast(torch.bfloat16), 16.0,
+    "bf16": Codec("bf16", lambda n: [(torch.bfloat16, n)], _cast_encode, _cast_decode, 16.0,
                   encode_residual=_cast_residual("bf16_encode_feedback")),
     "int8": Codec("int8", _blockwise_layout(torch.int8), _encode_int8, _decode_int8, 8 + 32 / BLOCK,
                   blockwise=True, encode_residual=_encode_int8_residual, decode_add=_decode_add_int8),
