@@ -15,6 +15,8 @@ import sys
 import time
 
 import pytest
+
+from gpurig.launch.rank_env import HOST_ALLOCATOR
 from conftest import leftovers
 
 HOST = socket.gethostname()
@@ -56,13 +58,16 @@ def start_job(engine: str, nprocs: int, marker: str, ready_dir) -> subprocess.Po
 @pytest.mark.parametrize("engine", ["mpi", "torch"])
 def test_two_ranks_get_their_rank_size_and_engine(engine):
     names = ["GPURIG_ENGINE", "OMP_NUM_THREADS", "GPURIG_RUN_STATUS_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-             "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"]
+             "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+             *HOST_ALLOCATOR]
     script = f"import json, os; os.write(1, (json.dumps({{k: os.environ.get(k) for k in {names}}}) + '\\n').encode())"
-    done = gpurig_run("-n", 2, "--engine", engine, "--", "python", "-c", script, unset=["OMP_NUM_THREADS"])
+    done = gpurig_run("-n", 2, "--engine", engine, "--", "python", "-c", script,
+                      unset=["OMP_NUM_THREADS", *HOST_ALLOCATOR])
     assert done.returncode == 0, done.stderr
     envs = [json.loads(line) for line in done.stdout.splitlines()]
     threads = str(max(1, os.cpu_count() // 2))
     assert all(e["GPURIG_ENGINE"] == engine and e["OMP_NUM_THREADS"] == threads for e in envs)
+    assert all(e[name] == value for e in envs for name, value in HOST_ALLOCATOR.items())
     assert len({e["GPURIG_RUN_STATUS_DIR"] for e in envs}) == 1
     assert not os.path.exists(envs[0]["GPURIG_RUN_STATUS_DIR"])  # removed when the job ends
     if engine == "mpi":
@@ -73,9 +78,10 @@ def test_two_ranks_get_their_rank_size_and_engine(engine):
         assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"} and len({e["MASTER_PORT"] for e in envs}) == 1
 
 
-def test_a_users_omp_num_threads_is_kept():
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_"])
+def test_a_users_own_setting_is_kept(name):
     done = gpurig_run("-n", 2, "--engine", "torch", "--", "python", "-c",
-                      "import os; os.write(1, os.environ['OMP_NUM_THREADS'].encode() + b'\\n')", env={"OMP_NUM_THREADS": "3"})
+                      f"import os; os.write(1, os.environ['{name}'].encode() + b'\\n')", env={name: "3"})
     assert done.returncode == 0 and done.stdout.split() == ["3", "3"]
 
 

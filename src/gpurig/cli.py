@@ -23,7 +23,9 @@ examples:
   srun -K -N2 --ntasks-per-node=4 gpurig run --engine torch -- python train.py   # under SLURM
 
 Inside COMMAND, gpurig.init() finds the engine and its rank. Each rank gets
-GPURIG_ENGINE, OMP_NUM_THREADS (cores / ranks on the host, unless set) and, with
+GPURIG_ENGINE, OMP_NUM_THREADS (cores / ranks on the host, unless set),
+MALLOC_MMAP_THRESHOLD_=33554432 and MALLOC_TRIM_THRESHOLD_=2^40 (glibc keeps freed
+tensor memory for the next step instead of faulting in fresh pages; unless set) and, with
 --engine torch, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT. "python" in COMMAND means the Python gpurig runs in.
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from gpurig.errors import UsageError
 from gpurig.launch.iface import IFACE_VARIABLE
+from gpurig.launch.rank_env import host_defaults
 
 IFACE = "eth1"  # the same name in every node, so one GLOO_SOCKET_IFNAME serves all
 MAP_VARIABLE = "GPURIG_EMULATOR_NODES"
@@ -181,7 +182,7 @@ class Cluster:
         env = {**(os.environ if env is None else env), MAP_VARIABLE: json.dumps(self.node_map()),
                "GLOO_SOCKET_IFNAME": IFACE, IFACE_VARIABLE: IFACE}
         # All "nodes" share this machine's cores: more threads than cores makes OpenMP spin against itself.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+        env = host_defaults(env, ranks_here=nprocs)
         if engine == "mpi":
             hosts = ",".join(f"{self.address(k)}:{ranks_per_node}" for k in range(self.nodes))
             agent = f"{sys.executable} -m gpurig.launch.emulator agent"

@@ -25,11 +25,11 @@ from pathlib import Path
 from gpurig.errors import RankFailed, UsageError
 from gpurig.launch.mpi_output import merge_reports, relay_stderr
 from gpurig.launch.processes import die_with_parent, in_terminal_foreground, stop, wrap
-from gpurig.launch.rank_env import common_env
+from gpurig.launch.rank_env import HOST_ALLOCATOR, common_env
 from gpurig.launch.status import STATUS_DIR_VARIABLE
 
-EXPORTED = ["GPURIG_ENGINE", "OMP_NUM_THREADS", STATUS_DIR_VARIABLE, "PATH", "PYTHONPATH", "LD_LIBRARY_PATH",
-            "VIRTUAL_ENV"]
+EXPORTED = ["GPURIG_ENGINE", "OMP_NUM_THREADS", *HOST_ALLOCATOR, STATUS_DIR_VARIABLE, "PATH", "PYTHONPATH",
+            "LD_LIBRARY_PATH", "VIRTUAL_ENV"]
 OWN_STOP_S = 2.0
 STOP_GRACE_S = 10.0
 # Open MPI's own start-up failing before any rank was launched (a race inside PMIx, seen about once in 500

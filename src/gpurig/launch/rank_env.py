@@ -3,6 +3,9 @@
 Every rank gets
   GPURIG_ENGINE          ``mpi`` or ``torch``
   OMP_NUM_THREADS        cores // ranks on the host (at least 1), unless already set
+  MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_
+                         glibc's allocator keeps freed tensor memory for the next step (see HOST_ALLOCATOR),
+                         unless already set
   GPURIG_RUN_STATUS_DIR  where a failing rank leaves its status file (set by :func:`gpurig.launch.run_job`)
   PATH                   this Python's directory first, so ``python`` means this Python
   TORCH_CPP_LOG_LEVEL    ERROR, unless already set (torch's C++ warnings only repeat gpurig's failure lines)
@@ -30,22 +33,48 @@ def rank_path(env: dict) -> str:
     return os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
 
 
-def common_env(base: dict, engine: str, ranks_here: int) -> dict:
-    """``base`` plus what every rank gets, for ``ranks_here`` ranks sharing this host's cores.
+# glibc's malloc serves blocks above a moving threshold (128 KB at first) with a fresh mmap and returns
+# memory at the top of its heap to the kernel, so a CPU step's activations come back as new pages every
+# time: the first touch of each 4 KB page faults and the kernel zeroes it. A LeNet convolution over a
+# 128-image batch takes 9 ms that way against 2.7 ms with the memory kept, and how often it happens depends on
+# what the process allocated before (1-3x on the same layer). Blocks up to 32 MB (glibc's largest
+# threshold) come from the heap, which is never trimmed: a rank keeps its peak memory, as PyTorch's CUDA
+# caching allocator, jemalloc and tcmalloc do. benchmarks/host_allocator.py measures it.
+HOST_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
-    >>> env = common_env({"PATH": "/usr/bin"}, "mpi", ranks_here=os.cpu_count())
-    >>> env["GPURIG_ENGINE"], env["OMP_NUM_THREADS"]
-    ('mpi', '1')
-    >>> common_env({"OMP_NUM_THREADS": "8"}, "torch", 2)["OMP_NUM_THREADS"]
+
+def host_defaults(base: dict, ranks_here: int) -> dict:
+    """``base`` plus what a rank gets unless it is already set, for ``ranks_here`` ranks sharing this host's cores:
+    OMP_NUM_THREADS, glibc's allocator (:data:`HOST_ALLOCATOR`), TORCH_CPP_LOG_LEVEL.
+
+    >>> host_defaults({}, ranks_here=os.cpu_count())["OMP_NUM_THREADS"]
+    '1'
+    >>> host_defaults({"OMP_NUM_THREADS": "8"}, 2)["OMP_NUM_THREADS"]
     '8'
+    >>> host_defaults({}, 1)["MALLOC_MMAP_THRESHOLD_"], host_defaults({"MALLOC_TRIM_THRESHOLD_": "0"}, 1)["MALLOC_TRIM_THRESHOLD_"]
+    ('33554432', '0')
     """
     env = dict(base)
-    env["GPURIG_ENGINE"] = engine
-    env["PATH"] = rank_path(base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, ranks_here))))
+    for name, value in HOST_ALLOCATOR.items():
+        env.setdefault(name, value)
     # torch's C++ warnings repeat, with C++ stack frames, what gpurig's own failure line says (a peer's store
     # connection reset, a timed-out wait); errors still show.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return env
+
+
+def common_env(base: dict, engine: str, ranks_here: int) -> dict:
+    """``base`` plus what every rank gets (:func:`host_defaults`, the engine, PATH), for ``ranks_here`` ranks
+    sharing this host's cores.
+
+    >>> env = common_env({"PATH": "/usr/bin"}, "mpi", ranks_here=2)
+    >>> env["GPURIG_ENGINE"], env["PATH"].endswith(os.pathsep + "/usr/bin")
+    ('mpi', True)
+    """
+    env = host_defaults(base, ranks_here)
+    env["GPURIG_ENGINE"] = engine
+    env["PATH"] = rank_path(base)
     return env
 
 
