@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpurig.launch.mpirun import find_mpirun
-from gpurig.launch.rank_env import HOST_ALLOCATOR
+from gpurig.launch.rank_env import HOST_ALLOCATOR, host_defaults
 
 HERE = Path(__file__).resolve().parent
 CASES = [{"model": m, "batch": b, "compression": "none"} for m in ("cnn", "mlp") for b in (32, 128)]
@@ -44,9 +44,8 @@ def job(ranks: int, case: dict, allocator: dict, tmp: Path) -> float:
     out = tmp / "steps.json"
     config = tmp / "cases.json"
     config.write_text(json.dumps({"cases": [case], "warmup": 4, "steps": 20, "out": str(out)}))
-    env = {name: value for name, value in os.environ.items() if name not in HOST_ALLOCATOR}
-    env.update(allocator, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)),
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = {name: value for name, value in host_defaults(os.environ, ranks).items() if name not in HOST_ALLOCATOR}
+    env.update(allocator, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     subprocess.run([find_mpirun(), "-n", str(ranks), "--oversubscribe", sys.executable,
                     str(HERE / "predict_validation_ranks.py"), str(config)], env=env, check=True)
     return json.loads(out.read_text())[0]["step_ms"]

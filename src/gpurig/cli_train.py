@@ -194,15 +194,14 @@ class _TrainView:
             table.add_row(*(values.get(k, "") for k, _ in self.COLUMNS))
         self.console.print(table)
         self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")
-        if choice_line(done):
-            self.console.print(choice_line(done))
+        chose = choice_line(done)
+        if chose:
+            self.console.print(chose)
         if "step_ms" in predicted:
             self.console.print(f"predicted by gpurig predict from this job's own micro-benchmarks "
                                f"({predicted['profile']}), compression {predicted['compression']}")
         elif predicted:
             self.console.print(f"no prediction: {predicted['error']}")
-
-
 
 
 def choice_line(done: dict) -> str | None:

@@ -130,7 +130,9 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"unknown parallelism {config.parallel!r}; choose one of: {', '.join(PARALLEL)}")
     if config.parallel == "data":
         return
-    if config.parallel == "model" and config.compression != "none" and not config.compression.startswith("auto"):
+    from gpurig.parallel import auto
+
+    if config.parallel == "model" and config.compression != "none" and auto.parse(config.compression) is None:
         raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
                          "and with --parallel model none are")
     if config.on_nonfinite == "skip":  # the split layers' gradients are not averaged, so nothing could skip them
@@ -441,10 +443,11 @@ def calibrate(comm, config: TrainConfig) -> str:
 
 def prediction(config: TrainConfig, comm, profile_path: str, dp) -> dict:
     """``gpurig predict``'s step split for this run's configuration (rank 0), or why there is none."""
+    from gpurig.parallel import auto
     from gpurig.predict import predicted_split
 
     method = config.compression
-    if method.startswith("auto"):
+    if auto.parse(method) is not None:
         method = (dp.auto_choice or {}).get("codec", "none") if dp is not None else "none"
     try:
         split = predicted_split(config.model, profile_path, comm.size, config.global_batch // comm.size, method,
