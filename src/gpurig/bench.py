@@ -60,7 +60,7 @@ class BenchConfig:
     @classmethod
     def quick_config(cls, **overrides) -> "BenchConfig":
         """Small sizes and few iterations: a whole run in well under a minute on 2 cores."""
-        small = dict(max_bytes=1 << 20, budget_bytes=8 << 20, min_iterations=5, max_iterations=30, warmup=2,
+        small = dict(max_bytes=1 << 20, budget_bytes=32 << 20, min_iterations=5, max_iterations=30, warmup=2,
                      gemm_batches=(31, 32, 33, 63, 64, 65, 128), gemm_k=256, copy_sizes=(1 << 20, 16 << 20),
                      loading_batch_bytes=4 << 20, loading_steps=8, disk_bytes=32 << 20, quick=True)
         return cls(**{**small, **overrides})
