@@ -48,7 +48,7 @@ def job(ranks: int, case: dict, allocator: dict, tmp: Path) -> float:
     env.update(allocator, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     subprocess.run([find_mpirun(), "-n", str(ranks), "--oversubscribe", sys.executable,
                     str(HERE / "predict_validation_ranks.py"), str(config)], env=env, check=True)
-    return json.loads(out.read_text())[0]["step_ms"]
+    return json.loads(out.read_text())[0]["mean_step_ms"]
 
 
 def main():
