@@ -53,9 +53,10 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
         # gpurig's calls and the raw engine calls, timed interleaved (each iteration's raw/gpurig ratio, median:
         # the pairs ran back to back, so load hits both alike) agree within this machine's noise: --quick times
         # 30 iterations at 1 MB (with 8, one CI run's Gloo broadcast gave 0.16), where the full bench (200)
-        # gave 0.70 over MPI and 0.68 over Gloo on a quiet machine (docs/benchmarks.md). Gloo's calls here vary by 50-600 % (interquartile range over median),
-        # and gpurig's allgather, which returns a new tensor where the raw call reuses one buffer, takes ~60 us
-        # more at 1 MB (cause not isolated; the allocation alone is ~2 us): those bands are wider.
+        # gave 0.70 over MPI and 0.68 over Gloo on a quiet machine (docs/benchmarks.md). Gloo's calls here vary
+        # by 50-600 % (interquartile range over median), and gpurig's allgather, which returns a new tensor
+        # where the raw call reuses one buffer, takes ~60 us more at 1 MB (cause not isolated; the allocation
+        # alone is ~2 us): those bands are wider.
         for name, lowest in (("allreduce", 0.4), ("allgather", 0.33), ("broadcast", 0.4)):
             if engine.startswith("torch"):
                 lowest = min(lowest, 0.33)

@@ -189,7 +189,8 @@ def test_measured_compressed_chain_and_compute_slowdown_are_what_the_step_uses(t
         steps[slowdown] = result["step"]
         buckets = result["buckets"]
         assert buckets and all(b["algorithm"] == "measured" for b in buckets)
-        encode, decode = compute["codecs"]["int8"]["encode_s_per_value"], compute["codecs"]["int8"]["decode_s_per_value"]
+        int8 = compute["codecs"]["int8"]
+        encode, decode = int8["encode_s_per_value"], int8["decode_s_per_value"]
         for b in buckets:
             # On CPU ranks the chain's arithmetic (the codec, as bench timed it per value) is on the cores, the
             # rest can travel under backward: together, the chain bench timed.
