@@ -41,6 +41,9 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
         for name in chains:  # each codec's whole compressed average, timed by gradient size
             assert [r["bytes"] for r in collectives[name]["rows"]] == [4 * v for v in COMPRESSED_VALUES[:2]]  # quick
             assert all(r["seconds"] > 0 for r in collectives[name]["rows"])
+            # PowerSGD's chain is timed again over 8 matrices: what each matrix beyond the first adds
+            assert all((r.get("per_matrix_s", -1) >= 0) == name.endswith("powersgd")
+                       for r in collectives[name]["rows"])
         overlap = profile["comm"]["overlap"][engine]  # a product timed alone and under queued allreduces
         assert overlap["slowdown"] >= 1.0 and overlap["samples"] > 0 and overlap["product_s"] > 0
         for name, entry in collectives.items():

@@ -162,6 +162,40 @@ def test_bench_measured_layers_and_optimizer_are_predicted_as_measured():
     assert device.layer_scale(unmeasured[0]) == (1.0, 1.0)
 
 
+def test_powersgd_chain_pays_bench_s_per_matrix_cost_for_each_matrix_beyond_the_first(tmp_path):
+    """bench times PowerSGD's chain on one matrix and what each further matrix adds; each bucket of the CNN
+    holds two compressed matrices (its dense layers, then its convolutions), so each pays one more."""
+    import gpurig
+    from gpurig.measure.compute import measure_all
+    from gpurig.parallel.powersgd import split
+    from gpurig.predict import bucket_of_tensors
+    from gpurig.zoo import model_spec
+
+    compute = measure_all(gpurig.init(), quick=True)
+    alpha, beta, per_matrix = 3e-4, 1 / 500e6, 2.5e-4
+    rows = [{"bytes": 1 << 20, "seconds": 1e-3, "per_matrix_s": per_matrix},
+            {"bytes": 1 << 22, "seconds": 4e-3, "per_matrix_s": per_matrix}]
+    comm = {"ranks": 2, "nodes": 2, "ranks_per_machine": 2,
+            "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": 5e-5, "beta_s_per_byte": 8e-9},
+                                "compressed:powersgd": {"rows": rows, "busbw_gbs": 0.1, "alpha_s": alpha,
+                                                        "beta_s_per_byte": beta}}},
+            "overlap": {"mpi": {"slowdown": 1.0}}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"schema": "gpurig-profile/1", "device": "cpu", "cpu": "test",
+                                "compute": {"2": compute}, "comm": comm}))
+    result = predict(PredictRequest(model="mnist-cnn", cluster=str(path), gpus=2, batch=32, compression="powersgd"))
+    spec = model_spec("mnist-cnn", batch=32)
+    shapes = [shape for layer in spec.layers for _, shape in layer.parameter_shapes]
+    owners = bucket_of_tensors(spec, 4.0)
+    assert len(result["buckets"]) == 2
+    for b, bucket in enumerate(result["buckets"]):
+        matrices = len(split([s for s, owner in zip(shapes, owners) if owner == b], 4)[0])
+        assert matrices == 2
+        # on CPU ranks, the arithmetic (codec_s) and the rest (seconds) together are the chain
+        assert bucket["seconds"] + bucket["codec_s"] == pytest.approx(
+            alpha + beta * 4 * bucket["values"] + (matrices - 1) * per_matrix)
+
+
 def test_measured_compressed_chain_and_compute_slowdown_are_what_the_step_uses(tmp_path):
     """bench's timed compressed average replaces the codec-and-wire model per bucket, and its measured
     slowdown of computing under a collective stretches backward exactly as perf.overlap.timeline says."""

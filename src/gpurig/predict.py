@@ -21,6 +21,7 @@ speed-up and scaling efficiency for 1..N GPUs; the bottleneck; advice.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -99,7 +100,8 @@ class Hardware:
     disk_bytes_per_s: float | None
     source: str
     compute_slowdown: float = 1.0   # while a collective is in flight (bench's overlap measurement)
-    compressed: dict = field(default_factory=dict)  # codec -> (alpha s, s per gradient byte): bench's timed chain
+    # codec -> (alpha s, s per gradient byte, s per matrix beyond a bucket's first): bench's timed chain
+    compressed: dict = field(default_factory=dict)
 
 
 def load_hardware(request: PredictRequest) -> Hardware:
@@ -161,7 +163,8 @@ def load_hardware(request: PredictRequest) -> Hardware:
     if comm:
         engine = _engine_key(profile, request.engine)
         slowdown = ((comm.get("overlap") or {}).get(engine) or {}).get("slowdown", 1.0)
-        compressed = {name.partition(":")[2]: (max(0.0, fit["alpha_s"]), fit["beta_s_per_byte"])
+        compressed = {name.partition(":")[2]: (max(0.0, fit["alpha_s"]), fit["beta_s_per_byte"],
+                                               _median([r["per_matrix_s"] for r in fit["rows"] if "per_matrix_s" in r]))
                       for name, fit in comm["engines"][engine].items()
                       if name.startswith("compressed:") and fit.get("beta_s_per_byte", 0) > 0}
     return Hardware(f"{profile.get('cpu') or profile.get('device')} ({profile.get('host', 'this machine')})",
@@ -169,6 +172,15 @@ def load_hardware(request: PredictRequest) -> Hardware:
                     lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine)),
                     lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile", slowdown,
                     compressed)
+
+
+def _median(values: list[float]) -> float:
+    """The median of ``values``; 0 for none (a profile from before bench timed it).
+
+    >>> _median([3.0, 1.0, 2.0]), _median([])
+    (2.0, 0.0)
+    """
+    return statistics.median(values) if values else 0.0
 
 
 def _engine_key(profile: dict, engine: str) -> str:
@@ -213,8 +225,9 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     # bench times each codec's whole chain on the profile's ranks (PowerSGD at its default rank)
     key = kind if kind != "powersgd" or rank == powersgd.DEFAULT_RANK else method
     measured = key in hardware.compressed and ranks == hardware.max_ranks
-    for b in range(max(bucket_of, default=0) + 1):
-        mine = [s for s, owner in zip(shapes, bucket_of) if owner == b]
+    per_bucket = [[s for s, owner in zip(shapes, bucket_of) if owner == b]
+                  for b in range(max(bucket_of, default=0) + 1)]
+    for mine in per_bucket:
         # the bytes a ring allreduce would carry to send what this method sends: wire × P / 2(P−1)
         payload.append(wire_bytes(method, mine, ranks) * ranks / (2 * (ranks - 1)) if ranks > 1 else 0.0)
         if kind == "powersgd":
@@ -228,15 +241,18 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     # synchronisation): each bucket takes what the fit says for its gradient bytes, codec included
     chain = None
     if measured:
-        alpha, beta = hardware.compressed[key]
-        chain = tuple(alpha + beta * 4 * sum(math.prod(s) for s, owner in zip(shapes, bucket_of) if owner == b)
-                      for b in range(max(bucket_of, default=0) + 1))
+        alpha, beta, per_matrix = hardware.compressed[key]
+        # PowerSGD works matrix by matrix: bench timed one matrix per bucket, and what each one more adds
+        more = [max(0, len(powersgd.split(mine, rank)[0]) - 1) if kind == "powersgd" else 0 for mine in per_bucket]
+        chain = tuple(alpha + beta * 4 * sum(math.prod(s) for s in mine) + extra * per_matrix
+                      for mine, extra in zip(per_bucket, more))
         if device.is_gpu:
             codec_s = [0.0] * len(chain)  # the codec's kernels are in the chain, beside backward's on the SMs
         else:
             # On CPU ranks the chain's arithmetic runs on the cores backward needs: it cannot hide under
             # backward (PowerSGD's products were predicted 4-10 % short when it did); only the rest can.
-            codec_s = [min(c, whole) for c, whole in zip(codec_s, chain)]
+            # (each matrix's own steps, the QR and the small products, are work on the cores too)
+            codec_s = [min(c + m * per_matrix, whole) for c, m, whole in zip(codec_s, more, chain)]
             chain = tuple(whole - c for c, whole in zip(codec_s, chain))
     input_bytes = spec.batch * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
     load = input_bytes / hardware.disk_bytes_per_s if hardware.disk_bytes_per_s else 0.0

@@ -154,31 +154,55 @@ def measure_p2p(comm, nbytes: int, n: int, warmup: int) -> dict | None:
             "busbw_gbs": busbw("sendrecv", buf.numel() * 4, one_way, 2) / 1e9}
 
 
-def measure_compressed(comm, method: str, values: int, n: int, warmup: int) -> dict:
-    """One size of a compressed average (DataParallel's path for ``method``): its median time, each call after
-    a barrier as a step's buckets start. The bytes are the float32 gradient's, so the fit reads per value.
+MATRICES_TIMED = 8  # PowerSGD's chain timed again with its values in this many matrices: the cost of one more
 
-    The whole chain is timed — encode, the pieces' all-to-alls, decode and add,
-    encode, the allgathers, decode (PowerSGD: its products, two allreduces and
-    the orthogonalisation, on a square matrix) — as a bucket takes it, with its
-    synchronisation between the ranks, not the codec and the wire apart.
+
+def square_ish(values: int, matrices: int = 1) -> list[torch.Size]:
+    """``matrices`` equal, near-square weight matrices holding ``values`` in all (what PowerSGD factors).
+
+    >>> square_ish(1 << 16), square_ish(1 << 16, 2)
+    ([torch.Size([256, 256])], [torch.Size([128, 256]), torch.Size([128, 256])])
     """
+    each = values // matrices
+    side = 1 << (each.bit_length() - 1) // 2
+    return [torch.Size([side, each // side])] * matrices
+
+
+def _time_chain(comm, method: str, shapes: list[torch.Size], n: int, warmup: int) -> float:
+    """The slowest rank's median time of DataParallel's compressed average of one bucket of ``shapes``."""
     from gpurig.parallel.compression import FeedbackState, average
 
-    x = torch.randn(values, device=comm.device)
-    side = 1 << (values.bit_length() - 1) // 2  # a square-ish weight matrix (what PowerSGD factors)
-    state, shapes = FeedbackState(), [torch.Size([side, values // side])]
-    times = []
+    x = torch.randn(sum(s.numel() for s in shapes), device=comm.device)
+    state, times = FeedbackState(), []
     for i in range(warmup + n):
         comm.barrier()
         start = time.perf_counter()
         comm.run_async(lambda: average(comm, x, method, state, shapes)).wait()  # on the comm thread, as in training
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    seconds = statistics.median(slowest(comm, times))
+    return statistics.median(slowest(comm, times))
+
+
+def measure_compressed(comm, method: str, values: int, n: int, warmup: int) -> dict:
+    """One size of a compressed average (DataParallel's path for ``method``): its median time, each call after
+    a barrier as a step's buckets start. The bytes are the float32 gradient's, so the fit reads per value.
+
+    The whole chain is timed — encode, the pieces' all-to-alls, decode and add,
+    encode, the allgathers, decode (PowerSGD: its products, two allreduces and
+    the orthogonalisation, on a square-ish matrix) — as a bucket takes it, with its
+    synchronisation between the ranks, not the codec and the wire apart.
+    PowerSGD works matrix by matrix, so its chain is timed again with the same
+    values in :data:`MATRICES_TIMED` matrices: ``per_matrix_s`` is what each
+    matrix beyond the first adds (a bucket of a real model holds several).
+    """
+    seconds = _time_chain(comm, method, square_ish(values), n, warmup)
+    extra = {}
+    if method.startswith("powersgd"):
+        split = _time_chain(comm, method, square_ish(values, MATRICES_TIMED), n, warmup)
+        extra["per_matrix_s"] = max(0.0, split - seconds) / (MATRICES_TIMED - 1)
     return {"collective": f"compressed:{method}", "bytes": values * 4, "iterations": n, "seconds": seconds,
             "algbw_gbs": algbw(values * 4, seconds) / 1e9, "busbw_gbs": busbw("allreduce", values * 4, seconds,
-                                                                               comm.size) / 1e9}
+                                                                               comm.size) / 1e9, **extra}
 
 
 def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
