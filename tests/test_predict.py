@@ -136,16 +136,36 @@ def test_bad_input_is_one_line(args, message):
     assert len(err.strip().splitlines()) == 1
 
 
-def test_bench_measured_layers_and_optimizer_are_predicted_as_measured():
-    """bench's compute part, really run here, feeds the predictor: each layer it timed is predicted at its
-    measured forward and backward time, and the optimizer at its measured cost; other kinds keep the model."""
+@pytest.fixture(scope="module")
+def quick_compute():
+    """bench's compute part (--quick), really run here once for the tests that predict from it."""
     import gpurig
     from gpurig.measure.compute import measure_all
+
+    return measure_all(gpurig.init(), quick=True)
+
+
+def chain_profile(path, compute: dict, codec: str, alpha: float, beta: float, rows=(), slowdown: float = 1.0):
+    """A 2-rank CPU profile at ``path``: ``compute`` and a compressed chain for ``codec`` fitted to ``alpha``
+    and ``beta`` (``rows``: its measured rows)."""
+    comm = {"ranks": 2, "nodes": 2, "ranks_per_machine": 2,
+            "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": 5e-5, "beta_s_per_byte": 8e-9},
+                                f"compressed:{codec}": {"rows": list(rows), "busbw_gbs": 0.1, "alpha_s": alpha,
+                                                        "beta_s_per_byte": beta}}},
+            "overlap": {"mpi": {"slowdown": slowdown}}}
+    path.write_text(json.dumps({"schema": "gpurig-profile/1", "device": "cpu", "cpu": "test",
+                                "compute": {"2": compute}, "comm": comm}))
+    return path
+
+
+def test_bench_measured_layers_and_optimizer_are_predicted_as_measured(quick_compute):
+    """bench's compute part, really run here, feeds the predictor: each layer it timed is predicted at its
+    measured forward and backward time, and the optimizer at its measured cost; other kinds keep the model."""
     from gpurig.perf.machine import build_layer, profile_device
     from gpurig.perf.step import layer_costs, layer_seconds
     from gpurig.spec.model import describe
 
-    measured = measure_all(gpurig.init(), quick=True)
+    measured = quick_compute
     device = profile_device({"device": "cpu", "compute": {"1": measured}}, ranks_per_node=1)
     assert {row["kind"] for row in measured["layers"]} == {"linear", "conv", "pool", "activation"}
     for row in measured["layers"]:
@@ -162,27 +182,17 @@ def test_bench_measured_layers_and_optimizer_are_predicted_as_measured():
     assert device.layer_scale(unmeasured[0]) == (1.0, 1.0)
 
 
-def test_powersgd_chain_pays_bench_s_per_matrix_cost_for_each_matrix_beyond_the_first(tmp_path):
+def test_powersgd_chain_pays_bench_s_per_matrix_cost_for_each_matrix_beyond_the_first(quick_compute, tmp_path):
     """bench times PowerSGD's chain on one matrix and what each further matrix adds; each bucket of the CNN
     holds two compressed matrices (its dense layers, then its convolutions), so each pays one more."""
-    import gpurig
-    from gpurig.measure.compute import measure_all
     from gpurig.parallel.powersgd import split
     from gpurig.predict import bucket_of_tensors
     from gpurig.zoo import model_spec
 
-    compute = measure_all(gpurig.init(), quick=True)
     alpha, beta, per_matrix = 3e-4, 1 / 500e6, 2.5e-4
     rows = [{"bytes": 1 << 20, "seconds": 1e-3, "per_matrix_s": per_matrix},
             {"bytes": 1 << 22, "seconds": 4e-3, "per_matrix_s": per_matrix}]
-    comm = {"ranks": 2, "nodes": 2, "ranks_per_machine": 2,
-            "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": 5e-5, "beta_s_per_byte": 8e-9},
-                                "compressed:powersgd": {"rows": rows, "busbw_gbs": 0.1, "alpha_s": alpha,
-                                                        "beta_s_per_byte": beta}}},
-            "overlap": {"mpi": {"slowdown": 1.0}}}
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps({"schema": "gpurig-profile/1", "device": "cpu", "cpu": "test",
-                                "compute": {"2": compute}, "comm": comm}))
+    path = chain_profile(tmp_path / "profile.json", quick_compute, "powersgd", alpha, beta, rows)
     result = predict(PredictRequest(model="mnist-cnn", cluster=str(path), gpus=2, batch=32, compression="powersgd"))
     spec = model_spec("mnist-cnn", batch=32)
     shapes = [shape for layer in spec.layers for _, shape in layer.parameter_shapes]
@@ -196,29 +206,19 @@ def test_powersgd_chain_pays_bench_s_per_matrix_cost_for_each_matrix_beyond_the_
             alpha + beta * 4 * bucket["values"] + (matrices - 1) * per_matrix)
 
 
-def test_measured_compressed_chain_and_compute_slowdown_are_what_the_step_uses(tmp_path):
+def test_measured_compressed_chain_and_compute_slowdown_are_what_the_step_uses(quick_compute, tmp_path):
     """bench's timed compressed average replaces the codec-and-wire model per bucket, and its measured
     slowdown of computing under a collective stretches backward exactly as perf.overlap.timeline says."""
     import math
 
-    import gpurig
-    from gpurig.measure.compute import measure_all
     from gpurig.perf.codec import elementwise_seconds
     from gpurig.perf.overlap import timeline
 
-    compute = measure_all(gpurig.init(), quick=True)
+    compute = quick_compute
     alpha, beta = 2e-4, 1 / 120e6   # a compressed chain: 0.2 ms, then 120 MB of float32 gradient per second
-    comm = {"ranks": 2, "nodes": 2, "ranks_per_machine": 2,
-            "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": 5e-5, "beta_s_per_byte": 8e-9},
-                                "compressed:int8": {"rows": [], "busbw_gbs": 0.1, "alpha_s": alpha,
-                                                    "beta_s_per_byte": beta}}},
-            "overlap": {"mpi": {"slowdown": 1.0}}}
     steps = {}
     for slowdown in (1.0, 2.0):
-        comm["overlap"]["mpi"]["slowdown"] = slowdown
-        path = tmp_path / f"profile-{slowdown}.json"
-        path.write_text(json.dumps({"schema": "gpurig-profile/1", "device": "cpu", "cpu": "test",
-                                    "compute": {"2": compute}, "comm": comm}))
+        path = chain_profile(tmp_path / f"profile-{slowdown}.json", compute, "int8", alpha, beta, slowdown=slowdown)
         result = predict(PredictRequest(model="mnist-mlp", cluster=str(path), gpus=2, batch=64, compression="int8"))
         steps[slowdown] = result["step"]
         buckets = result["buckets"]
