@@ -170,7 +170,8 @@ def _():
 @case("overlapped_buckets_average_as_one_bucket_at_a_time")
 def _():
     """DataParallel begins each compressed bucket before finishing the one before, with plain and PowerSGD
-    buckets between them: every bucket still gets exactly the average it would get alone."""
+    buckets between them: every bucket still gets exactly the average it would get alone, and the step's
+    collectives, PowerSGD's allreduces among them, are checked against the other ranks' in one exchange."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(6)])
     dp = gpurig.DataParallel(copy.deepcopy(net), compression="int8", bucket_cap_mb=0.004)
@@ -178,12 +179,18 @@ def _():
     for bucket, method in zip(dp.buckets, methods):
         bucket.method = method
     compression.PIECE_BYTES = 1500  # several pieces per bucket
+    exchanges, exchange = [], comm.guard._exchange
+    comm.guard._exchange = lambda signatures, first: (exchanges.append(len(signatures)), exchange(signatures, first))
     try:
         states = [FeedbackState() for _ in dp.buckets]
         for step in range(3):
             x = torch.randn(8, 40, generator=torch.Generator().manual_seed(100 * step + R))
             dp.zero_grad()
+            checked = len(exchanges)
             dp(x).sum().backward()
+            # one exchange announcing every collective of the step: each was submitted as announced
+            assert len(exchanges) == checked + 1 and exchanges[-1] > len(dp.buckets), exchanges[checked:]
+            assert not comm.guard._expected
             net.zero_grad()
             net(x).sum().backward()
             for bucket, method, state in zip(dp.buckets, methods, states):
@@ -203,6 +210,7 @@ def _():
         assert len(set(methods)) == 4 and dp._in_flight is None
     finally:
         compression.PIECE_BYTES = PIECE_BYTES
+        comm.guard._exchange = exchange
 
 
 @case("compression_state_roundtrip_and_mismatch")

@@ -254,15 +254,16 @@ class Communicator:
         return (native and self._engine_reads(flat)
                 and self._worker.idle() and not self._worker.on_worker_thread())
 
-    def _can_start(self, *tensors: torch.Tensor) -> bool:
+    def _can_start(self, *tensors: torch.Tensor, begins: str = "start_alltoall") -> bool:
         """Whether a collective on ``tensors`` can be begun on this thread and left to finish on its own.
 
-        Needs an engine with non-blocking operations that reads the tensors in
-        place, and a thread that owns the order of collectives: the background
-        thread itself (a ``run_async`` job pipelining its collectives), or any
-        thread of an engine with its own async operations when nothing is queued.
+        Needs an engine with the non-blocking operation (its method ``begins``)
+        that reads the tensors in place, and a thread that owns the order of
+        collectives: the background thread itself (a ``run_async`` job
+        pipelining its collectives), or any thread of an engine with its own
+        async operations when nothing is queued.
         """
-        if not hasattr(self.engine, "start_alltoall") or not all(self._engine_reads(t) for t in tensors):
+        if not hasattr(self.engine, begins) or not all(self._engine_reads(t) for t in tensors):
             return False
         if any(not t.is_contiguous() for t in tensors[1:]):  # an ``out`` the engine must write in place
             return False
@@ -341,10 +342,10 @@ class Communicator:
                 tensor.copy_(buf.view(tensor.shape))
             return tensor
 
-        if not blocking and self._native_async_for(flat):
+        if not blocking and self._can_start(flat, begins="start_allreduce"):
             with self._engine_errors():
                 self.guard.begin(signature, flat.nbytes)
-                work = self.engine.allreduce_sum(flat, async_op=True)
+                work = self.engine.start_allreduce(flat)
             return Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors)
 
         def work():
@@ -404,7 +405,8 @@ class Communicator:
         equal = sizes is not None and len(set(sizes)) == 1
         signature = Signature.of("allgather", tensor, name, "" if sizes is None else f"rows {sizes}",
                                  vary_first=sizes is None)
-        can_start = not blocking and equal and self._can_start(tensor, *([] if out is None else [out]))
+        can_start = not blocking and equal and self._can_start(tensor, *([] if out is None else [out]),
+                                                                 begins="start_allgather")
         return self._begin(signature, tensor.nbytes, work, start if can_start else None, blocking)
 
     def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> torch.Tensor:

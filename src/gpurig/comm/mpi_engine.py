@@ -168,6 +168,10 @@ class MPIEngine:
         self.comm.Alltoall(self._buf(tensor), self._buf(out))
         return out
 
+    def start_allreduce(self, tensor: torch.Tensor) -> "Request":
+        """Begin :meth:`allreduce_sum` in place without waiting; MPI moves it whenever this rank calls MPI."""
+        return Request(self.comm.Iallreduce(MPI.IN_PLACE, self._buf(tensor), op=self._sum_op(tensor.dtype)), tensor)
+
     def start_alltoall(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
         """Begin :meth:`alltoall` into ``out`` without waiting; MPI moves it whenever this rank calls MPI."""
         return Request(self.comm.Ialltoall(self._buf(tensor), self._buf(out)), tensor, out)

@@ -67,8 +67,12 @@ class TorchEngine:
         return dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
                          torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)
 
-    def allreduce_sum(self, tensor: torch.Tensor, async_op: bool = False):
-        return dist.all_reduce(tensor, async_op=async_op)
+    def allreduce_sum(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
+
+    def start_allreduce(self, tensor: torch.Tensor):
+        """Begin :meth:`allreduce_sum` in place; returns the backend's ``Work``."""
+        return dist.all_reduce(tensor, async_op=True)
 
     def allgather(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
         largest = max(counts)

@@ -170,16 +170,11 @@ def square_ish(values: int, matrices: int = 1) -> list[torch.Size]:
 
 def _time_chain(comm, method: str, shapes: list[torch.Size], n: int, warmup: int) -> float:
     """The slowest rank's median time of DataParallel's compressed average of one bucket of ``shapes``."""
-    from gpurig.parallel.compression import FeedbackState, average
+    from gpurig.parallel.compression import FeedbackState, timed_average
 
     x = torch.randn(sum(s.numel() for s in shapes), device=comm.device)
-    state, times = FeedbackState(), []
-    for i in range(warmup + n):
-        comm.barrier()
-        start = time.perf_counter()
-        comm.run_async(lambda: average(comm, x, method, state, shapes)).wait()  # on the comm thread, as in training
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
+    state = FeedbackState()
+    times = [timed_average(comm, x, method, state, shapes) for _ in range(warmup + n)][warmup:]
     return statistics.median(slowest(comm, times))
 
 

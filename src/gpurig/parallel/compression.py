@@ -23,6 +23,7 @@ per rank, in a :class:`FeedbackState`, and is saved with checkpoints.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -155,9 +156,10 @@ def piece_label(name: str | None, k: int) -> str:
     return f"{name} piece {k}" if name else f"piece {k}"
 
 
-def collectives(n: int, ranks: int, method: str, name: str | None = None) -> tuple[list, list] | None:
+def collectives(n: int, ranks: int, method: str, name: str | None = None,
+                shapes: list[torch.Size] | None = None) -> tuple[list, list]:
     """The collectives averaging a bucket of ``n`` values with ``method`` submits: (when it begins, when it
-    finishes), each in order; None when they depend on more than the size (PowerSGD).
+    finishes), each in order. PowerSGD's depend on the tensors' ``shapes``, not only on ``n``.
 
     DataParallel announces them, so the guard checks a whole step with one exchange.
 
@@ -165,9 +167,9 @@ def collectives(n: int, ranks: int, method: str, name: str | None = None) -> tup
     >>> [s.describe() for s in begun + finished]
     ["alltoall 'bucket 0 piece 0' uint8[2,2056]", "allgather 'bucket 0 piece 0' uint8[1,2056] rows [1, 1]"]
     """
-    kind, _ = parse_method(method)
+    kind, rank = parse_method(method)
     if kind == POWERSGD:
-        return None
+        return powersgd.collectives(shapes, rank, name)
     if kind == "none":
         return [Signature("allreduce", name, "float32", (n,), "sum")], []
     codec = codecs.get(kind)
@@ -176,15 +178,6 @@ def collectives(n: int, ranks: int, method: str, name: str | None = None) -> tup
     label = [piece_label(name, k) for k in range(len(pieces))]
     return ([Signature("alltoall", label[k], "uint8", (ranks, row)) for k, row in enumerate(rows)],
             [Signature("allgather", label[k], "uint8", (1, row), f"rows {[1] * ranks}") for k, row in enumerate(rows)])
-
-
-def elementwise(method: str) -> bool:
-    """Whether ``method`` is an element-wise codec, averaged by :class:`CompressedAverage`.
-
-    >>> elementwise("int8"), elementwise("none"), elementwise("powersgd:2")
-    (True, False, False)
-    """
-    return parse_method(method)[0] not in ("none", POWERSGD)
 
 
 def compressed_average(comm, x: torch.Tensor, codec: codecs.Codec, state: FeedbackState,
@@ -292,6 +285,20 @@ def _keep_moving(handles) -> None:
         handle.is_completed()
 
 
+def begin_average(comm, flat: torch.Tensor, method: str, state: FeedbackState, shapes: list[torch.Size],
+                  name: str | None = None) -> "CompressedAverage | powersgd.LowRankAverage":
+    """Begin averaging ``flat`` (the gradients of tensors of ``shapes``, back to back) with a compressing
+    ``method``; the returned average's ``finish()`` completes it in place and returns the bytes this rank sent.
+
+    >>> pending = begin_average(comm, bucket, "powersgd", FeedbackState(), [p.shape for p in params])  # doctest: +SKIP
+    >>> sent = pending.finish()                                                                        # doctest: +SKIP
+    """
+    kind, rank = parse_method(method)
+    if kind == POWERSGD:
+        return powersgd.LowRankAverage(comm, flat, shapes, rank, state, name)
+    return CompressedAverage(comm, flat, codecs.get(kind), state, name)
+
+
 def average(comm, flat: torch.Tensor, method: str, state: FeedbackState, shapes: list[torch.Size],
             name: str | None = None) -> int:
     """Average ``flat`` (the gradients of tensors of ``shapes``, back to back) in place with ``method``.
@@ -301,16 +308,30 @@ def average(comm, flat: torch.Tensor, method: str, state: FeedbackState, shapes:
 
     >>> sent = average(comm, bucket, "int8", FeedbackState(), [p.shape for p in params])   # doctest: +SKIP
     """
-    kind, rank = parse_method(method)
-    if kind == POWERSGD:
-        return powersgd.lowrank_average(comm, flat, shapes, rank, state)
-    if kind == "none":
+    if method == "none":
         if state.sent is not None:
             flat.add_(state.sent[: flat.numel()])
             state.sent = state.owned = None
         comm.allreduce(flat, op="average", name=name)
         return wire_bytes("none", shapes, comm.size)
-    return compressed_average(comm, flat, codecs.get(kind), state, name)
+    return begin_average(comm, flat, method, state, shapes, name).finish()
+
+
+def timed_average(comm, flat: torch.Tensor, method: str, state: FeedbackState, shapes: list[torch.Size]) -> float:
+    """Seconds one compressed :func:`average` of ``flat`` takes on this rank, as a step's bucket takes it.
+
+    Its collectives are announced first (DataParallel checks a whole step with
+    one exchange), then all ranks start together (a barrier) and it runs on the
+    communication thread.
+
+    >>> seconds = timed_average(comm, bucket.clone(), "int8", FeedbackState(), [p.shape for p in params])  # doctest: +SKIP
+    """
+    begun, finished = collectives(flat.numel(), comm.size, method, shapes=shapes)
+    comm.expect(begun + finished)
+    comm.barrier()
+    start = time.perf_counter()
+    comm.run_async(lambda: average(comm, flat, method, state, shapes)).wait()
+    return time.perf_counter() - start
 
 
 def switch_method(state: FeedbackState, old: str, new: str, rank: int, ranks: int) -> None:

@@ -24,8 +24,9 @@ import torch
 from gpurig import comm as comm_mod
 from gpurig.comm.signature import Signature
 from gpurig.parallel import auto, codecs, numerics, powersgd
-from gpurig.parallel.compression import (POWERSGD, CompressedAverage, FeedbackState, average, collectives,
-                                         elementwise, padded_bucket_length, parse_method, switch_method, wire_bytes)
+from gpurig.parallel.compression import (POWERSGD, CompressedAverage, FeedbackState, begin_average, collectives,
+                                         padded_bucket_length, parse_method, switch_method, timed_average,
+                                         wire_bytes)
 
 DEFAULT_BUCKET_MB = 25.0
 COMPRESSED_BUCKET_MB = 4.0  # compressed buckets are cheap to send: smaller ones start travelling during backward
@@ -245,7 +246,8 @@ class DataParallel(torch.nn.Module):
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._names = {id(p): name for name, p in module.named_parameters()}
         self._announced: tuple = ((), [])  # (bucket methods, the signatures announced for them)
-        self._in_flight: CompressedAverage | None = None  # begun on the background thread, not yet finished
+        # begun on the background thread, not yet finished
+        self._in_flight: CompressedAverage | powersgd.LowRankAverage | None = None
         if self.compresses and any(p.dtype != torch.float32 for p in self._params):
             raise ValueError(f"compression {compression!r} needs float32 parameters")
         self._bucket_cap_mb = bucket_cap_mb
@@ -326,7 +328,7 @@ class DataParallel(torch.nn.Module):
         return bucket.ready == len(bucket.params)
 
     def _signatures(self) -> list[Signature]:
-        """What this step's buckets submit, in the order they do; nothing when a method cannot say (PowerSGD).
+        """What this step's buckets submit, in the order they do.
 
         A compressed bucket's second half is submitted after the next compressed
         bucket has begun (see :meth:`_launch`), the last one's at the end.
@@ -336,21 +338,17 @@ class DataParallel(torch.nn.Module):
             order, pending = [], []
             for i, (bucket, method) in enumerate(zip(self.buckets, methods)):
                 n = len(bucket.flat) if method != "none" else bucket.numel
-                planned = collectives(n, self.comm.size, method, f"bucket {i}")
-                if planned is None:
-                    order, pending = [], []
-                    break
-                begun, finished = planned
+                begun, finished = collectives(n, self.comm.size, method, f"bucket {i}", bucket.shapes)
                 order += begun
-                if elementwise(method):
+                if method != "none":
                     order, pending = order + pending, finished
             self._announced = (methods, order + pending)
         return self._announced[1]
 
     @property
     def _pipelined(self) -> bool:
-        """Whether compressed buckets overlap (some bucket uses an element-wise codec)."""
-        return any(elementwise(m) for m in self.methods)
+        """Whether compressed buckets overlap (some bucket compresses)."""
+        return any(m != "none" for m in self.methods)
 
     def _launch(self, bucket: Bucket) -> None:
         # Launch order is the bucket order on every rank, whatever order autograd finished in.
@@ -376,10 +374,8 @@ class DataParallel(torch.nn.Module):
             bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=name)
         elif plain:  # on the background thread too, so its place among the compressed buckets' is the same everywhere
             bucket.handle = self.comm.run_async(lambda: self.comm.allreduce(bucket.flat[: bucket.numel], "sum", name))
-        elif elementwise(bucket.method):
-            bucket.handle = self.comm.run_async(lambda: self._begin_compressed(bucket, name))
         else:
-            bucket.handle = self.comm.run_async(lambda: self._lowrank_average(bucket, name))
+            bucket.handle = self.comm.run_async(lambda: self._begin_compressed(bucket, name))
         if plain:
             self.stats.bytes_sent += wire_bytes("none", bucket.shapes, self.comm.size)
         self._next_bucket += 1
@@ -387,7 +383,7 @@ class DataParallel(torch.nn.Module):
     def _begin_compressed(self, bucket: Bucket, name: str) -> None:
         """Begin this bucket's compressed average, then finish the one before: the link has this one's pieces
         to carry while the earlier one's are decoded, averaged and sent back."""
-        begun = CompressedAverage(self.comm, bucket.flat, codecs.get(bucket.method), bucket.state, name)
+        begun = begin_average(self.comm, bucket.flat, bucket.method, bucket.state, bucket.shapes, name)
         self._finish_in_flight()
         self._in_flight = begun
 
@@ -395,10 +391,6 @@ class DataParallel(torch.nn.Module):
         pending, self._in_flight = self._in_flight, None
         if pending is not None:
             self.stats.bytes_sent += pending.finish()
-
-    def _lowrank_average(self, bucket: Bucket, name: str) -> None:
-        self._finish_in_flight()
-        self.stats.bytes_sent += average(self.comm, bucket.flat, bucket.method, bucket.state, bucket.shapes, name)
 
     def _finish_backward(self) -> None:
         self._finalize_queued = False
@@ -521,14 +513,9 @@ class DataParallel(torch.nn.Module):
             if method == "none" or method not in self._method_costs[index]:
                 seconds.append(float("nan"))
                 continue
-            state, times = FeedbackState(), []
-            for _ in range(2):
-                scratch = bucket.flat.clone()
-                self.comm.barrier()
-                begin = time.perf_counter()
-                self.comm.run_async(lambda: average(self.comm, scratch, method, state, bucket.shapes)).wait()
-                times.append(time.perf_counter() - begin)
-            seconds.append(min(times))
+            state = FeedbackState()
+            seconds.append(min(timed_average(self.comm, bucket.flat.clone(), method, state, bucket.shapes)
+                               for _ in range(2)))
         return index, seconds
 
     def _choose_methods(self) -> None:

@@ -19,8 +19,11 @@ iteration per training step, so the factors track the gradient's top subspace.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
+
+from gpurig.comm.signature import Signature
 
 DEFAULT_RANK = 4
 MIN_COMPRESSION = 2.0  # compress a matrix only if its factors are at most half its size (as PyTorch's hook)
@@ -76,67 +79,116 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
     return p.copy_(q * signs)
 
 
-def lowrank_average(comm, flat: torch.Tensor, shapes: list[torch.Size], rank: int, state) -> int:
-    """Average ``flat`` (tensors of ``shapes`` back to back) over all ranks with rank-``rank`` PowerSGD, in place.
+def collectives(shapes: list[torch.Size], rank: int, name: str | None = None) -> tuple[list, list]:
+    """The allreduces a bucket of ``shapes`` submits: ([P and the uncompressed rest] when it begins, [Q] when
+    it finishes); DataParallel announces them, so the guard checks a whole step with one exchange.
+
+    >>> begun, finished = collectives([torch.Size([8]), torch.Size([100, 50])], 2, "bucket 0")
+    >>> [s.describe() for s in begun + finished]
+    ["allreduce 'bucket 0 P' float32[208] sum", "allreduce 'bucket 0 Q' float32[100] sum"]
+    """
+    matrices, rest = split(shapes, rank)
+    first = sum(n * rank for _, n, _ in matrices) + sum(numel for _, numel in rest)
+    second = sum(m * rank for _, _, m in matrices)
+    return ([Signature("allreduce", _label(name, "P"), "float32", (first,), "sum")],
+            [Signature("allreduce", _label(name, "Q"), "float32", (second,), "sum")])
+
+
+def _label(name: str | None, factor: str) -> str:
+    return f"{name} {factor}" if name else factor
+
+
+class LowRankAverage:
+    """One bucket's rank-``rank`` PowerSGD average in flight: begun, then finished, possibly with other work
+    between.
+
+    Beginning it computes P = M·Q for every matrix and starts the allreduce
+    of the Ps (with the uncompressed tensors) without waiting; :meth:`finish`
+    orthonormalises, computes and allreduces Q and writes the average into
+    ``flat`` (tensors of ``shapes`` back to back), in place. DataParallel
+    begins the next bucket before finishing this one, as it does the
+    element-wise codecs: no rank waits for the others in the middle of
+    backward (on CPU ranks such waits cost more than the transfers).
 
     ``state`` is the bucket's :class:`~gpurig.parallel.compression.FeedbackState`:
     ``state.sent`` holds this rank's residual, ``state.lowrank`` the warm-start
-    factors (each Qᵀ, rank × m). Returns the bytes this rank sent.
+    factors (each Qᵀ, rank × m).
+
+    >>> average = LowRankAverage(comm, bucket, [p.shape for p in params], 4, FeedbackState())   # doctest: +SKIP
+    >>> sent = average.finish()                                                              # doctest: +SKIP
+    """
+
+    def __init__(self, comm, flat: torch.Tensor, shapes: list[torch.Size], rank: int, state,
+                 name: str | None = None):
+        self.comm, self.flat, self.rank, self.state, self.name = comm, flat, rank, state, name
+        self.matrices, self.rest = matrices, rest = split(shapes, rank)
+        if state.sent is None:
+            state.sent = torch.zeros_like(flat)
+        else:
+            flat.add_(state.sent)
+        if state.lowrank is None:
+            state.lowrank = [_initial_q(m, rank, i, flat.device) for i, (_, n, m) in enumerate(matrices)]
+        # Checkpoints written before the factors were kept transposed hold Q (m × rank); m ≠ rank for every
+        # compressed matrix, so the shape tells.
+        state.lowrank = [q.T.contiguous() if q.shape == (m, rank) else q
+                         for q, (_, n, m) in zip(state.lowrank, matrices)]
+        # Every product here reads the n × m matrix row by row (M·Q with Q small, P̂ᵀ·M rather than Mᵀ·P̂): on a
+        # CPU the transposed product took 7x as long, and PowerSGD's arithmetic twice as long in all.
+        self.p_values = sum(n * rank for _, n, _ in matrices)
+        self.first = first = state.buffer("p", self.p_values + sum(numel for _, numel in rest), device=flat.device)
+        self.ps, start = [], 0
+        for (offset, n, m), q_t in zip(matrices, state.lowrank):
+            self.ps.append(torch.matmul(self._matrix(flat, offset, n, m), q_t.T,
+                                        out=first[start: start + n * rank].view(n, rank)))
+            start += n * rank
+        for offset, numel in rest:
+            first[start: start + numel].copy_(flat[offset: offset + numel])
+            start += numel
+        self.handle = comm.allreduce_async(first, op="sum", name=_label(name, "P"))
+
+    @staticmethod
+    def _matrix(tensor, offset, n, m):
+        return tensor[offset: offset + n * m].view(n, m)
+
+    def finish(self) -> int:
+        """Wait for the Ps, then the second half: Q's products and allreduce, the average; the bytes sent."""
+        comm, flat, state, rank, first = self.comm, self.flat, self.state, self.rank, self.first
+        ranks = comm.size
+        self.handle.wait()
+        start = self.p_values
+        for offset, numel in self.rest:  # uncompressed: exact, nothing owed
+            flat[offset: offset + numel].copy_(first[start: start + numel]).div_(ranks)
+            state.sent[offset: offset + numel].zero_()
+            start += numel
+
+        second = state.buffer("q", sum(m * rank for _, _, m in self.matrices), device=flat.device)
+        qs, start = [], 0
+        for (offset, n, m), p in zip(self.matrices, self.ps):
+            orthonormalize(p)
+            mine = self._matrix(flat, offset, n, m)
+            q_t = torch.matmul(p.T, mine, out=second[start: start + m * rank].view(rank, m))
+            # What the projection loses on this rank: M − P̂·(P̂ᵀ·M), kept for the next step.
+            torch.addmm(mine, p, q_t, alpha=-1, out=self._matrix(state.sent, offset, n, m))
+            qs.append(q_t)
+            start += m * rank
+        comm.allreduce(second, op="sum", name=_label(self.name, "Q"))
+
+        for (offset, n, m), p, q_t, warm in zip(self.matrices, self.ps, qs, state.lowrank):
+            warm.copy_(q_t)
+            torch.matmul(p, q_t.div_(ranks), out=self._matrix(flat, offset, n, m))  # the small factor scaled
+        return 2 * (ranks - 1) * 4 * (first.numel() + second.numel()) // ranks
+
+
+def lowrank_average(comm, flat: torch.Tensor, shapes: list[torch.Size], rank: int, state,
+                    name: str | None = None) -> int:
+    """Average ``flat`` (tensors of ``shapes`` back to back) over all ranks with rank-``rank`` PowerSGD, in place.
+
+    The same as beginning a :class:`LowRankAverage` and finishing it at once;
+    returns the bytes this rank sent.
 
     >>> sent = lowrank_average(comm, bucket, [p.shape for p in params], 4, FeedbackState())   # doctest: +SKIP
     """
-    ranks = comm.size
-    matrices, rest = split(shapes, rank)
-    if state.sent is None:
-        state.sent = torch.zeros_like(flat)
-    else:
-        flat.add_(state.sent)
-    if state.lowrank is None:
-        state.lowrank = [_initial_q(m, rank, i, flat.device) for i, (_, n, m) in enumerate(matrices)]
-    # Checkpoints written before the factors were kept transposed hold Q (m × rank); m ≠ rank for every
-    # compressed matrix, so the shape tells.
-    state.lowrank = [q.T.contiguous() if q.shape == (m, rank) else q
-                     for q, (_, n, m) in zip(state.lowrank, matrices)]
-
-    def matrix(tensor, offset, n, m):
-        return tensor[offset: offset + n * m].view(n, m)
-
-    # Every product below reads the n × m matrix row by row (M·Q with Q small, P̂ᵀ·M rather than Mᵀ·P̂): on a CPU
-    # the transposed product took 7x as long, and PowerSGD's arithmetic twice as long in all.
-    p_values = sum(n * rank for _, n, _ in matrices)
-    rest_values = sum(numel for _, numel in rest)
-    first = state.buffer("p", p_values + rest_values, device=flat.device)
-    ps, start = [], 0
-    for (offset, n, m), q_t in zip(matrices, state.lowrank):
-        ps.append(torch.matmul(matrix(flat, offset, n, m), q_t.T, out=first[start: start + n * rank].view(n, rank)))
-        start += n * rank
-    for offset, numel in rest:
-        first[start: start + numel].copy_(flat[offset: offset + numel])
-        start += numel
-    comm.allreduce(first, op="sum")
-
-    start = p_values
-    for offset, numel in rest:  # uncompressed: exact, nothing owed
-        flat[offset: offset + numel].copy_(first[start: start + numel]).div_(ranks)
-        state.sent[offset: offset + numel].zero_()
-        start += numel
-
-    second = state.buffer("q", sum(m * rank for _, _, m in matrices), device=flat.device)
-    qs, start = [], 0
-    for (offset, n, m), p in zip(matrices, ps):
-        orthonormalize(p)
-        mine = matrix(flat, offset, n, m)
-        q_t = torch.matmul(p.T, mine, out=second[start: start + m * rank].view(rank, m))
-        # What the projection loses on this rank: M − P̂·(P̂ᵀ·M), kept for the next step.
-        torch.addmm(mine, p, q_t, alpha=-1, out=matrix(state.sent, offset, n, m))
-        qs.append(q_t)
-        start += m * rank
-    comm.allreduce(second, op="sum")
-
-    for (offset, n, m), p, q_t, warm in zip(matrices, ps, qs, state.lowrank):
-        warm.copy_(q_t)
-        torch.matmul(p, q_t.div_(ranks), out=matrix(flat, offset, n, m))  # the small factor scaled, not n·m values
-    return 2 * (ranks - 1) * 4 * (p_values + rest_values + second.numel()) // ranks
+    return LowRankAverage(comm, flat, shapes, rank, state, name).finish()
 
 
 def local_seconds(shapes: list[torch.Size], rank: int, device=None) -> float:
@@ -160,3 +212,6 @@ class _Alone:
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> torch.Tensor:
         return tensor
+
+    def allreduce_async(self, tensor: torch.Tensor, op: str = "sum", name: str | None = None):
+        return SimpleNamespace(wait=lambda: tensor)
