@@ -57,7 +57,7 @@ def main():
             for _, rows_, cols in matrices]
     factors = []
 
-    def lowrank_encode():  # as powersgd.lowrank_average computes them: P = M·Q, then Qᵀ = P̂ᵀ·M
+    def lowrank_encode():  # as powersgd.LowRankAverage computes them: P = M·Q, then Qᵀ = P̂ᵀ·M
         factors.clear()
         for m, q_t in work:
             p_hat = powersgd.orthonormalize(m @ q_t.T)

@@ -179,20 +179,8 @@ class LowRankAverage:
         return 2 * (ranks - 1) * 4 * (first.numel() + second.numel()) // ranks
 
 
-def lowrank_average(comm, flat: torch.Tensor, shapes: list[torch.Size], rank: int, state,
-                    name: str | None = None) -> int:
-    """Average ``flat`` (tensors of ``shapes`` back to back) over all ranks with rank-``rank`` PowerSGD, in place.
-
-    The same as beginning a :class:`LowRankAverage` and finishing it at once;
-    returns the bytes this rank sent.
-
-    >>> sent = lowrank_average(comm, bucket, [p.shape for p in params], 4, FeedbackState())   # doctest: +SKIP
-    """
-    return LowRankAverage(comm, flat, shapes, rank, state, name).finish()
-
-
 def local_seconds(shapes: list[torch.Size], rank: int, device=None) -> float:
-    """Seconds of arithmetic :func:`lowrank_average` spends on a bucket of ``shapes`` here (timed, best of 3).
+    """Seconds of arithmetic a :class:`LowRankAverage` spends on a bucket of ``shapes`` here (timed, best of 3).
 
     >>> local_seconds([torch.Size([256, 256])], rank=4) > 0
     True
@@ -201,12 +189,12 @@ def local_seconds(shapes: list[torch.Size], rank: int, device=None) -> float:
     from gpurig.timing import device_sync, timed
 
     flat, state = torch.randn(sum(math.prod(s) for s in shapes), device=device), FeedbackState()
-    return timed(lambda: lowrank_average(_Alone(), flat, shapes, rank, state),
+    return timed(lambda: LowRankAverage(_Alone(), flat, shapes, rank, state).finish(),
                  sync=device_sync(torch.device(device or "cpu")))
 
 
 class _Alone:
-    """One rank on its own: :func:`lowrank_average`'s arithmetic without the collectives, to time it."""
+    """One rank on its own: a :class:`LowRankAverage`'s arithmetic without the collectives, to time it."""
 
     size = 1
 
