@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import gpurig
 from gpurig import models
-from gpurig.measure.compute import typical_timer, gemm_rows
+from gpurig.measure.compute import gemm_rows, turn_timer
 
 
 REFERENCE = (256, 1024, 1024)  # one GEMM of bench's grid, timed as bench times it, next to every configuration
@@ -29,7 +29,7 @@ REFERENCE = (256, 1024, 1024)  # one GEMM of bench's grid, timed as bench times 
 
 def reference_seconds(comm) -> float:
     """The machine's speed right now: bench's own timing of one of its GEMMs (the slowest rank's)."""
-    return gemm_rows([REFERENCE], comm.device, typical_timer(comm.device), comm)[0]["seconds"]
+    return gemm_rows([REFERENCE], comm.device, turn_timer(comm))[0]["seconds"]
 
 
 def measure(comm, model_name: str, batch: int, compression: str, warmup: int, steps: int) -> dict:

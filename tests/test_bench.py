@@ -2,6 +2,7 @@
 
 import doctest
 import json
+import time
 
 import pytest
 import torch
@@ -10,13 +11,14 @@ import gpurig.bench
 import gpurig.errors
 import gpurig.measure.comm
 import gpurig.measure.local
+import gpurig.timing
 from conftest import gpurig as gpurig_cli
 from gpurig.measure import local
 from gpurig.measure.comm import COMPRESSED_VALUES
 
 
 def test_docstring_examples():
-    for module in (gpurig.measure.comm, gpurig.measure.local, gpurig.bench):
+    for module in (gpurig.measure.comm, gpurig.measure.local, gpurig.bench, gpurig.timing):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
 
 
@@ -108,6 +110,24 @@ def test_repeated_takes_keep_each_numbers_median():
                       "gemm": [{"m": 64, "n": 1024, "seconds": 2.0, "flops": 1e9},
                                {"m": 64, "n": 1024, "seconds": 5.0, "flops": 1e9}]}
     assert gpurig.bench.median_profile(takes[:2])["gemm"][0]["seconds"] == 2.0  # an even count: the mean of the two
+
+
+def test_turn_about_timing_drops_a_slow_spell():
+    """A slow spell of the machine (here: three consecutive runs, whatever runs) makes one function look slow
+    when its repeats run back to back, and none when the functions are timed turn about."""
+    calls = []
+
+    def spell_aware(name):
+        def run():
+            calls.append(name)
+            time.sleep(0.02 if 6 <= len(calls) <= 8 else 0.002)  # runs 6-8 fall in the spell
+        return run
+
+    back_to_back = [gpurig.timing.timed(spell_aware(name), repeats=5, typical=True, warmup=0) for name in "abc"]
+    assert back_to_back[0] < 0.01 < back_to_back[1] and back_to_back[2] < 0.01
+    calls.clear()
+    turns = gpurig.timing.timed_turns([spell_aware(name) for name in "abc"], rounds=5, warm=0)
+    assert max(turns) < 0.01 and calls[5:8] == ["c", "a", "b"]
 
 
 def test_profile_loader_refuses_other_files(tmp_path):

@@ -12,8 +12,9 @@ compete for cores, caches and memory bandwidth (``python -m gpurig.measure.compu
 - optimizers: one step of SGD, SGD with momentum and Adam per parameter value, at two model sizes;
 - codecs: encode with error feedback + decode per value, each gradient codec.
 
-Every rank times the same thing at the same moment (a barrier before each);
-the slowest rank's time is kept.
+Every rank times the same thing at the same moment (a barrier before each
+run); the things of one kind (all GEMM shapes, all layers, ...) are timed turn
+about, and per thing the median of its rounds and the slowest rank's time is kept.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from gpurig.perf.machine import build_layer
-from gpurig.timing import device_sync, timed
+from gpurig.timing import device_sync, timed, timed_turns
 
 GEMM_GRID = [(m, n, k) for m in (16, 64, 256, 1024) for (n, k) in ((128, 128), (1024, 1024), (1024, 4096),
                                                                    (4096, 1024), (10, 1024))]
@@ -54,38 +55,46 @@ QUICK_LAYER_GRID = [LAYER_GRID[0], LAYER_GRID[4], LAYER_GRID[10], LAYER_GRID[12]
 QUICK_GEMM_GRID = [(m, n, k) for m in (16, 256) for (n, k) in ((128, 128), (1024, 1024), (10, 1024))]
 
 
-def typical_timer(device: torch.device):
-    """The typical time of a run on ``device`` (the median: under contention the best case is not typical)."""
-    sync = device_sync(device)
-    return lambda fn, repeats: timed(fn, repeats, sync=sync, typical=True)
+def turn_timer(comm, rounds: int = 7):
+    """A function that times a list of functions turn about on every rank of ``comm`` at once (a barrier
+    before each run, :func:`~gpurig.timing.timed_turns`) and returns, per function, the slowest rank's median.
+
+    >>> turn_timer(gpurig.init())([lambda: None])      # doctest: +SKIP
+    [1.2e-07]
+    """
+    sync = device_sync(comm.device)
+    return lambda fns: _slowest(comm, timed_turns(fns, rounds, sync=sync, before=comm.barrier))
 
 
-def gemm_rows(shapes, device, best, comm, budget_flops: float = 5e8) -> list[dict]:
+def gemm_rows(shapes, device, timer, budget_flops: float = 5e8) -> list[dict]:
     """Seconds per (m, n, k) product, the slowest rank's."""
-    rows = []
-    for m, n, k in shapes:
-        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+    # one pair of buffers, each shape a view of them: only the largest shape's operands in memory
+    left = torch.randn(max(m * k for m, n, k in shapes), device=device)
+    right = torch.randn(max(k * n for m, n, k in shapes), device=device)
+
+    def product(m, n, k):
+        a, b = left[:m * k].view(m, k), right[:k * n].view(k, n)
         inner = max(1, int(budget_flops // (2 * m * n * k)))
 
         def run():
             for _ in range(inner):
                 torch.mm(a, b)
+        return run, inner
 
-        comm.barrier()
-        seconds = _slowest(comm, best(run, 5) / inner)
-        rows.append({"m": m, "n": n, "k": k, "seconds": seconds, "gflops": 2 * m * n * k / seconds / 1e9})
-    return rows
+    runs = [product(*shape) for shape in shapes]
+    seconds = timer([run for run, _ in runs])
+    return [{"m": m, "n": n, "k": k, "seconds": s / inner, "gflops": 2 * m * n * k * inner / s / 1e9}
+            for (m, n, k), s, (_, inner) in zip(shapes, seconds, runs)]
 
 
-def memory_bytes_per_s(device, best, comm, nbytes: int = 64 << 20) -> float:
+def memory_bytes_per_s(device, timer, nbytes: int = 64 << 20) -> float:
     """Bytes read + written per second by a large copy."""
     src = torch.empty(nbytes // 4, device=device).normal_()
     dst = torch.empty_like(src)
-    comm.barrier()
-    return 2 * nbytes / _slowest(comm, best(lambda: dst.copy_(src), 5))
+    return 2 * nbytes / timer([lambda: dst.copy_(src)])[0]
 
 
-def layer_overhead_seconds(device, best, comm, layers: int = 20) -> float:
+def layer_overhead_seconds(device, timer, layers: int = 20) -> float:
     """The fixed cost of one small linear layer's forward and backward (dispatch and autograd, no arithmetic)."""
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)]).to(device)
     x = torch.randn(1, 4, device=device)
@@ -93,24 +102,18 @@ def layer_overhead_seconds(device, best, comm, layers: int = 20) -> float:
     def step():
         model(x).sum().backward()
 
-    comm.barrier()
-    return _slowest(comm, best(step, 9) / layers)
+    return timer([step])[0] / layers
 
 
-def layer_rows(grid, device, best, comm, repeat_s: float = 0.01) -> list[dict]:
+def layer_rows(grid, device, timer, repeat_s: float = 0.01) -> list[dict]:
     """Seconds of each layer's forward and of its backward (weight gradients, and the input's where the
     entry says so), the slowest rank's, with what built it; each timing repeats the layer for about
     ``repeat_s``.
 
-    >>> layer_rows([("activation", (), (2, 8), True)], torch.device("cpu"), typical_timer(torch.device("cpu")), one_rank)[0]["kind"]  # doctest: +SKIP
+    >>> layer_rows([("activation", (), (2, 8), True)], torch.device("cpu"), turn_timer(one_rank))[0]["kind"]  # doctest: +SKIP
     'activation'
     """
-    rows = []
-    for kind, arguments, shape, input_grad in grid:
-        layer = build_layer(kind, arguments).to(device)
-        x = torch.randn(*shape, device=device, requires_grad=input_grad)
-        grad = torch.ones_like(layer(x))
-
+    def runs(layer, x, grad):
         def forward():
             layer(x)
 
@@ -120,14 +123,17 @@ def layer_rows(grid, device, best, comm, repeat_s: float = 0.01) -> list[dict]:
         # Small layers take a fraction of a millisecond: each timing repeats the layer (about 10 ms), so
         # the timer and a stray interruption do not decide the ratio the predictor scales by.
         inner = max(1, min(200, int(repeat_s / max(timed(both, 1), 1e-6))))
+        return (lambda: [forward() for _ in range(inner)]), (lambda: [both() for _ in range(inner)]), inner
 
-        def repeated(fn):
-            return lambda: [fn() for _ in range(inner)]
-
-        comm.barrier()
-        forward_s = _slowest(comm, best(repeated(forward), 7) / inner)
-        comm.barrier()
-        total_s = _slowest(comm, best(repeated(both), 7) / inner)
+    timings = []
+    for kind, arguments, shape, input_grad in grid:
+        layer = build_layer(kind, arguments).to(device)
+        x = torch.randn(*shape, device=device, requires_grad=input_grad)
+        timings.append(runs(layer, x, torch.ones_like(layer(x))))
+    seconds = timer([fn for forward, both, _ in timings for fn in (forward, both)])
+    rows = []
+    for i, ((kind, arguments, shape, input_grad), (_, _, inner)) in enumerate(zip(grid, timings)):
+        forward_s, total_s = seconds[2 * i] / inner, seconds[2 * i + 1] / inner
         rows.append({"kind": kind, "arguments": list(arguments), "input": list(shape), "input_grad": input_grad,
                      "forward_s": forward_s, "backward_s": max(total_s - forward_s, 0.0)})
     return rows
@@ -138,48 +144,47 @@ OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.01),
               "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
 
 
-def optimizer_rows(device, best, comm, sizes=(1 << 18, 1 << 22), names=tuple(OPTIMIZERS)) -> list[dict]:
+def optimizer_rows(device, timer, sizes=(1 << 18, 1 << 22), names=tuple(OPTIMIZERS)) -> list[dict]:
     """Seconds per parameter value of one step of each optimizer in ``names``, over parameters of
     ``sizes`` values in all (four tensors each: a layer's weight and bias are separate tensors too).
 
-    >>> optimizer_rows(torch.device("cpu"), typical_timer(torch.device("cpu")), one_rank, sizes=(4096,))[0]["optimizer"]  # doctest: +SKIP
+    >>> optimizer_rows(torch.device("cpu"), turn_timer(one_rank), sizes=(4096,))[0]["optimizer"]  # doctest: +SKIP
     'sgd'
     """
-    rows = []
+    cases, steps = [], []
     for name in names:
-        make = OPTIMIZERS[name]
         for values in sizes:
             params = [torch.nn.Parameter(torch.randn(values // 4, device=device)) for _ in range(4)]
             for p in params:
                 p.grad = torch.randn_like(p)
-            optimizer = make(params)
-            comm.barrier()
-            seconds = _slowest(comm, best(optimizer.step, 7))
-            rows.append({"optimizer": name, "values": values, "seconds_per_value": seconds / values})
-    return rows
+            cases.append((name, values))
+            steps.append(OPTIMIZERS[name](params).step)
+    return [{"optimizer": name, "values": values, "seconds_per_value": seconds / values}
+            for (name, values), seconds in zip(cases, timer(steps))]
 
 
-def codec_seconds_per_value(device, best, comm, n: int = 1 << 20) -> dict:
+def codec_seconds_per_value(device, timer, n: int = 1 << 20) -> dict:
     """Per codec: seconds per value to encode with error feedback, and to decode."""
     from gpurig.parallel import codecs
 
-    out = {}
+    names, runs = [], []
     for name, codec in codecs.CODECS.items():
         if name == "none":
             continue
         x, residual = torch.randn(n, device=device), torch.zeros(n, device=device)
         payload, decoded = codecs.empty_payload(codec, n, device), torch.empty(n, device=device)
-        comm.barrier()
-        encode = _slowest(comm, best(lambda: codecs.encode_with_feedback(codec, x, residual, payload), 5))
-        comm.barrier()
-        decode = _slowest(comm, best(lambda: codec.decode(payload, decoded), 5))
-        out[name] = {"encode_s_per_value": encode / n, "decode_s_per_value": decode / n}
-    return out
+        names.append(name)
+        runs += [lambda c=codec, x=x, r=residual, p=payload: codecs.encode_with_feedback(c, x, r, p),
+                 lambda c=codec, p=payload, d=decoded: c.decode(p, d)]
+    seconds = timer(runs)
+    return {name: {"encode_s_per_value": seconds[2 * i] / n, "decode_s_per_value": seconds[2 * i + 1] / n}
+            for i, name in enumerate(names)}
 
 
-def _slowest(comm, seconds: float) -> float:
-    """The largest of every rank's ``seconds``."""
-    return comm.allgather(torch.tensor([seconds], dtype=torch.float64)).max().item()
+def _slowest(comm, seconds: list[float]) -> list[float]:
+    """Per entry, the largest of every rank's ``seconds``."""
+    mine = torch.tensor(seconds, dtype=torch.float64)
+    return comm.allgather(mine.view(1, -1)).max(dim=0).values.tolist()
 
 
 def measure_all(comm, quick: bool = False) -> dict:
@@ -189,18 +194,18 @@ def measure_all(comm, quick: bool = False) -> dict:
     2
     """
     device = comm.device
-    best = typical_timer(device)
+    timer = turn_timer(comm)
     return {
         "ranks": comm.size, "threads_per_rank": torch.get_num_threads(), "device": str(device),
         "gemm": gemm_rows(QUICK_GEMM_GRID if quick else GPU_GEMM_GRID if device.type == "cuda" else GEMM_GRID,
-                          device, best, comm, budget_flops=5e10 if device.type == "cuda" else 5e8),
-        "memory_bytes_per_s": memory_bytes_per_s(device, best, comm),
-        "layer_overhead_s": layer_overhead_seconds(device, best, comm),
+                          device, timer, budget_flops=5e10 if device.type == "cuda" else 5e8),
+        "memory_bytes_per_s": memory_bytes_per_s(device, timer),
+        "layer_overhead_s": layer_overhead_seconds(device, timer),
         "layers": layer_rows(QUICK_LAYER_GRID if quick else GPU_LAYER_GRID if device.type == "cuda" else LAYER_GRID,
-                             device, best, comm, repeat_s=0.002 if quick else 0.01),
-        "optimizers": optimizer_rows(device, best, comm, sizes=(1 << 18,) if quick else (1 << 18, 1 << 22),
+                             device, timer, repeat_s=0.002 if quick else 0.01),
+        "optimizers": optimizer_rows(device, timer, sizes=(1 << 18,) if quick else (1 << 18, 1 << 22),
                                      names=("momentum",) if quick else tuple(OPTIMIZERS)),
-        "codecs": codec_seconds_per_value(device, best, comm, n=1 << 18 if quick else 1 << 20),
+        "codecs": codec_seconds_per_value(device, timer, n=1 << 18 if quick else 1 << 20),
     }
 
 
