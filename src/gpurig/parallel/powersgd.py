@@ -54,8 +54,18 @@ def factor_values(shapes: list[torch.Size], rank: int) -> int:
     >>> factor_values([torch.Size([1200, 1200]), torch.Size([1200])], rank=4)
     10800
     """
-    matrices, rest = split(shapes, rank)
-    return sum((n + m) * rank for _, n, m in matrices) + sum(numel for _, numel in rest)
+    return sum(allreduce_values(*split(shapes, rank), rank))
+
+
+def allreduce_values(matrices: list[tuple[int, int, int]], rest: list[tuple[int, int]], rank: int) -> tuple[int, int]:
+    """Values of a bucket's two allreduces, from its :func:`split`: the Ps with the uncompressed tensors, then
+    the Qs.
+
+    >>> allreduce_values(*split([torch.Size([8]), torch.Size([100, 50])], rank=2), rank=2)
+    (208, 100)
+    """
+    return (sum(n * rank for _, n, _ in matrices) + sum(numel for _, numel in rest),
+            sum(m * rank for _, _, m in matrices))
 
 
 def _initial_q(m: int, rank: int, index: int, device) -> torch.Tensor:
@@ -87,9 +97,7 @@ def collectives(shapes: list[torch.Size], rank: int, name: str | None = None) ->
     >>> [s.describe() for s in begun + finished]
     ["allreduce 'bucket 0 P' float32[208] sum", "allreduce 'bucket 0 Q' float32[100] sum"]
     """
-    matrices, rest = split(shapes, rank)
-    first = sum(n * rank for _, n, _ in matrices) + sum(numel for _, numel in rest)
-    second = sum(m * rank for _, _, m in matrices)
+    first, second = allreduce_values(*split(shapes, rank), rank)
     return ([Signature("allreduce", _label(name, "P"), "float32", (first,), "sum")],
             [Signature("allreduce", _label(name, "Q"), "float32", (second,), "sum")])
 
@@ -135,7 +143,8 @@ class LowRankAverage:
         # Every product here reads the n × m matrix row by row (M·Q with Q small, P̂ᵀ·M rather than Mᵀ·P̂): on a
         # CPU the transposed product took 7x as long, and PowerSGD's arithmetic twice as long in all.
         self.p_values = sum(n * rank for _, n, _ in matrices)
-        self.first = first = state.buffer("p", self.p_values + sum(numel for _, numel in rest), device=flat.device)
+        first_values, self.second_values = allreduce_values(matrices, rest, rank)
+        self.first = first = state.buffer("p", first_values, device=flat.device)
         self.ps, start = [], 0
         for (offset, n, m), q_t in zip(matrices, state.lowrank):
             self.ps.append(torch.matmul(self._matrix(flat, offset, n, m), q_t.T,
@@ -161,7 +170,7 @@ class LowRankAverage:
             state.sent[offset: offset + numel].zero_()
             start += numel
 
-        second = state.buffer("q", sum(m * rank for _, _, m in self.matrices), device=flat.device)
+        second = state.buffer("q", self.second_values, device=flat.device)
         qs, start = [], 0
         for (offset, n, m), p in zip(self.matrices, self.ps):
             orthonormalize(p)
