@@ -48,6 +48,7 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
                        for r in collectives[name]["rows"])
         overlap = profile["comm"]["overlap"][engine]  # a product timed alone and under queued allreduces
         assert overlap["slowdown"] >= 1.0 and overlap["samples"] > 0 and overlap["product_s"] > 0
+        assert overlap["chain_s"] > 0 and overlap["posted_s"] >= 0   # and a chain of them, with collectives begun
         for name, entry in collectives.items():
             if name in chains:
                 continue

@@ -145,14 +145,16 @@ def quick_compute():
     return measure_all(gpurig.init(), quick=True)
 
 
-def chain_profile(path, compute: dict, codec: str, alpha: float, beta: float, rows=(), slowdown: float = 1.0):
+def chain_profile(path, compute: dict, codec: str, alpha: float, beta: float, rows=(), slowdown: float = 1.0,
+                  posted: float = 0.0):
     """A 2-rank CPU profile at ``path``: ``compute`` and a compressed chain for ``codec`` fitted to ``alpha``
-    and ``beta`` (``rows``: its measured rows)."""
+    and ``beta`` (``rows``: its measured rows); computing runs ``slowdown`` times slower under a collective
+    and each collective posted under it costs it ``posted`` seconds."""
     comm = {"ranks": 2, "nodes": 2, "ranks_per_machine": 2,
             "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": 5e-5, "beta_s_per_byte": 8e-9},
                                 f"compressed:{codec}": {"rows": list(rows), "busbw_gbs": 0.1, "alpha_s": alpha,
                                                         "beta_s_per_byte": beta}}},
-            "overlap": {"mpi": {"slowdown": slowdown}}}
+            "overlap": {"mpi": {"slowdown": slowdown, "posted_s": posted}}}
     path.write_text(json.dumps({"schema": "gpurig-profile/1", "device": "cpu", "cpu": "test",
                                 "compute": {"2": compute}, "comm": comm}))
     return path
@@ -204,6 +206,26 @@ def test_powersgd_chain_pays_bench_s_per_matrix_cost_for_each_matrix_beyond_the_
         # on CPU ranks, the arithmetic (codec_s) and the rest (seconds) together are the chain
         assert bucket["seconds"] + bucket["codec_s"] == pytest.approx(
             alpha + beta * 4 * bucket["values"] + (matrices - 1) * per_matrix)
+
+
+@pytest.mark.parametrize("model", ["mnist-mlp", "mnist-cnn"])
+def test_posting_a_bucket_under_backward_costs_what_bench_measured(quick_compute, tmp_path, model):
+    """Each bucket begun while backward still has work to do costs backward bench's posted_s (waking the
+    communication thread on cores the ranks' compute fills); the bucket that leaves as backward ends costs
+    nothing (the rank only waits then)."""
+    paths = {posted: chain_profile(tmp_path / f"profile-{posted}.json", quick_compute, "int8", 2e-4, 1e-8,
+                                   posted=posted) for posted in (0.0, 0.004)}
+    early_counts = []
+    for bucket_mb in (None, 0.01):   # DDP's two buckets (the last layers' leaves early); one per layer
+        steps = {posted: predict(PredictRequest(model=model, cluster=str(path), gpus=2, batch=32,
+                                                bucket_mb=bucket_mb)) for posted, path in paths.items()}
+        buckets = steps[0.0]["buckets"]
+        early = sum(b["lead_s"] > 1e-9 for b in buckets)
+        assert early == len(buckets) - 1   # all but the first layer's, which is done as backward ends
+        assert steps[0.004]["step"]["backward_ms"] == pytest.approx(steps[0.0]["step"]["backward_ms"] + 4.0 * early)
+        assert steps[0.004]["step"]["forward_ms"] == steps[0.0]["step"]["forward_ms"]
+        early_counts.append(early)
+    assert early_counts[0] == 1 < early_counts[1]
 
 
 def test_measured_compressed_chain_and_compute_slowdown_are_what_the_step_uses(quick_compute, tmp_path):

@@ -163,6 +163,9 @@ def show(profile: dict, out, plots: list[str]) -> None:
         if overlap:
             console.print(f"computing while a collective is in flight: a {1e3 * overlap['product_s']:.2f} ms matrix "
                           f"product takes {1e3 * overlap['product_during_s']:.2f} ms ({overlap['slowdown']:.2f}x)")
+            if "posted_s" in overlap:
+                console.print(f"posting a collective under computation costs it {1e3 * overlap['posted_s']:.2f} ms "
+                              f"(a {1e3 * overlap['chain_s']:.1f} ms chain of products)")
     if "gemm" in profile:
         table = Table(title=f"GEMM (batch × {profile['gemm']['rows'][0]['k']}) @ ({profile['gemm']['rows'][0]['k']}"
                             f" × {profile['gemm']['rows'][0]['n']}) fp32 on {profile['gemm']['device']}",

@@ -100,6 +100,7 @@ class Hardware:
     disk_bytes_per_s: float | None
     source: str
     compute_slowdown: float = 1.0   # while a collective is in flight (bench's overlap measurement)
+    posted_s: float = 0.0           # what posting a collective costs the computation (bench's overlap too)
     # codec -> (alpha s, s per gradient byte, s per matrix beyond a bucket's first): bench's timed chain
     compressed: dict = field(default_factory=dict)
 
@@ -159,10 +160,11 @@ def load_hardware(request: PredictRequest) -> Hardware:
     # Emulated nodes share one machine's cores: what a rank computes at depends on all ranks on the machine.
     per_machine = comm.get("ranks_per_machine", per_node)
     disk = (profile.get("disk") or {}).get("mb_per_s")
-    slowdown, compressed = 1.0, {}
+    slowdown, posted, compressed = 1.0, 0.0, {}
     if comm:
         engine = _engine_key(profile, request.engine)
-        slowdown = ((comm.get("overlap") or {}).get(engine) or {}).get("slowdown", 1.0)
+        overlap = (comm.get("overlap") or {}).get(engine) or {}
+        slowdown, posted = overlap.get("slowdown", 1.0), overlap.get("posted_s", 0.0)
         compressed = {name.partition(":")[2]: (max(0.0, fit["alpha_s"]), fit["beta_s_per_byte"],
                                                _median([r["per_matrix_s"] for r in fit["rows"] if "per_matrix_s" in r]))
                       for name, fit in comm["engines"][engine].items()
@@ -171,7 +173,7 @@ def load_hardware(request: PredictRequest) -> Hardware:
                     ranks, per_node,
                     lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine)),
                     lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile", slowdown,
-                    compressed)
+                    posted, compressed)
 
 
 def _median(values: list[float]) -> float:
@@ -260,7 +262,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
         ranks=ranks, topology=topology, algorithm=request.algorithm, bucket_of_tensor=bucket_of,
         bucket_payload_bytes=tuple(payload), bucket_codec_s=tuple(codec_s),
         collectives_per_bucket=1 if kind == "none" else 2, optimizer=request.optimizer,
-        compute_slowdown=hardware.compute_slowdown, bucket_seconds=chain or (),
+        compute_slowdown=hardware.compute_slowdown, posted_s=hardware.posted_s, bucket_seconds=chain or (),
         input_bytes=input_bytes if device.is_gpu else 0.0,
         host_to_device_bytes_per_s=hardware.host_to_device_bytes_per_s if device.is_gpu else None,
         load_seconds=load, prefetch=request.prefetch)

@@ -100,6 +100,7 @@ def layer_overhead_seconds(device, timer, layers: int = 20) -> float:
     x = torch.randn(1, 4, device=device)
 
     def step():
+        model.zero_grad(set_to_none=True)
         model(x).sum().backward()
 
     return timer([step])[0] / layers
@@ -118,6 +119,10 @@ def layer_rows(grid, device, timer, repeat_s: float = 0.01) -> list[dict]:
             layer(x)
 
         def both():
+            # as a training step runs it: gradients written afresh (``zero_grad(set_to_none=True)``), not
+            # added to the last repeat's (one more read and write of every weight, 30 % of a small layer)
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
             layer(x).backward(grad)
 
         # Small layers take a fraction of a millisecond: each timing repeats the layer (about 10 ms), so

@@ -160,6 +160,7 @@ class DataParallelSetup:
     bucket_codec_s: tuple[float, ...] = ()
     collectives_per_bucket: int = 1
     compute_slowdown: float = 1.0      # backward's pace while a bucket travels (bench: overlap)
+    posted_s: float = 0.0              # what posting a bucket under backward costs it (bench: overlap)
     bucket_seconds: tuple[float, ...] = ()  # per bucket, its measured averaging time, replacing the models
     optimizer: str = "momentum"
     input_bytes: float = 0.0           # one rank's batch, as it crosses PCIe
@@ -297,7 +298,7 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
                             "lead_s": leads[b], "codec_s": codec_b})
         comm_total, codec = sum(transfers), sum(codecs)
         exposed, stretch = overlap.timeline(leads, transfers, codecs, codec_on_cores=not device.is_gpu,
-                                            slowdown=setup.compute_slowdown)
+                                            slowdown=setup.compute_slowdown, posted_s=setup.posted_s)
         backward += stretch
         if not device.is_gpu:
             exposed -= codec  # codec arithmetic on the cores is compute time, reported with backward
