@@ -162,7 +162,9 @@ def chain_profile(path, compute: dict, codec: str, alpha: float, beta: float, ro
 
 def test_bench_measured_layers_and_optimizer_are_predicted_as_measured(quick_compute):
     """bench's compute part, really run here, feeds the predictor: each layer it timed is predicted at its
-    measured forward and backward time, and the optimizer at its measured cost; other kinds keep the model."""
+    measured forward and backward time (in a step, forward also reads the weights from memory: bench's
+    repeats find them in the CPU's cache), and the optimizer at its measured cost; other kinds keep the
+    model."""
     from gpurig.perf.machine import build_layer, profile_device
     from gpurig.perf.step import layer_costs, layer_seconds
     from gpurig.spec.model import describe
@@ -174,9 +176,12 @@ def test_bench_measured_layers_and_optimizer_are_predicted_as_measured(quick_com
         example = torch.empty(1, *row["input"][1:], requires_grad=row["input_grad"])
         layer = layer_costs(describe(build_layer(row["kind"], tuple(row["arguments"])), example,
                                      batch=row["input"][0]))[0]
-        forward, backward = layer_seconds(layer, device)
+        forward, backward = layer_seconds(layer, device, in_step=False)
         assert forward == pytest.approx(row["forward_s"], rel=2e-3)
         assert backward == pytest.approx(row["backward_s"], rel=2e-3)
+        in_step = layer_seconds(layer, device)
+        assert in_step[0] == pytest.approx(forward + 4 * layer.params / measured["memory_bytes_per_s"])
+        assert in_step[1] == backward
     momentum = next(r for r in measured["optimizers"] if r["optimizer"] == "momentum")
     assert device.optimizer_seconds("momentum", momentum["values"]) == pytest.approx(
         momentum["values"] * momentum["seconds_per_value"])

@@ -148,7 +148,7 @@ def layer_ratios(device: Device, rows: list[dict]) -> tuple[tuple[str, tuple[int
         example = torch.empty(1, *row["input"][1:], requires_grad=row["input_grad"])
         spec = describe(build_layer(row["kind"], tuple(row["arguments"])), example, batch=row["input"][0])
         layer = layer_costs(spec)[0]
-        forward, backward = layer_seconds(layer, device)
+        forward, backward = layer_seconds(layer, device, in_step=False)
         key = shape_key(layer)
         if key is not None and forward > 0 and backward > 0:
             out.append((layer.kind, key, round(row["forward_s"] / forward, 3), round(row["backward_s"] / backward, 3)))
