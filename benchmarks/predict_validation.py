@@ -89,6 +89,7 @@ def main():
             compute = median_profile(computes)
             path = profile_for(compute, "local" if env == "1 rank" else env, tmp)
             gpus = 1 if env == "1 rank" else 2
+            overlap = (json.loads(path.read_text())["comm"].get("overlap") or {}).get("mpi") or {}
             reference = next(r["seconds"] for r in compute["compute"][str(gpus)]["gemm"]
                              if (r["m"], r["n"], r["k"]) == REFERENCE)
             for case in median_cases(passes):
@@ -101,6 +102,8 @@ def main():
                 corrected = step["step_ms"] + (drift - 1) * step["compute_ms"]
                 rows.append({"env": env, **case, "predicted_ms": step["step_ms"], "predicted_comm_ms": step["comm_ms"],
                              "drift": drift, "corrected_ms": corrected, "corrected_error": corrected / case["step_ms"] - 1,
+                             # bench's cost of posting a collective under compute, and computing's pace under one
+                             "posted_ms": 1e3 * overlap.get("posted_s", 0.0), "slowdown": overlap.get("slowdown", 1.0),
                              "error": step["step_ms"] / case["step_ms"] - 1,
                              "mean_error": step["step_ms"] / case["mean_step_ms"] - 1,
                              "measured_bottleneck": "communication" if case["comm_ms"] > measured_compute else "compute",

@@ -258,20 +258,22 @@ def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
             "chain_s": chain_s, "posted_s": posted_s}
 
 
-def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2) -> tuple[float, float]:
+def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2, rounds: int = 15) -> tuple[float, float]:
     """What posting a collective costs the computation it is posted under: (chain alone, seconds per posting).
 
     A chain of ``products`` calls of ``product`` (as backward runs layers) is
     timed alone and with ``posted`` small allreduces begun on the async path
     at evenly spaced points of it (as DataParallel begins a bucket once its
-    gradients are ready), each waited on at the end; turn about, after a
-    barrier, the median of 7 rounds. The allreduces carry 16 KB, so what they
-    add is not bandwidth: it is waking the thread that runs them. Where the
-    ranks' compute fills every core (CPU ranks), that thread must take a core
-    from a computing thread, and in Open MPI it spins until the other ranks'
-    threads are scheduled too: several milliseconds a collective on this
-    2-core machine; where cores are free (a GPU rank's host), next to nothing.
-    The ranks' mean.
+    gradients are ready), each waited on at the end; the two take turns after
+    a barrier, and each of ``rounds`` rounds gives one difference, of which
+    the median counts (the cost varies from one posting to the next, with
+    where the scheduler puts the threads). The allreduces carry 16 KB, so
+    what they add is not bandwidth: it is waking the thread that runs them.
+    Where the ranks' compute fills every core (CPU ranks), that thread must
+    take a core from a computing thread, and in Open MPI it spins until the
+    other ranks' threads are scheduled too: milliseconds a collective on this
+    2-core machine; where cores are free (a GPU rank's host), next to
+    nothing. The ranks' mean.
 
     >>> posting_seconds(comm, lambda: torch.mm(a, b), lambda: None)     # doctest: +SKIP
     (0.0301, 0.0041)
@@ -292,9 +294,11 @@ def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2) -> 
                 handle.wait()
         return run
 
-    alone_s, with_s = timed_turns([chain(False), chain(True)], sync=sync, before=comm.barrier)
-    per = comm.allreduce(torch.tensor([alone_s, (with_s - alone_s) / posted], dtype=torch.float64),
-                         op="average").tolist()
+    pairs = [timed_turns([chain(False), chain(True)], rounds=1, sync=sync, before=comm.barrier)
+             for _ in range(rounds)]
+    alone_s = statistics.median(alone for alone, _ in pairs)
+    cost_s = statistics.median((with_s - alone) / posted for alone, with_s in pairs)
+    per = comm.allreduce(torch.tensor([alone_s, cost_s], dtype=torch.float64), op="average").tolist()
     return per[0], max(0.0, per[1])
 
 
