@@ -120,7 +120,8 @@ def layer_rows(grid, device, timer, repeat_s: float = 0.01) -> list[dict]:
 
         def both():
             # as a training step runs it: gradients written afresh (``zero_grad(set_to_none=True)``), not
-            # added to the last repeat's (one more read and write of every weight, 30 % of a small layer)
+            # added to the last repeat's (one more read and write of every weight, which made the MNIST
+            # MLP's backward at 32 per rank 4.4-5.3 ms on 1 rank where a step spends 2.4-2.8)
             layer.zero_grad(set_to_none=True)
             x.grad = None
             layer(x).backward(grad)
