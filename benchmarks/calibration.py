@@ -62,10 +62,11 @@ def calibrate_links(env: str, tmp: Path) -> dict:
             "engines": {"mpi": summarize_engine(rows)}, "overlap": {"mpi": summarize_overlap(rows)}}
 
 
-def profile_for(compute: dict, env: str, tmp: Path) -> Path:
-    """A machine profile of ``compute`` (:func:`calibrate_compute`) and ``env``'s links, written under ``tmp``."""
+def profile_for(compute: dict, env: str, tmp: Path, comm: dict | None = None) -> Path:
+    """A machine profile of ``compute`` (:func:`calibrate_compute`) and ``env``'s links (``comm``, as
+    :func:`calibrate_links` gives them; measured now when not given), written under ``tmp``."""
     profile = {"schema": SCHEMA, "device": "cpu", "cpu": "this machine", **compute,
-               "comm": calibrate_links(env, tmp)}
+               "comm": calibrate_links(env, tmp) if comm is None else comm}
     path = tmp / f"profile-{env.replace(' ', '-')}.json"
     path.write_text(json.dumps(profile))
     return path

@@ -33,7 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from calibration import calibrate_compute, profile_for, run_env, run_local
+from calibration import calibrate_compute, calibrate_links, profile_for, run_env, run_local
 from gpurig.bench import median_profile
 from gpurig.launch.emulator import unavailable
 from predict_validation_ranks import REFERENCE
@@ -82,12 +82,16 @@ def main():
             # Calibrated again in each environment, and calibrations and measurements interleaved: this machine's
             # speed drifts by 10-30 % over minutes, so each side is the median of passes taken turn about
             # (the configurations in reverse order every other pass).
-            computes, passes = [], []
+            # The links too (latency, bandwidth, the codecs' chains, computing under a collective and the cost
+            # of posting one, which varies by 2x between calibrations): 1 rank has none.
+            computes, links, passes = [], [], []
             for k in range(args.passes):
                 computes.append(calibrate_compute(tmp))
+                if env != "1 rank":
+                    links.append(calibrate_links(env, tmp))
                 passes.append(measure(env, cases[::-1] if k % 2 else cases, tmp, args.steps))
             compute = median_profile(computes)
-            path = profile_for(compute, "local" if env == "1 rank" else env, tmp)
+            path = profile_for(compute, env, tmp, comm=median_profile(links) if links else {})
             gpus = 1 if env == "1 rank" else 2
             overlap = (json.loads(path.read_text())["comm"].get("overlap") or {}).get("mpi") or {}
             reference = next(r["seconds"] for r in compute["compute"][str(gpus)]["gemm"]

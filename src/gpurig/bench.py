@@ -220,20 +220,23 @@ def bench(config: BenchConfig, on_event=lambda event: None) -> dict:
 
 
 def median_profile(takes: list):
-    """Several takes of the same measurement merged: every float the median of its takes; text, whole numbers
-    and shapes from the first.
+    """Several takes of the same measurement merged: every float the median of its takes (of those that have
+    one: a fit swamped by noise has none); text, whole numbers and shapes from the first.
 
     >>> median_profile([{"gemm": [{"m": 64, "seconds": 1.0}]}, {"gemm": [{"m": 64, "seconds": 3.0}]},
     ...                 {"gemm": [{"m": 64, "seconds": 2.5}]}])
     {'gemm': [{'m': 64, 'seconds': 2.5}]}
+    >>> median_profile([{"fitted_gbs": None}, {"fitted_gbs": 2.0}, {"fitted_gbs": 4.0}])
+    {'fitted_gbs': 3.0}
     """
     first = takes[0]
     if isinstance(first, dict):
         return {key: median_profile([take[key] for take in takes]) for key in first}
     if isinstance(first, list):
         return [median_profile(list(items)) for items in zip(*takes)]
-    if isinstance(first, float):
-        return statistics.median(takes)
+    if first is None or isinstance(first, float):
+        numbers = [take for take in takes if isinstance(take, float)]
+        return statistics.median(numbers) if numbers else first
     return first
 
 
