@@ -1,6 +1,6 @@
 """Does gpurig predict get it right? Predicted vs measured step time over a grid of configurations.
 
-    .venv/bin/python benchmarks/predict_validation.py            # needs root (emulated nodes); ~11 min on 2 cores
+    .venv/bin/python benchmarks/predict_validation.py            # needs root (emulated nodes); ~16 min on 2 cores
     .venv/bin/python benchmarks/predict_validation.py --quick    # fewer configurations
 
 The model is calibrated only from micro-benchmarks, never from training runs:
