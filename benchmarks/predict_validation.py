@@ -90,10 +90,10 @@ def main():
                 if env != "1 rank":
                     links.append(calibrate_links(env, tmp))
                 passes.append(measure(env, cases[::-1] if k % 2 else cases, tmp, args.steps))
-            compute = median_profile(computes)
-            path = profile_for(compute, env, tmp, comm=median_profile(links) if links else {})
+            compute, comm = median_profile(computes), median_profile(links) if links else {}
+            path = profile_for(compute, env, tmp, comm=comm)
             gpus = 1 if env == "1 rank" else 2
-            overlap = (json.loads(path.read_text())["comm"].get("overlap") or {}).get("mpi") or {}
+            overlap = (comm.get("overlap") or {}).get("mpi") or {}
             reference = next(r["seconds"] for r in compute["compute"][str(gpus)]["gemm"]
                              if (r["m"], r["n"], r["k"]) == REFERENCE)
             for case in median_cases(passes):

@@ -29,6 +29,7 @@ import torch
 
 import gpurig
 from gpurig.perf.busbw import algbw, busbw
+from gpurig.timing import device_sync, timed_turns
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 COMPRESSED_VALUES = (1 << 16, 1 << 18, 1 << 20, 1 << 22)  # gradient values per compressed average timed
@@ -212,8 +213,6 @@ def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
     slower while buckets travel; on a GPU, the collective's kernels share the
     SMs. The median over ``rounds``, averaged over the ranks.
     """
-    from gpurig.timing import device_sync
-
     device = comm.device
     sync = device_sync(device)
     a, b = torch.randn(128, 1024, device=device), torch.randn(1024, 1024, device=device)
@@ -278,8 +277,6 @@ def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2, rou
     >>> posting_seconds(comm, lambda: torch.mm(a, b), lambda: None)     # doctest: +SKIP
     (0.0301, 0.0041)
     """
-    from gpurig.timing import timed_turns
-
     bufs = [torch.zeros(4096, device=comm.device) for _ in range(posted)]
     at = {1 + i * products // posted for i in range(posted)}   # after the 1st and 5th of 8 products
 
