@@ -1,7 +1,8 @@
 """Does gpurig predict get it right? Predicted vs measured step time over a grid of configurations.
 
-    .venv/bin/python benchmarks/predict_validation.py            # needs root (emulated nodes); ~16 min on 2 cores
+    .venv/bin/python benchmarks/predict_validation.py            # needs root (emulated nodes); ~26 min on 2 cores
     .venv/bin/python benchmarks/predict_validation.py --quick    # fewer configurations
+    .venv/bin/python benchmarks/predict_validation.py --envs "1 rank" local   # some environments only
 
 The model is calibrated only from micro-benchmarks, never from training runs:
 ``gpurig bench``'s compute part (GEMMs over a grid of shapes, memory bandwidth,
@@ -11,14 +12,15 @@ environment, its allreduce measurements by message size, each call after a
 barrier (latency and bandwidth fitted), the compressed average timed the same
 way per codec, and how much slower computing runs while a collective is in
 flight. Everything is calibrated again in each environment, and the
-calibration and the measurement are repeated turn about (``--passes``, 3 by
+calibration and the measurement are repeated turn about (``--passes``, 5 by
 default; medians kept, so one pass taken while the machine ran slow does not
 move them), as this shared machine's speed drifts. Then, per
 environment — 1 rank; 2 ranks on this machine (MPI, shared memory); 2 emulated nodes behind 1 Gbit/s and 10 Gbit/s links — every
 configuration (model × per-rank batch × compression) is trained for a few
 steps and predicted. Printed: predicted vs measured step time (the slower
-rank's median step; the error against the mean step too), the error, the
-bottleneck each names, and whether the configurations' ranking is preserved.
+rank's median step; the error against the mean step too), the error, the range
+of the passes' own measurements (the machine's noise), the bottleneck each
+names, and whether the configurations' ranking is preserved.
 Rank 0's numbers go to benchmarks/results/predict_validation.json.
 """
 
@@ -41,6 +43,7 @@ from gpurig.predict import PredictRequest, predict
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+ENVIRONMENTS = ["1 rank", "local", "1gbit", "10gbit"]
 console = Console(width=None if sys.stdout.isatty() else 170)
 
 
@@ -60,12 +63,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer configurations")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--passes", type=int, default=3,
+    p.add_argument("--passes", type=int, default=5,
                    help="calibrations and measurement passes per environment, taken turn about (medians kept)")
+    p.add_argument("--envs", nargs="+", choices=ENVIRONMENTS, default=ENVIRONMENTS, metavar="ENV",
+                   help=f"environments to validate, of {', '.join(map(repr, ENVIRONMENTS))} (default: all)")
     args = p.parse_args()
     reason = unavailable()
-    envs = ["local"] + (["1gbit", "10gbit"] if reason is None else [])
-    if reason:
+    envs = [env for env in args.envs if reason is None or env in ("1 rank", "local")]
+    if reason and envs != args.envs:
         console.print(f"[yellow]no emulated nodes ({reason}): local environments only[/]")
     models, batches = ("mlp", "cnn"), ((32, 128) if args.quick else (32, 64, 128))
     codecs = ("none", "int8") if args.quick else ("none", "int8", "powersgd")
@@ -74,9 +79,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="gpurig-validate-") as tmp_name:
         tmp = Path(tmp_name)
         single = [{"model": m, "batch": b, "compression": "none"} for m, b in itertools.product(models, batches)]
-        plan = [("1 rank", single)] + [(env, [{"model": m, "batch": b, "compression": c}
+        plan = [("1 rank", single)] * ("1 rank" in envs) + [(env, [{"model": m, "batch": b, "compression": c}
                                                for m, b, c in itertools.product(models, batches, codecs)])
-                                       for env in envs]
+                                       for env in envs if env != "1 rank"]
         for env, cases in plan:
             console.print(f"[bold]{env}[/]: {args.passes} passes of calibrating, then {len(cases)} configurations")
             # Calibrated again in each environment, and calibrations and measurements interleaved: this machine's
@@ -123,7 +128,8 @@ def median_cases(passes: list[list[dict]]) -> list[dict]:
     for rows in passes:
         for case in rows:
             runs.setdefault((case["model"], case["batch"], case["compression"]), []).append(case)
-    return [median_profile(seen) for seen in runs.values()]
+    # each pass's step too: how far this machine's own measurements of one configuration lie apart
+    return [{**median_profile(seen), "passes_ms": [case["step_ms"] for case in seen]} for seen in runs.values()]
 
 
 def ranking_kept(rows: list[dict], predicted: str = "predicted_ms", measured: str = "step_ms") -> float:
@@ -142,13 +148,13 @@ def ranking_kept(rows: list[dict], predicted: str = "predicted_ms", measured: st
 def report(rows: list[dict]) -> None:
     table = Table(title="gpurig predict vs measured, per step (ms)")
     for column in ("environment", "model", "batch/rank", "compression", "measured", "predicted", "error",
-                   "drift", "error at drift", "comm meas.", "comm pred.", "bottleneck meas.", "pred."):
+                   "passes", "comm meas.", "comm pred.", "bottleneck meas.", "pred."):
         table.add_column(column, justify="left" if column in ("environment", "model", "compression") else "right")
     for r in rows:
         same = r["measured_bottleneck"] == r["predicted_bottleneck"]
         table.add_row(r["env"], r["model"], str(r["batch"]), r["compression"], f"{r['step_ms']:.1f}",
-                      f"{r['predicted_ms']:.1f}", f"{r['error']:+.0%}", f"{r['drift']:.2f}",
-                      f"{r['corrected_error']:+.0%}", f"{r['comm_ms']:.1f}",
+                      f"{r['predicted_ms']:.1f}", f"{r['error']:+.0%}",
+                      f"{min(r['passes_ms']):.1f}-{max(r['passes_ms']):.1f}", f"{r['comm_ms']:.1f}",
                       f"{r['predicted_comm_ms']:.1f}", r["measured_bottleneck"],
                       r["predicted_bottleneck"] if same else f"[red]{r['predicted_bottleneck']}[/]")
     console.print(table)
@@ -163,6 +169,9 @@ def report(rows: list[dict]) -> None:
                   f"{min(r['drift'] for r in rows):.2f}-{max(r['drift'] for r in rows):.2f}x): median |error| "
                   f"{statistics.median(corrected):.1%}, worst {max(corrected):.1%}; pairwise ranking kept "
                   f"{ranking_kept(rows, 'corrected_ms'):.0%}")
+    spreads = [max(r["passes_ms"]) / min(r["passes_ms"]) - 1 for r in rows]
+    console.print(f"the measurements themselves: a configuration's slowest pass over its fastest, median "
+                  f"+{statistics.median(spreads):.0%}, largest +{max(spreads):.0%}")
     means = [abs(r["mean_error"]) for r in rows]
     console.print(f"against each configuration's mean step (the runs before 2026-11-23; this machine's stalls "
                   f"included): median |error| {statistics.median(means):.1%}, worst {max(means):.1%}; pairwise "
