@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import chaos  # noqa: E402
 
 PLAN = chaos.Plan(nodes=2, rate="10gbit", epochs=2, global_batch=512, failure_timeout=3, grace=20)
-TRAIN = ["train", "--epochs", PLAN.epochs, "--global-batch", PLAN.global_batch, "--compression", "none", "--json"]
+TRAIN = ["train", "--epochs", PLAN.epochs, "--global-batch", PLAN.global_batch, "--compression", "none", "--no-predict",
+         "--json"]
 
 
 @pytest.fixture(scope="module")

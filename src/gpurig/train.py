@@ -418,7 +418,7 @@ def resume_state(config: TrainConfig, comm) -> dict:
 
 
 def calibrate(comm, config: TrainConfig) -> str:
-    """Measure this job's ranks and links (:mod:`gpurig.measure.calibrate`, a few seconds); rank 0 saves the profile.
+    """Measure this job's ranks and links (:mod:`gpurig.measure.calibrate`, about 10 s on CPU ranks); rank 0 saves the profile.
 
     Returns where: ``<checkpoint dir>/profile.json``, which ``gpurig predict --cluster`` also reads.
     """
