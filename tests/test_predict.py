@@ -263,3 +263,28 @@ def test_measured_compressed_chain_and_compute_slowdown_are_what_the_step_uses(q
     assert stretch > 0
     assert steps[2.0]["backward_ms"] == pytest.approx(steps[1.0]["backward_ms"] + 1000 * stretch, rel=1e-6)
     assert math.isclose(steps[2.0]["forward_ms"], steps[1.0]["forward_ms"])
+
+
+def test_a_measured_chain_leaves_the_link_at_least_its_bytes_time(quick_compute, tmp_path):
+    """On CPU ranks a measured compressed chain is split into the model's arithmetic (compute) and the rest
+    (what can travel under backward); the rest is never less than the compressed bytes' time on the link,
+    however large the arithmetic estimate (PowerSGD behind 100 Mbit/s was predicted to send its factors in
+    0.1 ms)."""
+    alpha_link, beta_link = 5e-5, 8e-8           # the allreduce fit of chain_profile's link: 100 Mbit/s
+    first = predict(PredictRequest(model="mnist-mlp", cluster=str(chain_profile(
+        tmp_path / "any.json", quick_compute, "powersgd", 1.0, 1e-15)), gpus=2, batch=64, compression="powersgd"))
+    # a ring allreduce of the payload on 2 ranks, P then Q (one more latency: half the fit's alpha)
+    floors = [alpha_link + beta_link * b["wire_bytes"] + alpha_link / 2 for b in first["buckets"]]
+    whole = max(floors) + 1e-5                   # every bucket's chain: just above the largest floor
+    path = chain_profile(tmp_path / "profile.json", quick_compute, "powersgd", whole, 1e-15)   # (a fit needs a slope)
+    comm = json.loads(path.read_text())
+    comm["comm"]["engines"]["mpi"]["allreduce"].update(alpha_s=alpha_link, beta_s_per_byte=beta_link)
+    path.write_text(json.dumps(comm))
+    buckets = predict(PredictRequest(model="mnist-mlp", cluster=str(path), gpus=2, batch=64,
+                                     compression="powersgd"))["buckets"]
+    assert len(buckets) == len(floors) == 2
+    for b, floor in zip(buckets, floors):
+        assert b["seconds"] + b["codec_s"] == pytest.approx(whole, rel=1e-5)
+        assert b["seconds"] >= floor * (1 - 1e-9) and b["codec_s"] >= 0
+    largest = floors.index(max(floors))
+    assert buckets[largest]["seconds"] == pytest.approx(floors[largest], rel=1e-5)   # the arithmetic estimate gave way

@@ -29,7 +29,8 @@ from gpurig.errors import UsageError
 from gpurig.perf import codec as codec_cost
 from gpurig.perf import machine
 from gpurig.perf.collectives import Topology
-from gpurig.perf.step import DataParallelSetup, Device, LayerCost, StepPrediction, layer_costs, predict_step
+from gpurig.perf.step import (DataParallelSetup, Device, LayerCost, StepPrediction, layer_costs, predict_step,
+                              transfer_seconds)
 
 PARALLEL = ("data", "model", "hybrid")
 PARALLEL_WHY = {
@@ -254,7 +255,14 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
             # On CPU ranks the chain's arithmetic runs on the cores backward needs: it cannot hide under
             # backward (PowerSGD's products were predicted 4-10 % short when it did); only the rest can.
             # (each matrix's own steps, the QR and the small products, are work on the cores too)
-            codec_s = [min(c + m * per_matrix, whole) for c, m, whole in zip(codec_s, more, chain)]
+            # The model's arithmetic is an estimate, the chain a measurement: what is left of the chain for the
+            # link is at least the compressed bytes' time on it (PowerSGD's factors behind 100 Mbit/s were
+            # predicted to travel in 0.1 ms when the arithmetic estimate exceeded the chain).
+            collectives = 1 if kind == "none" else 2
+            wire = [transfer_seconds(nbytes, topology, request.algorithm, collectives)[1] if ranks > 1 else 0.0
+                    for nbytes in payload]
+            codec_s = [max(0.0, min(c + m * per_matrix, whole - floor))
+                       for c, m, whole, floor in zip(codec_s, more, chain, wire)]
             chain = tuple(whole - c for c, whole in zip(codec_s, chain))
     input_bytes = spec.batch * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
     load = input_bytes / hardware.disk_bytes_per_s if hardware.disk_bytes_per_s else 0.0

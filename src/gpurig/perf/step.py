@@ -269,6 +269,23 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     return scale_forward * forward + cold, scale_backward * backward
 
 
+def transfer_seconds(nbytes: float, topology: Topology, algorithm: str = "best",
+                     collectives: int = 1) -> tuple[str, float]:
+    """(algorithm, seconds) to average a bucket that a ring allreduce of ``nbytes`` would carry, in
+    ``collectives`` collectives one after another (PowerSGD's two: each more adds a latency).
+
+    >>> from gpurig.perf.collectives import Link
+    >>> t = Topology(1, 2, local=Link(1e-4, 1e9), network=Link(1e-4, 1e9))
+    >>> [(a, round(s * 1e3, 2)) for a, s in (transfer_seconds(1e6, t, "ring"), transfer_seconds(1e6, t, "ring", 2))]
+    [('ring', 1.2), ('ring', 1.3)]
+    """
+    if algorithm == "best":
+        algorithm, seconds = best_allreduce(nbytes, topology)
+    else:
+        seconds = allreduce_seconds(nbytes, topology, algorithm)
+    return algorithm, seconds + (collectives - 1) * topology.slowest().latency_s
+
+
 def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSetup) -> StepPrediction:
     """Predict one data-parallel training step of ``layers`` (forward order) on ``device`` with ``setup``."""
     per_layer = [layer_seconds(layer, device) for layer in layers]
@@ -296,11 +313,8 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
         for b in range(count):
             values = sum(size for (_, size), owner in zip(owners, bucket_of) if owner == b)
             nbytes = setup.bucket_payload_bytes[b] if setup.bucket_payload_bytes else values * DTYPE_BYTES
-            if setup.algorithm == "best":
-                algorithm, seconds = best_allreduce(nbytes, setup.topology)
-            else:
-                algorithm, seconds = setup.algorithm, allreduce_seconds(nbytes, setup.topology, setup.algorithm)
-            seconds += (setup.collectives_per_bucket - 1) * setup.topology.slowest().latency_s
+            algorithm, seconds = transfer_seconds(nbytes, setup.topology, setup.algorithm,
+                                                  setup.collectives_per_bucket)
             if setup.bucket_seconds:
                 algorithm, seconds = "measured", setup.bucket_seconds[b]
             codec_b = setup.bucket_codec_s[b] if setup.bucket_codec_s else 0.0
