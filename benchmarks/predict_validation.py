@@ -79,9 +79,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="gpurig-validate-") as tmp_name:
         tmp = Path(tmp_name)
         single = [{"model": m, "batch": b, "compression": "none"} for m, b in itertools.product(models, batches)]
-        plan = [("1 rank", single)] * ("1 rank" in envs) + [(env, [{"model": m, "batch": b, "compression": c}
-                                               for m, b, c in itertools.product(models, batches, codecs)])
-                                       for env in envs if env != "1 rank"]
+        grid = [{"model": m, "batch": b, "compression": c} for m, b, c in itertools.product(models, batches, codecs)]
+        plan = [(env, single if env == "1 rank" else grid) for env in envs]
         for env, cases in plan:
             console.print(f"[bold]{env}[/]: {args.passes} passes of calibrating, then {len(cases)} configurations")
             # Calibrated again in each environment, and calibrations and measurements interleaved: this machine's

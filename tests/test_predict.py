@@ -146,12 +146,14 @@ def quick_compute():
 
 
 def chain_profile(path, compute: dict, codec: str, alpha: float, beta: float, rows=(), slowdown: float = 1.0,
-                  posted: float = 0.0):
+                  posted: float = 0.0, link: tuple[float, float] = (5e-5, 8e-9)):
     """A 2-rank CPU profile at ``path``: ``compute`` and a compressed chain for ``codec`` fitted to ``alpha``
     and ``beta`` (``rows``: its measured rows); computing runs ``slowdown`` times slower under a collective
-    and each collective posted under it costs it ``posted`` seconds."""
+    and each collective posted under it costs it ``posted`` seconds; ``link`` is the allreduce fit
+    (alpha seconds, beta seconds per byte)."""
     comm = {"ranks": 2, "nodes": 2, "ranks_per_machine": 2,
-            "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": 5e-5, "beta_s_per_byte": 8e-9},
+            "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": link[0],
+                                              "beta_s_per_byte": link[1]},
                                 f"compressed:{codec}": {"rows": list(rows), "busbw_gbs": 0.1, "alpha_s": alpha,
                                                         "beta_s_per_byte": beta}}},
             "overlap": {"mpi": {"slowdown": slowdown, "posted_s": posted}}}
@@ -270,16 +272,15 @@ def test_a_measured_chain_leaves_the_link_at_least_its_bytes_time(quick_compute,
     (what can travel under backward); the rest is never less than the compressed bytes' time on the link,
     however large the arithmetic estimate (PowerSGD behind 100 Mbit/s was predicted to send its factors in
     0.1 ms)."""
-    alpha_link, beta_link = 5e-5, 8e-8           # the allreduce fit of chain_profile's link: 100 Mbit/s
+    alpha_link, beta_link = 5e-5, 8e-8           # the allreduce fit of a 100 Mbit/s link
     first = predict(PredictRequest(model="mnist-mlp", cluster=str(chain_profile(
-        tmp_path / "any.json", quick_compute, "powersgd", 1.0, 1e-15)), gpus=2, batch=64, compression="powersgd"))
+        tmp_path / "any.json", quick_compute, "powersgd", 1.0, 1e-15, link=(alpha_link, beta_link))), gpus=2,
+        batch=64, compression="powersgd"))
     # a ring allreduce of the payload on 2 ranks, P then Q (one more latency: half the fit's alpha)
     floors = [alpha_link + beta_link * b["wire_bytes"] + alpha_link / 2 for b in first["buckets"]]
     whole = max(floors) + 1e-5                   # every bucket's chain: just above the largest floor
-    path = chain_profile(tmp_path / "profile.json", quick_compute, "powersgd", whole, 1e-15)   # (a fit needs a slope)
-    comm = json.loads(path.read_text())
-    comm["comm"]["engines"]["mpi"]["allreduce"].update(alpha_s=alpha_link, beta_s_per_byte=beta_link)
-    path.write_text(json.dumps(comm))
+    path = chain_profile(tmp_path / "profile.json", quick_compute, "powersgd", whole, 1e-15,  # (a fit needs a slope)
+                         link=(alpha_link, beta_link))
     buckets = predict(PredictRequest(model="mnist-mlp", cluster=str(path), gpus=2, batch=64,
                                      compression="powersgd"))["buckets"]
     assert len(buckets) == len(floors) == 2

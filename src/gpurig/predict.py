@@ -221,6 +221,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     ranks = topology.ranks
     method = request.compression
     kind, rank = parse_method(method)
+    collectives = 1 if kind == "none" else 2   # a compressed bucket: two (an exchange and a gather, or P and Q)
     cap = request.bucket_mb or (25.0 if method == "none" else 4.0)
     bucket_of = bucket_of_tensors(spec, cap)
     shapes = [shape for layer in spec.layers for _, shape in layer.parameter_shapes]
@@ -258,7 +259,6 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
             # The model's arithmetic is an estimate, the chain a measurement: what is left of the chain for the
             # link is at least the compressed bytes' time on it (PowerSGD's factors behind 100 Mbit/s were
             # predicted to travel in 0.1 ms when the arithmetic estimate exceeded the chain).
-            collectives = 1 if kind == "none" else 2
             wire = [transfer_seconds(nbytes, topology, request.algorithm, collectives)[1] if ranks > 1 else 0.0
                     for nbytes in payload]
             codec_s = [max(0.0, min(c + m * per_matrix, whole - floor))
@@ -269,7 +269,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     setup = DataParallelSetup(
         ranks=ranks, topology=topology, algorithm=request.algorithm, bucket_of_tensor=bucket_of,
         bucket_payload_bytes=tuple(payload), bucket_codec_s=tuple(codec_s),
-        collectives_per_bucket=1 if kind == "none" else 2, optimizer=request.optimizer,
+        collectives_per_bucket=collectives, optimizer=request.optimizer,
         compute_slowdown=hardware.compute_slowdown, posted_s=hardware.posted_s, bucket_seconds=chain or (),
         input_bytes=input_bytes if device.is_gpu else 0.0,
         host_to_device_bytes_per_s=hardware.host_to_device_bytes_per_s if device.is_gpu else None,
