@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpurig.bench import SCHEMA, summarize_engine, summarize_overlap
+from gpurig.measure.profile import SCHEMA, summarize_engine, summarize_overlap
 from gpurig.launch.emulator import Cluster
 
 

@@ -6,7 +6,7 @@
 Each run is ``gpurig train`` on ``gpurig emulate`` nodes (MPI and Gloo in
 turn). From the seed it draws the rank, the signal (SIGKILL or SIGSTOP), the
 step and a delay into that step, and the rank sends it to itself then
-(``GPURIG_FAULT``, :mod:`gpurig.faults`), wherever that lands: forward,
+(``GPURIG_FAULT``, :mod:`gpurig.train.faults`), wherever that lands: forward,
 backward, a bucket's allreduce, a checkpoint write. Every run must
 
 1. end, non-zero, within the failure timeout plus ``--grace`` seconds of the fault,
@@ -32,8 +32,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpurig.checkpoint_series import damaged, saved_epochs
-from gpurig.faults import Fault
+from gpurig.train.checkpoints import damaged, saved_epochs
+from gpurig.train.faults import Fault
 
 SIGNALS = ("SIGKILL", "SIGSTOP")
 TRAIN_SAMPLES = 4000  # the reference data set's training part

@@ -151,7 +151,7 @@ def write_result(comm: Communicator, path: str, result: dict) -> None:
 def step_benchmark_args(doc: str, block_help: str = "steps per block") -> argparse.ArgumentParser:
     """The flags every training-step benchmark takes: model, batch, blocks, rounds, warm-up, output."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=list(models.MODELS), default="mlp")
+    p.add_argument("--model", choices=list(models.TRAINABLE), default="mlp")
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--block", type=int, default=5, help=block_help)
     p.add_argument("--rounds", type=int, default=20, help="measured rounds (one block of every variant each)")

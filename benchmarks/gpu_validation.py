@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from gpurig.predict import PredictRequest, predict
-from gpurig.zoo import preset
+from gpurig.models import preset
 
 CASES = [("mnist-mlp", 64), ("mnist-cnn", 64), ("alexnet", 128), ("resnet50", 64), ("vgg16", 32),
          ("bert-base", 32), ("gpt2", 8)]

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from calibration import calibrate_compute, calibrate_links, profile_for, run_env, run_local
-from gpurig.bench import median_profile
+from gpurig.measure.profile import median_profile
 from gpurig.launch.emulator import unavailable
 from predict_validation_ranks import REFERENCE
 from gpurig.predict import PredictRequest, predict

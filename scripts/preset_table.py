@@ -3,7 +3,7 @@
     .venv/bin/python scripts/preset_table.py
 """
 
-from gpurig.zoo import PRESETS, model_spec
+from gpurig.models import PRESETS, model_spec
 
 
 def main() -> None:

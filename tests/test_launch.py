@@ -3,7 +3,6 @@
 Real processes throughout (wrappers, mpirun); every launch has a timeout.
 """
 
-import doctest
 import json
 import os
 import signal
@@ -48,14 +47,6 @@ OPEN_MPI_ABORT = (f"{RULE}MPI_ABORT was invoked on rank 1 in communicator MPI_CO
                   f"{RULE}{RULE}prterun has exited due to process rank 1 with PID 0 on node vm calling\n\"abort\". "
                   "This may have caused other processes in the application to be\nterminated by signals sent by "
                   f"prterun (as reported here).\n{RULE}\x00")
-
-
-@pytest.mark.parametrize("module", [gpurig.errors, gpurig.cli, gpurig.launch, gpurig.launch.hosts, gpurig.launch.job,
-                                    gpurig.launch.local, gpurig.launch.mpi_output, gpurig.launch.mpirun,
-                                    gpurig.launch.processes, gpurig.launch.rank_env, gpurig.launch.status,
-                                    gpurig.launch.events])
-def test_docstring_examples(module):
-    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
 
 
 def test_parse_hosts():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import gpurig
-from gpurig.checkpoint import load
+from gpurig.train.checkpoints import load
 from gpurig.launch.emulator import unavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

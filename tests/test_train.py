@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from conftest import gpurig, run_cli
-from gpurig.checkpoint_series import damaged, epoch_path, saved_epochs
+from gpurig.train.checkpoints import damaged, epoch_path, saved_epochs
 
 # Stated in the README: the default run (mlp, 5 epochs, global batch 128 on 2 ranks) reaches about 92 %.
 DEFAULT_RUN_ACCURACY = 0.91

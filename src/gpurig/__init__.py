@@ -38,9 +38,15 @@ _LAZY = {
 }
 
 
+# Modules of the API under a short name: gpurig.hooks.int8 is PyTorch DDP's communication hook with int8 gradients.
+_LAZY_MODULES = {"hooks": "gpurig.parallel.ddp_hooks"}
+
+
 def __getattr__(name):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _LAZY_MODULES:
+        return importlib.import_module(_LAZY_MODULES[name])
     raise AttributeError(f"module 'gpurig' has no attribute {name!r}")
 
 
@@ -68,4 +74,4 @@ def local_size() -> int:
     return importlib.import_module("gpurig.comm").current().local_size
 
 
-__all__ = sorted([*_LAZY, "rank", "size", "local_rank", "local_size", "__version__"])
+__all__ = sorted([*_LAZY, *_LAZY_MODULES, "rank", "size", "local_rank", "local_size", "__version__"])

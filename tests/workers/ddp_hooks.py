@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gpurig
-import gpurig.hooks
 from casekit import case, write
 
 comm = gpurig.init("torch")

@@ -28,7 +28,7 @@ class TorchEngine:
     --engine torch``) or SLURM's variables; a process started by hand is a group of one.
 
     >>> engine = TorchEngine()          # doctest: +SKIP
-    >>> engine.backend
+    >>> engine.backend                  # doctest: +SKIP
     'gloo'
     """
 

@@ -29,7 +29,7 @@ def job_profile(comm, compressed: tuple[str, ...] = ()) -> dict:
     >>> sorted(profile["comm"]["engines"]["mpi"])                     # doctest: +SKIP
     ['allreduce', 'compressed:int8']
     """
-    from gpurig.bench import SCHEMA, summarize_engine, summarize_overlap
+    from gpurig.measure.profile import SCHEMA, summarize_engine, summarize_overlap
     from gpurig.measure.comm import (COMPRESSED_VALUES, iterations, measure_collective, measure_compressed,
                                      measure_overlap)
     from gpurig.measure.compute import measure_all

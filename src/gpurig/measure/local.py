@@ -1,6 +1,6 @@
 """Benchmarks in this process: GEMM by batch size, host↔device copies, data loading, disk reads.
 
-Each returns plain data for the machine profile (:mod:`gpurig.bench`) and
+Each returns plain data for the machine profile (:mod:`gpurig.measure.bench`) and
 takes its sizes as arguments, so ``--quick`` and the tests run small ones.
 """
 

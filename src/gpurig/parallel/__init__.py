@@ -5,7 +5,7 @@ from gpurig.parallel.memory import optimizer_state_bytes, parameter_bytes
 from gpurig.parallel.model_parallel import ColumnParallelLinear, RowParallelLinear
 from gpurig.parallel.numerics import NonFiniteGradientError, NonFiniteGradientWarning
 from gpurig.parallel.split_model import ModelParallel, parallelize
-from gpurig.parallel.plan import PlanError, krizhevsky_plan, resolve_plan
+from gpurig.parallel.layer_plan import PlanError, krizhevsky_plan, resolve_plan
 from gpurig.parallel.sharding import BatchSizeWarning, shard, tile_advice
 
 __all__ = ["DataParallel", "ModelMismatchError", "assign_buckets", "BatchSizeWarning", "shard", "tile_advice",

@@ -17,19 +17,19 @@ A *method* says how a bucket travels; it is chosen per bucket:
 - ``powersgd`` / ``powersgd:R``: low-rank, :mod:`gpurig.parallel.powersgd`.
 
 All state a bucket keeps between steps (residuals, PowerSGD's warm start) is
-per rank, in a :class:`FeedbackState`, and is saved with checkpoints.
+per rank, in a :class:`~gpurig.parallel.feedback.FeedbackState`, and is saved with checkpoints.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from gpurig.comm.signature import Signature
 from gpurig.parallel import codecs, powersgd
+from gpurig.parallel.feedback import FeedbackState
 
 POWERSGD = "powersgd"
 
@@ -57,36 +57,6 @@ def method_names() -> list[str]:
     ['none', 'fp16', 'bf16', 'int8', 'int8-dynamic', 'powersgd']
     """
     return [*codecs.CODECS, POWERSGD]
-
-
-@dataclass
-class FeedbackState:
-    """What one bucket keeps between steps on one rank: error-feedback residuals and scratch buffers.
-
-    ``sent``: what this rank's compressed chunks lost (bucket length; PowerSGD's
-    residual too). ``owned``: what the compressed average of the chunk this rank
-    owns lost. ``lowrank``: PowerSGD's warm-start factors. Scratch buffers are
-    not saved.
-    """
-
-    sent: torch.Tensor | None = None
-    owned: torch.Tensor | None = None
-    lowrank: list[torch.Tensor] | None = None
-    scratch: dict = field(default_factory=dict, repr=False)
-
-    def buffer(self, name: str, numel: int, dtype=torch.float32, device=None) -> torch.Tensor:
-        """A scratch tensor kept between steps (allocated once per size)."""
-        held = self.scratch.get(name)
-        if held is None or held.numel() != numel or held.dtype != dtype or held.device != torch.device(device or "cpu"):
-            held = self.scratch[name] = torch.empty(numel, dtype=dtype, device=device)
-        return held
-
-    def saved(self) -> dict:
-        """The tensors a checkpoint keeps (residuals, warm start)."""
-        return {"sent": self.sent, "owned": self.owned, "lowrank": self.lowrank}
-
-    def restore(self, saved: dict) -> None:
-        self.sent, self.owned, self.lowrank = saved.get("sent"), saved.get("owned"), saved.get("lowrank")
 
 
 def chunk_length(n: int, ranks: int, codec: codecs.Codec) -> int:

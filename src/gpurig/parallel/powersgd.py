@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from gpurig.comm.signature import Signature
+from gpurig.parallel.feedback import FeedbackState
 
 DEFAULT_RANK = 4
 MIN_COMPRESSION = 2.0  # compress a matrix only if its factors are at most half its size (as PyTorch's hook)
@@ -118,7 +119,7 @@ class LowRankAverage:
     element-wise codecs: no rank waits for the others in the middle of
     backward (on CPU ranks such waits cost more than the transfers).
 
-    ``state`` is the bucket's :class:`~gpurig.parallel.compression.FeedbackState`:
+    ``state`` is the bucket's :class:`~gpurig.parallel.feedback.FeedbackState`:
     ``state.sent`` holds this rank's residual, ``state.lowrank`` the warm-start
     factors (each Qᵀ, rank × m).
 
@@ -194,7 +195,6 @@ def local_seconds(shapes: list[torch.Size], rank: int, device=None) -> float:
     >>> local_seconds([torch.Size([256, 256])], rank=4) > 0
     True
     """
-    from gpurig.parallel.compression import FeedbackState
     from gpurig.timing import device_sync, timed
 
     flat, state = torch.randn(sum(math.prod(s) for s in shapes), device=device), FeedbackState()

@@ -36,7 +36,7 @@ from torch import nn
 from gpurig import comm as comm_mod
 from gpurig.parallel.data_parallel import CommStats, DataParallel, _broadcast_tensors, check_same_model
 from gpurig.parallel.model_parallel import SPLIT_LAYERS, Exchanges
-from gpurig.parallel.plan import PlanError, resolve_plan
+from gpurig.parallel.layer_plan import PlanError, resolve_plan
 
 
 def _owner(parameter_name: str) -> str:
@@ -219,7 +219,7 @@ def parallelize(model: nn.Module, plan: dict[str, str], comm: comm_mod.Communica
 
     ``plan`` maps layer names (``model.named_modules()``) to ``"column"`` (split by
     output features) or ``"row"`` (by input features); see
-    :func:`gpurig.parallel.plan.resolve_plan` for how neighbours are chained, and
+    :func:`gpurig.parallel.layer_plan.resolve_plan` for how neighbours are chained, and
     :func:`gpurig.krizhevsky_plan` for a plan made for you. ``hybrid=True`` runs the
     layers before the first split one data-parallel on each rank's part of the
     batch (``bucket_cap_mb``, ``compression`` and ``nonfinite`` go to its ``DataParallel``).
@@ -233,7 +233,7 @@ def parallelize(model: nn.Module, plan: dict[str, str], comm: comm_mod.Communica
     >>> gpurig.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), {"fc1": "column"})
     Traceback (most recent call last):
     ...
-    gpurig.parallel.plan.PlanError: plan: the model has no layer 'fc1'; its nn.Linear layers are '0'
+    gpurig.parallel.layer_plan.PlanError: plan: the model has no layer 'fc1'; its nn.Linear layers are '0'
     """
     comm = comm or comm_mod.current()
     layers = resolve_plan(model, plan, comm.size, hybrid=hybrid)

@@ -23,16 +23,17 @@ def elementwise_seconds(values: int, encode_s_per_value: float, decode_s_per_val
     return values * (encode_s_per_value + (2 - 1 / ranks) * decode_s_per_value)
 
 
-def powersgd_seconds(shapes: list[tuple[int, ...]], rank: int, gemm: GemmModel, memory_bytes_per_s: float) -> float:
-    """Seconds of PowerSGD arithmetic for a bucket holding tensors of ``shapes`` at ``rank``.
+def powersgd_seconds(matrices: list[tuple[int, int, int]], rank: int, gemm: GemmModel,
+                     memory_bytes_per_s: float) -> float:
+    """Seconds of PowerSGD arithmetic for a bucket's compressed ``matrices`` (offset, n, m) at ``rank``.
+
+    Which of a bucket's tensors are compressed, and as which n × m matrix, is
+    PowerSGD's own rule (:func:`gpurig.parallel.powersgd.split`): the caller asks it.
 
     >>> g = GemmModel(0, 1e10, 1e12)
-    >>> round(powersgd_seconds([(1000, 1000)], 4, g, 1e10) * 1000, 3)    # 4 GEMMs of 8 MFLOP + a 12 MB pass
+    >>> round(powersgd_seconds([(0, 1000, 1000)], 4, g, 1e10) * 1000, 3)    # 4 GEMMs of 8 MFLOP + a 12 MB pass
     4.4
     """
-    from gpurig.parallel.powersgd import split  # which matrices it compresses: one rule, PowerSGD's own
-
-    matrices, _ = split(shapes, rank)
     seconds = 0.0
     for _, n, m in matrices:
         seconds += gemm.seconds(n, rank, m) + gemm.seconds(m, rank, n) + 2 * gemm.seconds(n, m, rank)

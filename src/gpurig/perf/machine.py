@@ -141,7 +141,7 @@ def layer_ratios(device: Device, rows: list[dict]) -> tuple[tuple[str, tuple[int
     """
     import torch
 
-    from gpurig.spec.model import describe
+    from gpurig.models.describe import describe
 
     out = []
     for row in rows:

@@ -207,7 +207,7 @@ def layer_costs(spec) -> list[LayerCost]:
     model description's convention): twice its forward FLOPs is the weight's and
     the input's gradient, once the weight's only (the first layer).
 
-    >>> from gpurig.zoo import model_spec
+    >>> from gpurig.models import model_spec
     >>> layers = layer_costs(model_spec("mnist-mlp", batch=64))
     >>> layers[0].forward_gemms, layers[0].backward_gemms
     (((64, 1200, 784),), ((1200, 784, 64),))

@@ -1,6 +1,6 @@
 """Hardware descriptions: the catalog (GPUs, PCIe, GPU links, networks), cluster specs and build files.
 
-Model descriptions are in :mod:`gpurig.spec.model` (imported on its own: it needs torch).
+Model descriptions are in :mod:`gpurig.models.describe` (imported on its own: it needs torch).
 
 >>> from gpurig import spec
 >>> spec.gpu("2080ti").memory_gb

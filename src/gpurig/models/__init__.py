@@ -1,4 +1,11 @@
-"""The built-in models ``gpurig predict`` knows by name, and the one way to describe any model.
+"""Every model gpurig knows by name — the reference networks ``gpurig train`` trains and the presets
+``gpurig predict`` prices — and the one way to describe any model.
+
+One registry, :data:`PRESETS`: the source's MNIST networks (:mod:`~gpurig.models.reference`:
+``mlp``, ``cnn``, ``wide-cnn``, which ``gpurig train`` trains), the vision models
+(:mod:`~gpurig.models.vision`) and the transformers (:mod:`~gpurig.models.text`).
+Any model, preset or ``module:factory`` (:mod:`~gpurig.models.factory`), is
+described layer by layer on the meta device by :mod:`~gpurig.models.describe`.
 
 Each :class:`Preset` is a plain torch module factory with its default input and
 the published numbers it is checked against (tests/test_model_spec.py,
@@ -20,13 +27,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpurig import models
 from gpurig.errors import UsageError
+from gpurig.models import text, vision
+from gpurig.models.describe import ModelSpec, describe
+from gpurig.models.factory import load_factory, parse_sample
+from gpurig.models.reference import cnn, mlp, wide_cnn
 from gpurig.spec.catalog import Lookup
 from gpurig.spec.fields import SpecError
-from gpurig.spec.model import ModelSpec, describe
-from gpurig.zoo import text, vision
-from gpurig.zoo.factory import load_factory, parse_sample
 
 IMAGE = (3, 224, 224)
 TORCHVISION = "torchvision's model table (weights meta num_params, _ops in GMACs)"
@@ -79,12 +86,12 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("mnist-mlp", models.mlp, (784,), "one 28×28 MNIST digit, flattened to 784 values", 2_395_210,
+    Preset("mnist-mlp", mlp, (784,), "one 28×28 MNIST digit, flattened to 784 values", 2_395_210,
            2 * (784 * 1200 + 1200 * 1200 + 1200 * 10) / 1e9,
            "the source's 784-1200-1200-10 network; FLOPs by hand", aliases="mlp;mnist"),
-    Preset("mnist-cnn", models.cnn, (784,), "one 28×28 MNIST digit, flattened to 784 values", None, None,
+    Preset("mnist-cnn", cnn, (784,), "one 28×28 MNIST digit, flattened to 784 values", None, None,
            "gpurig's reference CNN (gpurig.models.cnn); no published count", aliases="cnn;lenet"),
-    Preset("mnist-wide-cnn", models.wide_cnn, (784,), "one 28×28 MNIST digit, flattened to 784 values", None, None,
+    Preset("mnist-wide-cnn", wide_cnn, (784,), "one 28×28 MNIST digit, flattened to 784 values", None, None,
            "gpurig's reference CNN with a 4096-unit dense layer (gpurig.models.wide_cnn)", aliases="wide-cnn"),
     Preset("alexnet", vision.alexnet, IMAGE, "one 3×224×224 image", 61_100_840, 2 * 0.714, TORCHVISION),
     Preset("vgg16", vision.vgg16, IMAGE, "one 3×224×224 image", 138_357_544, 2 * 15.47, TORCHVISION,
@@ -140,4 +147,20 @@ def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample:
     return describe(found.build(), found.example(tokens), batch, name=found.name)
 
 
-__all__ = ["Preset", "PRESETS", "preset", "model_spec", "load_factory", "parse_sample"]
+# The presets ``gpurig train`` trains (on MNIST), by the short names its --model takes.
+TRAINABLE = {"mlp": "mnist-mlp", "cnn": "mnist-cnn", "wide-cnn": "mnist-wide-cnn"}
+
+
+def build(name: str) -> nn.Module:
+    """A model ``gpurig train`` trains, by its short name (``mlp``, ``cnn`` or ``wide-cnn``), with real weights.
+
+    >>> type(build("mlp")).__name__
+    'Sequential'
+    """
+    if name not in TRAINABLE:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(TRAINABLE)}")
+    return PRESETS[TRAINABLE[name]].factory()
+
+
+__all__ = ["Preset", "PRESETS", "TRAINABLE", "preset", "model_spec", "build", "load_factory", "parse_sample",
+           "mlp", "cnn", "wide_cnn"]

@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 from gpurig.errors import UsageError, one_line
-from gpurig.spec.ops import NORM_OPS, Gemm, aten
-from gpurig.spec.trace import Charges, Tracer
+from gpurig.models.ops import NORM_OPS, Gemm, aten
+from gpurig.models.trace import Charges, Tracer
 
 KINDS = ("linear", "conv", "embedding", "norm", "attention-matmul", "pool", "activation", "other")
 SCHEMA = "gpurig.model/1"

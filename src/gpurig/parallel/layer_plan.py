@@ -102,7 +102,7 @@ def resolve_plan(model: nn.Module, plan: Mapping[str, str], ranks: int, hybrid: 
     >>> resolve_plan(net, {"2": "column"}, 3)
     Traceback (most recent call last):
     ...
-    gpurig.parallel.plan.PlanError: plan: '2' (column) has 4 output features, which do not split evenly over 3 ranks
+    gpurig.parallel.layer_plan.PlanError: plan: '2' (column) has 4 output features, which do not split evenly over 3 ranks
     """
     if not isinstance(plan, Mapping) or not plan:
         raise PlanError("plan: empty; name the nn.Linear layers to split, e.g. {'fc1': 'column', 'fc2': 'row'}")

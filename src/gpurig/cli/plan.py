@@ -128,7 +128,7 @@ def _lane_list(text: str) -> list[int]:
 
 def run(args) -> int:
     """Run ``gpurig plan`` with parsed ``args``; return the exit code."""
-    from gpurig.plan import inputs, plan
+    from gpurig.hardware.plan import inputs, plan
 
     if args.list_gpus:
         return _list_gpus(args.json)

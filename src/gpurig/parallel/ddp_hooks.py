@@ -1,6 +1,6 @@
 """gpurig's gradient compression as PyTorch DDP communication hooks: adopt it in one line.
 
->>> import gpurig.hooks
+>>> import gpurig
 >>> ddp_model.register_comm_hook(gpurig.hooks.State(), gpurig.hooks.int8)    # doctest: +SKIP
 >>> ddp_model.register_comm_hook(gpurig.hooks.State(), gpurig.hooks.powersgd)  # rank 4; powersgd_hook(2) for rank 2  # doctest: +SKIP
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpurig import rules
+from gpurig.hardware import rules
 from gpurig.perf import power
 from gpurig.spec.build import Build, build_data_from_spec, build_from, load_build
 from gpurig.spec.cluster import load_spec

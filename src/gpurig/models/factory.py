@@ -26,7 +26,7 @@ def load_factory(target: str) -> nn.Module:
 
     The factory is called with no arguments inside ``with torch.device("meta")``,
     so the layers it creates hold no memory; a factory that loads weights or
-    names a device still works (:func:`gpurig.spec.model.describe` copies the
+    names a device still works (:func:`gpurig.models.describe.describe` copies the
     module to the meta device without its weights). The current directory is
     searched first, as ``python -m`` does.
 

@@ -33,7 +33,7 @@ ones it passed over. A rank that dies or stops is reported within
 
 def add_parser(subparsers) -> None:
     """Register ``gpurig train`` and its flags."""
-    from gpurig.cli import add_reliability_flags
+    from gpurig.cli.common import add_reliability_flags
 
     p = subparsers.add_parser(
         "train", help="data-, model- or hybrid-parallel training of a reference model on this machine's devices "

@@ -1,7 +1,7 @@
 """``gpurig doctor``: probe this machine, hold it against the hardware guide's rules, write it as a cluster spec.
 
-The facts come from :mod:`gpurig.probe` (CPU, RAM, disks, NICs, NVML, MPI);
-the rules are :mod:`gpurig.rules`' (those a running machine can be checked
+The facts come from :mod:`gpurig.hardware.probe` (CPU, RAM, disks, NICs, NVML, MPI);
+the rules are :mod:`gpurig.hardware.rules`' (those a running machine can be checked
 against) plus what only a running machine shows: PCIe links narrower than the
 card's, throttling, heat, missing peer-to-peer, MPI that is not CUDA-aware.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import platform
 
-from gpurig import rules
-from gpurig.probe import mpi as mpi_probe
-from gpurig.probe import nvml, system
-from gpurig.rules import INFO, OK, WARNING, Verdict
+from gpurig.hardware import rules
+from gpurig.hardware.probe import mpi as mpi_probe
+from gpurig.hardware.probe import nvml, system
+from gpurig.hardware.rules import INFO, OK, WARNING, Verdict
 from gpurig.spec import catalog
 from gpurig.spec.build import build_from
 from gpurig.spec.cluster import CPU, NIC, ClusterSpec, Disk, NodeSpec, save_spec, spec_to_dict

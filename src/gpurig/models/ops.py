@@ -1,6 +1,6 @@
 """What one torch operator costs: FLOPs, the matrix multiply it runs, bytes it moves, what its backward adds.
 
-The unit of :mod:`gpurig.spec.trace`, which sees every aten operator of a forward
+The unit of :mod:`gpurig.models.trace`, which sees every aten operator of a forward
 pass. FLOPs come from PyTorch's own table (``torch.utils.flop_counter``, the
 formulas behind ``FlopCounterMode``): 2 FLOPs per multiply-add of ``mm``,
 ``addmm``, ``bmm``, ``baddbmm`` and convolutions (bias adds not counted),

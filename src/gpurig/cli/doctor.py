@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     """Run ``gpurig doctor``; return 0."""
-    from gpurig.doctor import doctor, probe, write_spec
+    from gpurig.hardware.doctor import doctor, probe, write_spec
 
     if args.write_spec is not None:
         _check_writable(args.write_spec)
@@ -79,7 +79,7 @@ def show(report: dict, spec_path: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gpurig.cli_plan import STYLE
+    from gpurig.cli.plan import STYLE
 
     facts = report["facts"]
     console = Console()

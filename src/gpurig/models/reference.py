@@ -54,17 +54,3 @@ def wide_cnn(classes: int = 10) -> nn.Module:
     4291466
     """
     return cnn(classes, hidden=4096)
-
-
-MODELS = {"mlp": mlp, "cnn": cnn, "wide-cnn": wide_cnn}
-
-
-def build(name: str) -> nn.Module:
-    """A reference model by name (``mlp``, ``cnn`` or ``wide-cnn``).
-
-    >>> type(build("mlp")).__name__
-    'Sequential'
-    """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-    return MODELS[name]()

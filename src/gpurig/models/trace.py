@@ -1,7 +1,7 @@
 """Run a module's forward pass once and charge every operator to the module that ran it.
 
 Forward hooks keep a stack of the modules being run; a ``TorchDispatchMode``
-sees each aten operator and charges its cost (:mod:`gpurig.spec.ops`) to the
+sees each aten operator and charges its cost (:mod:`gpurig.models.ops`) to the
 innermost one, so a container's own code (a residual add) is charged to the
 container, not to its last child. ``F.scaled_dot_product_attention`` and ``F.dropout`` are
 caught one level higher (``TorchFunctionMode``) and charged as the single
@@ -24,7 +24,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpurig.spec import ops
+from gpurig.models import ops
 
 
 @dataclass

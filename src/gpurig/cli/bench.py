@@ -25,7 +25,7 @@ calibrates from.
 
 def add_parser(subparsers) -> None:
     """Register ``gpurig bench``."""
-    from gpurig.bench import PARTS
+    from gpurig.measure.bench import PARTS
 
     p = subparsers.add_parser(
         "bench", help="measure collectives (algbw/busbw, alpha-beta), GEMMs, host-device copies, loading, disk",
@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
 
 
 def _config(args):
-    from gpurig.bench import BenchConfig
+    from gpurig.measure.bench import BenchConfig
 
     overrides = {"nprocs": args.nprocs, "engines": tuple(e.strip() for e in args.engine.split(",") if e.strip()),
                  "parts": tuple(x.strip() for x in args.parts.split(",") if x.strip()), "directory": args.dir,
@@ -91,7 +91,7 @@ def run(args) -> int:
     """Run ``gpurig bench``; return 0."""
     from pathlib import Path
 
-    from gpurig.bench import bench, validate
+    from gpurig.measure.bench import bench, validate
 
     config = _config(args)
     validate(config)

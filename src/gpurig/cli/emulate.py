@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     """Run ``gpurig emulate``; return the job's exit code."""
-    from gpurig.cli import command_after_dashes
+    from gpurig.cli.common import command_after_dashes
     from gpurig.errors import UsageError
     from gpurig.launch.emulator import Cluster, parse_rate
     from gpurig.launch.job import check_ranks_here

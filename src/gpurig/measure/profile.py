@@ -1,0 +1,80 @@
+"""A machine profile: what ``gpurig bench`` measured, as JSON that ``gpurig predict`` reads (schema in docs/hardware.md).
+
+The rows a benchmark job returns are summarised here (alpha and beta fitted per
+collective), several takes merged (the median of each number), and a saved
+profile loaded back with its schema checked.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from gpurig.errors import UsageError
+from gpurig.perf.fit import fit_latency_bandwidth
+
+SCHEMA = "gpurig-profile/1"
+
+
+def summarize_engine(rows: list[dict]) -> dict:
+    """Per collective: the rows, alpha and beta fitted to them, and the largest size's busbw."""
+    out: dict = {}
+    rows = [r for r in rows if r["collective"] != "overlap"]
+    for collective in dict.fromkeys(r["collective"] for r in rows):
+        mine = [r for r in rows if r["collective"] == collective]
+        clean = [{k: v for k, v in r.items() if k not in ("event", "engine", "ranks")} for r in mine]
+        entry: dict = {"rows": clean, "busbw_gbs": clean[-1]["busbw_gbs"]}
+        if len(mine) >= 2:
+            fit = fit_latency_bandwidth([r["bytes"] for r in mine], [r["seconds"] for r in mine])
+            entry.update(alpha_s=fit.alpha, beta_s_per_byte=fit.beta,  # beta <= 0: noise swamped the sizes
+                         fitted_gbs=fit.bytes_per_s / 1e9 if fit.beta > 0 else None)
+        out[collective] = entry
+    return out
+
+
+def summarize_overlap(rows: list[dict]) -> dict | None:
+    """The measurement of computing while a collective is in flight (:func:`gpurig.measure.comm.measure_overlap`),
+    if the rows hold one.
+
+    >>> summarize_overlap([{"event": "row", "collective": "overlap", "slowdown": 1.6, "samples": 12}])
+    {'slowdown': 1.6, 'samples': 12}
+    """
+    found = [r for r in rows if r.get("collective") == "overlap"]
+    if not found:
+        return None
+    return {k: v for k, v in found[-1].items() if k not in ("event", "engine", "ranks", "collective")}
+
+
+def median_profile(takes: list):
+    """Several takes of the same measurement merged: every float the median of its takes (of those that have
+    one: a fit swamped by noise has none); text, whole numbers and shapes from the first.
+
+    >>> median_profile([{"gemm": [{"m": 64, "seconds": 1.0}]}, {"gemm": [{"m": 64, "seconds": 3.0}]},
+    ...                 {"gemm": [{"m": 64, "seconds": 2.5}]}])
+    {'gemm': [{'m': 64, 'seconds': 2.5}]}
+    >>> median_profile([{"fitted_gbs": None}, {"fitted_gbs": 2.0}, {"fitted_gbs": 4.0}])
+    {'fitted_gbs': 3.0}
+    """
+    first = takes[0]
+    if isinstance(first, dict):
+        return {key: median_profile([take[key] for take in takes]) for key in first}
+    if isinstance(first, list):
+        return [median_profile(list(items)) for items in zip(*takes)]
+    if first is None or isinstance(first, float):
+        numbers = [take for take in takes if isinstance(take, float)]
+        return statistics.median(numbers) if numbers else first
+    return first
+
+
+def load_profile(path: str | Path) -> dict:
+    """A machine profile written by ``gpurig bench --out`` (checked for its schema)."""
+    try:
+        profile = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{path}: not a gpurig profile: {error}") from None
+    if not isinstance(profile, dict) or profile.get("schema") != SCHEMA:
+        raise UsageError(f"{path}: not a gpurig profile (schema {SCHEMA} expected)")
+    return profile

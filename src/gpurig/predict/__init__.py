@@ -1,0 +1,82 @@
+"""``gpurig predict``: how fast a model will train on N GPUs and M nodes, and why — before running it.
+
+Three inputs, each the one description the rest of gpurig shares:
+
+- the model, as a :class:`~gpurig.models.describe.ModelSpec` (a preset or any
+  ``module:factory``, described on the meta device);
+- the hardware: a cluster spec (``gpurig doctor --write-spec``, or a one-line
+  catalog description) for catalog GPUs and networks, and/or a machine profile
+  (``gpurig bench``) for what this machine measured;
+- how it runs: per-GPU batch, data / model / hybrid parallelism, compression.
+
+The answer comes from :mod:`gpurig.perf`: the step split into compute (per
+layer), communication not hidden under backward, codec work and data loading;
+speed-up and scaling efficiency for 1..N GPUs; the bottleneck; advice.
+
+>>> result = predict(PredictRequest(model="mnist-mlp", cluster="2 nodes x 1 RTX 2080 Ti, 1 Gbit/s Ethernet"))
+>>> result["bottleneck"]
+'communication'
+"""
+
+from __future__ import annotations
+
+from gpurig.perf.step import StepPrediction, layer_costs
+from gpurig.predict.advice import advice
+from gpurig.predict.configuration import step_at
+from gpurig.predict.hardware import Hardware, load_hardware
+from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check
+
+def predict(request: PredictRequest) -> dict:
+    """Everything ``gpurig predict`` prints: the step split at the largest size, the scaling curve, advice."""
+    from gpurig.models import model_spec
+
+    check(request)
+    hardware = load_hardware(request)
+    top = request.gpus or hardware.max_ranks
+    batch = request.batch or DEFAULT_BATCH.get(request.model, 64)
+    spec = model_spec(request.model, batch=batch, tokens=request.tokens, sample=request.sample)
+    layers = layer_costs(spec)
+
+    counts = sorted({1, *[2**i for i in range(1, 20) if 2**i < top], top})
+    single = step_at(spec, layers, request, hardware, 1).step_s
+    curve = []
+    for n in counts:
+        step = step_at(spec, layers, request, hardware, n)
+        speedup = n * single / step.step_s
+        curve.append({"gpus": n, "nodes": hardware.topology_for(n).nodes, "step_ms": 1000 * step.step_s,
+                      "speedup": speedup, "efficiency": speedup / n,
+                      "bottleneck": step.bottleneck() if n > 1 else "compute"})
+    final = step_at(spec, layers, request, hardware, top)
+    result = {
+        "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
+        "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
+        "parallel": request.parallel, "compression": request.compression,
+        "step": split_of(final), "bottleneck": final.bottleneck() if top > 1 else "compute",
+        "buckets": final.buckets, "layers": final.layers, "scaling": curve,
+    }
+    result["advice"] = advice(spec, layers, request, hardware, top, final)
+    return result
+
+
+def split_of(step: StepPrediction) -> dict:
+    """A predicted step in ``gpurig train``'s terms, milliseconds."""
+    return {"step_ms": 1000 * step.step_s, "compute_ms": 1000 * step.compute_s, "forward_ms": 1000 * step.forward_s,
+            "backward_ms": 1000 * step.backward_s, "optimizer_ms": 1000 * step.optimizer_s,
+            "comm_ms": 1000 * step.comm_s, "wait_ms": 1000 * step.wait_s, "comm_total_ms": 1000 * step.comm_total_s,
+            "codec_ms": 1000 * step.codec_s, "data_ms": 1000 * step.data_s}
+
+
+def predicted_split(model: str, profile_path: str, ranks: int, per_rank_batch: int, compression: str,
+                    parallel: str, engine: str) -> dict:
+    """What ``gpurig train`` prints next to its measured split: the predicted step for the same configuration.
+
+    >>> predicted_split("mlp", "runs/train/profile.json", 2, 64, "int8", "data", "mpi")["step_ms"]   # doctest: +SKIP
+    36.2
+    """
+    request = PredictRequest(model=f"mnist-{model}", cluster=profile_path, batch=per_rank_batch, gpus=ranks,
+                             compression=compression, parallel=parallel, engine=engine)
+    return predict(request)["step"]
+
+
+__all__ = ["PredictRequest", "predict", "predicted_split", "split_of", "Hardware", "load_hardware", "PARALLEL",
+           "PARALLEL_WHY", "DEFAULT_BATCH"]

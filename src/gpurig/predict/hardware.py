@@ -1,0 +1,136 @@
+"""The hardware a prediction runs on: a cluster spec (catalog parts) and/or a machine profile (``gpurig bench``),
+turned into what the cost model uses — a device per rank count and the links between the ranks."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from gpurig.errors import UsageError
+from gpurig.perf import machine
+from gpurig.perf.collectives import Topology
+from gpurig.predict.request import PredictRequest
+
+
+@dataclass
+class Hardware:
+    """Where the prediction runs: devices per rank count, the links, and how many GPUs there are."""
+
+    name: str
+    max_ranks: int
+    ranks_per_node: int
+    device_for: object     # ranks on a node -> Device
+    topology_for: object   # ranks -> Topology
+    host_to_device_bytes_per_s: float | None
+    disk_bytes_per_s: float | None
+    source: str
+    compute_slowdown: float = 1.0   # while a collective is in flight (bench's overlap measurement)
+    posted_s: float = 0.0           # what posting a collective costs the computation (bench's overlap too)
+    # codec -> (alpha s, s per gradient byte, s per matrix beyond a bucket's first): bench's timed chain
+    compressed: dict = field(default_factory=dict)
+
+
+def load_hardware(request: PredictRequest) -> Hardware:
+    """The hardware ``request.cluster`` (and ``request.profile``) describe, as the cost model uses it."""
+    from gpurig.measure.profile import load_profile
+    from gpurig.spec.cluster import load_spec
+    from gpurig.spec.describe import parse_description
+
+    cluster, profile_path = request.cluster, request.profile
+    if cluster is None and profile_path is None:
+        raise UsageError("give --cluster (a spec file, a profile or a description such as "
+                         "'2 nodes x 4 RTX 2080 Ti, 40 Gbit/s InfiniBand')")
+    spec = profile = None
+    if cluster is not None and cluster.endswith(".json"):
+        profile_path = cluster
+    elif cluster is not None and (cluster.endswith(".toml") or Path(cluster).is_file()):
+        spec = load_spec(cluster)
+    elif cluster is not None:
+        spec = parse_description(cluster)
+    if profile_path is not None:
+        profile = load_profile(profile_path)
+
+    if spec is not None and spec.nodes[0].gpu is not None:
+        gpu = spec.nodes[0].gpu
+        per_node = spec.nodes[0].gpus
+        base = machine.spec_topology(spec, network_efficiency=request.network_efficiency)
+        if profile is not None and profile.get("device") not in (None, "cpu"):
+            def device_for(ranks, _p=profile):
+                return machine.profile_device(_p, ranks)
+        else:
+            def device_for(ranks, _g=gpu):
+                return machine.gpu_device(_g, request.precision)
+        from gpurig.perf.transfer import host_copy_efficiency, pcie_bytes_per_s
+
+        node = spec.nodes[0]
+        h2d = pcie_bytes_per_s(node.pcie_gen or gpu.pcie_gen or "3.0", node.pcie_lanes or gpu.pcie_lanes or 16) \
+            * host_copy_efficiency(request.pinned)
+        disk = _disk_rate(spec, profile)
+        return Hardware(spec.name or f"{spec.node_count} × {per_node} {gpu.name}", spec.total_gpus, per_node,
+                        device_for, lambda n: _sized(base, n, per_node), h2d, disk,
+                        "catalog" + (" + profile" if profile is not None else ""))
+    if profile is None:
+        raise UsageError("a machine without GPUs needs measurements: run `gpurig bench` and pass its profile "
+                         "(--cluster runs/bench/profile.json)")
+    comm = profile.get("comm") or {}
+    nodes = comm.get("nodes", 1)
+    ranks = comm.get("ranks", 1)
+    if comm:
+        base = machine.profile_topology(profile, _engine_key(profile, request.engine), nodes=nodes)
+    else:  # a profile of one rank: nothing to communicate with
+        from gpurig.perf.collectives import Link
+
+        base = Topology(1, 1, Link(0.0, float("inf")), Link(0.0, float("inf")))
+    per_node = max(1, ranks // nodes)
+    # Emulated nodes share one machine's cores: what a rank computes at depends on all ranks on the machine.
+    per_machine = comm.get("ranks_per_machine", per_node)
+    disk = (profile.get("disk") or {}).get("mb_per_s")
+    slowdown, posted, compressed = 1.0, 0.0, {}
+    if comm:
+        engine = _engine_key(profile, request.engine)
+        overlap = (comm.get("overlap") or {}).get(engine) or {}
+        slowdown, posted = overlap.get("slowdown", 1.0), overlap.get("posted_s", 0.0)
+        compressed = {name.partition(":")[2]: (max(0.0, fit["alpha_s"]), fit["beta_s_per_byte"],
+                                               _median([r["per_matrix_s"] for r in fit["rows"] if "per_matrix_s" in r]))
+                      for name, fit in comm["engines"][engine].items()
+                      if name.startswith("compressed:") and fit.get("beta_s_per_byte", 0) > 0}
+    return Hardware(f"{profile.get('cpu') or profile.get('device')} ({profile.get('host', 'this machine')})",
+                    ranks, per_node,
+                    lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine)),
+                    lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile", slowdown,
+                    posted, compressed)
+
+
+def _median(values: list[float]) -> float:
+    """The median of ``values``; 0 for none (a profile from before bench timed it).
+
+    >>> _median([3.0, 1.0, 2.0]), _median([])
+    (2.0, 0.0)
+    """
+    return statistics.median(values) if values else 0.0
+
+
+def _engine_key(profile: dict, engine: str) -> str:
+    engines = (profile.get("comm") or {}).get("engines", {})
+    if engine in engines:
+        return engine
+    matches = [name for name in engines if name.startswith(engine)]
+    if not matches:
+        raise UsageError(f"the profile has no {engine!r} measurements (it has: {', '.join(engines) or 'none'})")
+    return matches[0]
+
+
+def _disk_rate(spec, profile) -> float | None:
+    if profile and profile.get("disk"):
+        return profile["disk"]["mb_per_s"] * 1e6
+    disks = [d for d in spec.nodes[0].disks if d.read_mb_s]
+    return disks[0].read_mb_s * 1e6 if disks else None
+
+
+def _sized(base: Topology, ranks: int, per_node: int) -> Topology:
+    """The topology of ``ranks`` GPUs filling nodes of ``per_node`` first."""
+    if ranks <= per_node:
+        return replace(base, nodes=1, gpus_per_node=ranks)
+    return replace(base, nodes=math.ceil(ranks / per_node), gpus_per_node=per_node)

@@ -1,0 +1,63 @@
+"""What ``gpurig predict`` is asked: the model, the hardware and how it runs (the CLI flags, one to one), checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpurig.errors import UsageError
+
+PARALLEL = ("data", "model", "hybrid")
+PARALLEL_WHY = {
+    "data": "each GPU its part of the batch; every gradient averaged over the network",
+    "model": "the fully connected layers split: their activations travel instead of their gradients, "
+             "but every GPU computes the rest on the whole batch",
+    "hybrid": "Krizhevsky's scheme: convolutions data-parallel, fully connected layers split on the gathered batch",
+}
+DEFAULT_BATCH = {"mnist-mlp": 64, "mnist-cnn": 64, "mnist-wide-cnn": 64}  # per GPU; else the source's 64-per-GPU rule of thumb
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """What to predict (the CLI flags, one to one)."""
+
+    model: str
+    cluster: str | None = None       # a cluster spec (.toml), a machine profile (.json) or a one-line description
+    profile: str | None = None       # a machine profile to calibrate a spec's devices and links with
+    batch: int | None = None         # per GPU
+    tokens: int | None = None
+    sample: str | None = None
+    parallel: str = "data"
+    compression: str = "none"
+    precision: str = "fp32"
+    engine: str = "mpi"              # which engine's measurements a profile's links come from
+    gpus: int | None = None          # predict up to this many (default: the whole cluster)
+    algorithm: str = "best"
+    bucket_mb: float | None = None
+    optimizer: str = "momentum"
+    prefetch: bool = True
+    pinned: bool = True
+    network_efficiency: float | None = None  # of the network's data rate; default by kind (docs/predict.md)
+
+
+def check(request: PredictRequest) -> None:
+    """Refuse, in one line, a request that cannot be predicted.
+
+    >>> check(PredictRequest(model="mlp", batch=0))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --batch must be at least 1 per GPU, got 0
+    """
+    from gpurig.parallel.compression import parse_method
+
+    if request.parallel not in PARALLEL:
+        raise UsageError(f"--parallel must be one of {', '.join(PARALLEL)}, got {request.parallel!r}")
+    try:
+        parse_method(request.compression)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if request.batch is not None and request.batch < 1:
+        raise UsageError(f"--batch must be at least 1 per GPU, got {request.batch}")
+    if request.gpus is not None and request.gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {request.gpus}")
+    if request.network_efficiency is not None and not 0 < request.network_efficiency <= 1:
+        raise UsageError(f"--network-efficiency must be in (0, 1], got {request.network_efficiency}")

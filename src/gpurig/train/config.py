@@ -1,0 +1,152 @@
+"""``gpurig train``'s configuration: every flag in one dataclass, and the checks that refuse what cannot run.
+
+>>> validate(TrainConfig(model="mlp", global_batch=128), nprocs=2)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpurig.errors import UsageError
+from gpurig.train import checkpoints
+
+ENGINES = ("mpi", "torch")
+PARALLEL = ("data", "model", "hybrid")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one ``gpurig train`` run depends on (the CLI flags, one to one)."""
+
+    model: str = "mlp"
+    data: str = "mnist"
+    epochs: int = 5
+    global_batch: int = 128
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    nprocs: int | None = None
+    engine: str = "mpi"
+    hosts: str | None = None
+    mpi_args: str = ""
+    bucket_mb: float | None = None
+    compression: str = "auto"
+    parallel: str = "data"
+    checkpoint_dir: str = "runs/train"
+    resume: bool = False
+    predict: bool = True
+    keep_checkpoints: int = checkpoints.KEEP
+    on_nonfinite: str = "stop"
+    iface: str | None = None
+    failure_timeout: float | None = None
+    stall_timeout: float | None = None
+    events: str | None = None
+
+    def feedback_path(self, rank: int, epoch: int) -> Path:
+        """Where a rank keeps its error-feedback residuals after ``epoch`` (they differ per rank)."""
+        return checkpoints.epoch_path(self.checkpoint_dir, epoch, f"feedback-rank{rank}")
+
+
+def validate(config: TrainConfig, nprocs: int) -> None:
+    """Raise :class:`UsageError` (one line) for a configuration that cannot run.
+
+    >>> validate(TrainConfig(global_batch=2), nprocs=4)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --global-batch 2 over 4 ranks leaves 2 rank(s) with no samples: use at least 4
+    """
+    from gpurig import models
+    from gpurig.train import data
+
+    if config.model not in models.TRAINABLE:
+        raise UsageError(f"unknown model {config.model!r}; choose one of: {', '.join(models.TRAINABLE)}")
+    if config.data not in data.DATASETS:
+        raise UsageError(f"unknown data set {config.data!r}; choose one of: {', '.join(data.DATASETS)}")
+    if config.engine not in ENGINES:
+        raise UsageError(f"unknown engine {config.engine!r}; choose one of: {', '.join(ENGINES)}")
+    if nprocs < 1:
+        raise UsageError(f"-n must be at least 1, got {nprocs}")
+    if config.epochs < 1:
+        raise UsageError(f"--epochs must be at least 1, got {config.epochs}")
+    if config.global_batch < nprocs:
+        raise UsageError(f"--global-batch {config.global_batch} over {nprocs} ranks leaves "
+                         f"{nprocs - max(config.global_batch, 0)} rank(s) with no samples: use at least {nprocs}")
+    if not 0 < config.lr < math.inf:
+        raise UsageError(f"--lr must be a positive number, got {config.lr}")
+    if not 0 <= config.momentum < 1:
+        raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
+    from gpurig.parallel import auto
+    from gpurig.parallel.compression import parse_method
+
+    try:
+        candidates = auto.parse(config.compression)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if candidates is None:
+        try:
+            parse_method(config.compression)
+        except ValueError as e:
+            raise UsageError(f"{e} (or auto)") from None
+    if config.bucket_mb is not None and not 0 < config.bucket_mb < math.inf:
+        raise UsageError(f"--bucket-mb must be a positive number, got {config.bucket_mb}")
+    if config.resume and not checkpoints.saved_epochs(config.checkpoint_dir):
+        raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
+    _validate_parallel(config, nprocs)
+    _validate_reliability(config)
+
+
+def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
+    """``--parallel``: a known mode, and for model/hybrid a plan that splits the model over ``nprocs`` ranks.
+
+    >>> _validate_parallel(TrainConfig(model="cnn", parallel="model"), nprocs=3)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --parallel model: plan: '8' (column) has 256 output features, which do not split evenly over 3 ranks
+    """
+    from gpurig import models
+    from gpurig.parallel.layer_plan import PlanError, krizhevsky_plan, resolve_plan
+
+    if config.parallel not in PARALLEL:
+        raise UsageError(f"unknown parallelism {config.parallel!r}; choose one of: {', '.join(PARALLEL)}")
+    if config.parallel == "data":
+        return
+    from gpurig.parallel import auto
+
+    if config.parallel == "model" and config.compression != "none" and auto.parse(config.compression) is None:
+        raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
+                         "and with --parallel model none are")
+    if config.on_nonfinite == "skip":  # the split layers' gradients are not averaged, so nothing could skip them
+        raise UsageError("--on-nonfinite skip works with --parallel data only (the guard sees averaged gradients)")
+    with torch.device("meta"):  # the layout only: no memory, no initialisation
+        model = models.build(config.model)
+    try:
+        resolve_plan(model, krizhevsky_plan(model), nprocs, hybrid=config.parallel == "hybrid")
+    except PlanError as error:
+        raise UsageError(f"--parallel {config.parallel}: {error}") from None
+
+
+def _validate_reliability(config: TrainConfig) -> None:
+    """``--keep-checkpoints``, ``--on-nonfinite``, ``--failure-timeout``, ``--iface``.
+
+    >>> _validate_reliability(TrainConfig(on_nonfinite="retry"))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --on-nonfinite must be one of stop, skip, ignore, got 'retry'
+    """
+    from gpurig.launch.iface import interface_address
+    from gpurig.launch.settings import seconds
+    from gpurig.parallel.numerics import ACTIONS
+
+    if config.keep_checkpoints < 1:
+        raise UsageError(f"--keep-checkpoints must be at least 1, got {config.keep_checkpoints}")
+    if config.on_nonfinite not in ACTIONS:
+        raise UsageError(f"--on-nonfinite must be one of {', '.join(ACTIONS)}, got {config.on_nonfinite!r}")
+    for value, flag in ((config.failure_timeout, "--failure-timeout"), (config.stall_timeout, "--stall-timeout")):
+        if value is not None:
+            seconds(str(value), flag)
+    if config.iface is not None:
+        interface_address(config.iface)

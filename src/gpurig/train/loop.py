@@ -1,0 +1,162 @@
+"""The training loop every rank runs: shard the data, step, measure the split, checkpoint each epoch.
+
+Read it top to bottom: :func:`train_on_this_rank` is the whole loop; the
+helpers it calls are in :mod:`gpurig.train.state` (wrapping and resuming),
+:mod:`gpurig.train.metrics` (the step split, the event log) and
+:mod:`gpurig.train.predicted` (the prediction printed beside the measurement).
+Run by hand, a rank is ``python -m gpurig.train CONFIG.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gpurig import comm as comm_mod
+from gpurig import models
+from gpurig.launch.processes import say
+from gpurig.parallel import DataParallel, optimizer_state_bytes, parameter_bytes, shard
+from gpurig.train import checkpoints
+from gpurig.train import data as datasets
+from gpurig.train.config import TrainConfig
+from gpurig.train.faults import Injector
+from gpurig.train.metrics import EventLog, StepSplit, split_across_ranks
+from gpurig.train.predicted import calibrate, prediction
+from gpurig.train.state import (CHECKPOINT_FORMAT, bytes_per_rank, resume_state, weights_digest, whole_model_state,
+                                whole_state, wrap_model)
+
+
+def train_on_this_rank(config: TrainConfig) -> dict:
+    """The training loop every rank runs; returns the run's summary (the ``done`` event).
+
+    >>> summary = train_on_this_rank(TrainConfig(epochs=1))   # one rank, no launcher  # doctest: +SKIP
+    >>> summary["test_accuracy"] > 0.8                         # doctest: +SKIP
+    True
+    """
+    comm = comm_mod.init(config.engine)
+    events = EventLog(config.events, enabled=comm.rank == 0)
+    data = datasets.load(config.data)
+    torch.manual_seed(config.seed)
+    model = models.build(config.model).to(comm.device)
+    start_epoch, history = 0, []
+    if config.resume:
+        state = resume_state(config, comm)
+        model.load_state_dict(state["model"])
+        start_epoch, history = state["epoch"], list(state["history"])
+    elif comm.rank == 0:
+        checkpoints.clear(config.checkpoint_dir)  # a fresh run starts a new series
+    parameters, whole_bytes = sum(p.numel() for p in model.parameters()), parameter_bytes(model)
+    wrapped = wrap_model(model, config, comm)
+    # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
+    dp = wrapped if isinstance(wrapped, DataParallel) else wrapped.data_parallel
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=config.lr, momentum=config.momentum)
+    if config.resume:
+        optimizer.load_state_dict(state["optimizer"] if dp is wrapped
+                                  else wrapped.local_optimizer_state(optimizer, state["optimizer"]))
+    keeps_feedback = dp is not None and dp.compresses
+    if config.resume and keeps_feedback:
+        if state.get("ranks", comm.size) == comm.size and state.get("parallel", "data") == config.parallel:
+            dp.load_compression_state_dict(checkpoints.load(config.feedback_path(comm.rank, start_epoch)))
+        elif comm.rank == 0:  # residuals are per rank and per bucket layout: elsewhere error feedback starts afresh
+            say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
+                f"this run has {comm.size} ({config.parallel}): compression's error-feedback residuals start from zero")
+    profile_path = calibrate(comm, config) if config.predict else None
+    batches = shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
+                           seed=config.seed, split=config.parallel != "model")
+    events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model, compression=config.compression,
+                parallel=config.parallel, parameters=parameters, parameter_bytes_whole=whole_bytes,
+                parameter_bytes_per_rank=bytes_per_rank(comm, parameter_bytes(wrapped)),
+                epochs=config.epochs, first_epoch=start_epoch, steps_per_epoch=len(batches),
+                global_batch=config.global_batch)
+
+    faults = Injector(comm.rank)
+    for epoch in range(start_epoch, config.epochs):
+        batches.set_epoch(epoch)
+        comm.barrier()  # start together, so rank 0's checkpoint write is not timed as the others' waiting
+        split, loss_sum, steps = StepSplit(), 0.0, 0
+        epoch_start = time.perf_counter()
+        loading = time.perf_counter()
+        for x, y in batches:
+            faults.step(epoch * len(batches) + steps)
+            x, y = x.to(comm.device), y.to(comm.device)
+            started = time.perf_counter()
+            split.data += started - loading
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(wrapped(x), y)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item()
+            steps += 1
+            loading = time.perf_counter()
+            exposed = wrapped.stats.last_exposed_s
+            split.compute += loading - started - exposed
+            split.exposed += exposed
+            events.emit("step", epoch=epoch, step=steps, loss=loss.item(), last=steps == len(batches))
+        wall = time.perf_counter() - epoch_start
+        everyone = comm.allgather(split.as_tensor().view(1, -1))
+        mean_loss = comm.allreduce(torch.tensor([loss_sum / max(steps, 1)], dtype=torch.float64)).item()
+        record = {
+            "epoch": epoch + 1,
+            "loss": round(mean_loss, 5),
+            "test_accuracy": round(evaluate(model, data.x_test, data.y_test, comm, split=config.parallel != "model"), 5),
+            "samples_per_s": round(steps * config.global_batch / wall, 1),
+            "step_ms": round(1000 * wall / max(steps, 1), 3),
+            **split_across_ranks(everyone, steps),
+        }
+        history.append(record)
+        if keeps_feedback:  # every rank's residuals first, then the checkpoint that points at them
+            checkpoints.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
+            comm.barrier()
+        model_state, optimizer_state = whole_state(wrapped, optimizer)
+        if comm.rank == 0:  # the last --keep-checkpoints stay (older residuals go with them)
+            checkpoints.save_epoch(config.checkpoint_dir, epoch + 1, {
+                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1, "ranks": comm.size,
+                "parallel": config.parallel, "model": model_state, "optimizer": optimizer_state, "history": history,
+            }, keep=config.keep_checkpoints)
+        events.emit("epoch", **record)
+
+    stats = wrapped.stats
+    summary = {
+        "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
+        "engine": comm.engine_name, "parallel": config.parallel, "compression": config.compression,
+        "compression_choice": dp.auto_choice if dp is not None else None,
+        "bytes_sent_per_step": stats.bytes_sent // max(stats.steps, 1),
+        "global_batch": config.global_batch,
+        "per_rank_batch": config.global_batch // (1 if config.parallel == "model" else comm.size),
+        "parameter_bytes_whole": whole_bytes,
+        "parameter_bytes_per_rank": bytes_per_rank(comm, parameter_bytes(wrapped)),
+        "optimizer_state_bytes_per_rank": bytes_per_rank(comm, optimizer_state_bytes(optimizer)),
+        "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
+        "checkpoint": str(checkpoints.epoch_path(config.checkpoint_dir, config.epochs)),
+        "skipped_steps": dp.stats.skipped_steps if dp is not None else 0,
+        "weights_digest": weights_digest(whole_model_state(wrapped)),
+    }
+    if profile_path is not None and comm.rank == 0:
+        summary["predicted"] = prediction(config, comm, profile_path, dp)
+    events.emit("done", **summary)
+    return summary
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, comm, split: bool = True) -> float:
+    """Test accuracy over the whole test set, each rank scoring its slice (``split=False``: all of it).
+
+    >>> evaluate(model, data.x_test, data.y_test, comm)    # doctest: +SKIP
+    0.931
+    """
+    part, parts = (comm.rank, comm.size) if split else (0, 1)
+    mine_x, mine_y = torch.tensor_split(x, parts)[part], torch.tensor_split(y, parts)[part]
+    with torch.no_grad():
+        correct = (model(mine_x.to(comm.device)).argmax(1).cpu() == mine_y).sum()
+    counts = comm.allreduce(torch.tensor([float(correct), float(len(mine_y))], dtype=torch.float64), op="sum")
+    return counts[0].item() / counts[1].item()
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of one rank: ``python -m gpurig.train CONFIG.json``."""
+    config = TrainConfig(**json.loads(Path(argv[0]).read_text()))
+    train_on_this_rank(config)
+    return 0

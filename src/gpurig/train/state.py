@@ -1,0 +1,103 @@
+"""What a rank holds: the model as ``--parallel`` wraps it, its whole state for a checkpoint, where a resumed run starts."""
+
+from __future__ import annotations
+
+import torch
+
+from gpurig.launch.processes import say
+from gpurig.train import checkpoints
+from gpurig.train.config import TrainConfig
+
+CHECKPOINT_FORMAT = "gpurig-train/1"
+
+
+def wrap_model(model: torch.nn.Module, config: TrainConfig, comm) -> torch.nn.Module:
+    """The model as ``--parallel`` asks: DataParallel (data), split layers (model), or both (hybrid).
+
+    model and hybrid split the fully connected layers with Krizhevsky's plan
+    (:func:`gpurig.parallel.krizhevsky_plan`): for the MLP the two 1200-unit layers
+    (column, row; the 10-way classifier stays whole), for the CNN the two dense
+    layers. Hybrid runs what comes before them (the CNN's convolutions; for the MLP
+    nothing, so its batch is gathered at the input) data-parallel on each rank's
+    part of the batch, and what comes after (the MLP's classifier) too.
+
+    >>> wrap_model(models.mlp(), TrainConfig(parallel="model"), gpurig.init())   # doctest: +SKIP
+    """
+    from gpurig.parallel import DataParallel, krizhevsky_plan, parallelize
+
+    if config.parallel == "data":
+        return DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression,
+                            nonfinite=config.on_nonfinite)
+    hybrid = config.parallel == "hybrid"
+    return parallelize(model, krizhevsky_plan(model), comm, hybrid=hybrid, bucket_cap_mb=config.bucket_mb,
+                       compression=config.compression if hybrid else "none", nonfinite=config.on_nonfinite)
+
+
+def whole_model_state(wrapped: torch.nn.Module) -> dict:
+    """The unsplit model's state dict (split layers gathered: call on every rank).
+
+    >>> sorted(whole_model_state(gpurig.DataParallel(torch.nn.Linear(2, 2))))   # doctest: +SKIP
+    ['bias', 'weight']
+    """
+    from gpurig.parallel import ModelParallel
+
+    return wrapped.full_state_dict() if isinstance(wrapped, ModelParallel) else wrapped.state_dict()
+
+
+def whole_state(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The unsplit model's and optimizer's state dicts (split layers gathered: call on every rank).
+
+    A checkpoint holds them whole, so a run can resume with any ``--parallel`` and rank count.
+
+    >>> model_state, optimizer_state = whole_state(wrapped, optimizer)    # doctest: +SKIP
+    """
+    from gpurig.parallel import ModelParallel
+
+    split = isinstance(wrapped, ModelParallel)
+    optimizer_state = wrapped.full_optimizer_state(optimizer) if split else optimizer.state_dict()
+    return whole_model_state(wrapped), optimizer_state
+
+
+def bytes_per_rank(comm, nbytes: int) -> list[int]:
+    """Every rank's ``nbytes``, in rank order (a small allgather).
+
+    >>> bytes_per_rank(gpurig.init(), 100)     # doctest: +SKIP
+    [100, 100]
+    """
+    return [int(b) for b in comm.allgather(torch.tensor([nbytes], dtype=torch.int64)).tolist()]
+
+
+def weights_digest(state: dict) -> str:
+    """A short fingerprint of a state dict's weights, to compare runs (e.g. resumed vs uninterrupted).
+
+    >>> len(weights_digest(torch.nn.Linear(2, 2).state_dict()))
+    16
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(state.items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def resume_state(config: TrainConfig, comm) -> dict:
+    """The newest good checkpoint in ``config.checkpoint_dir``, the same on every rank; damaged newer ones are
+    reported (by rank 0) and passed over.
+
+    >>> state = resume_state(TrainConfig(resume=True), gpurig.init())   # doctest: +SKIP
+    """
+    state, path, problems = checkpoints.load_newest(config.checkpoint_dir)
+    if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
+        raise checkpoints.CheckpointError(f"{path} is not a checkpoint of a {config.model} run")
+    epochs = comm.allgather(torch.tensor([state["epoch"]], dtype=torch.int64), name="resume epoch").tolist()
+    if len(set(epochs)) != 1:
+        raise checkpoints.CheckpointError(f"the ranks found different newest checkpoints (epochs {epochs}): "
+                                         f"is {config.checkpoint_dir} one directory shared by all of them?")
+    if comm.rank == 0:
+        for problem in problems:
+            say(f"gpurig: {problem}; using an older checkpoint")
+        if problems:
+            say(f"gpurig: resuming from {path}")
+    return state
