@@ -6,7 +6,7 @@ with tc): one rank per node, the source's 784-1200-1200-10 MLP, one
 Bytes sent are read from the node's interface counters (what really left the
 namespace), not computed.
 
-    python benchmarks/run_all.py --only compression
+    .venv/bin/python benchmarks/compression.py      # starts it; needs root
 """
 
 import argparse

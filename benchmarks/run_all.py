@@ -17,6 +17,21 @@ results/machine.json (cores, versions, load average before and after).
 | busbw | allreduce_busbw.py | comm.allreduce vs the raw mpi4py / torch.distributed call |
 | memory | memory.py | peak memory per rank vs DDP and vs no data parallelism |
 | checks | check_overhead.py | what the collective check and the NaN/Inf guard cost, on and off |
+
+The benchmarks that need root (emulated nodes), a GPU or a long time run on their own,
+each with its command in its docstring and its numbers in docs/:
+
+| script | question | docs |
+|---|---|---|
+| compression.py (+ compression_emulated.py, codec_throughput.py) | each codec's step behind a 1 / 10 Gbit/s link; encode + decode vs memcpy | benchmarks.md |
+| model_parallel.py (+ model_parallel_emulated.py) | data vs model vs hybrid parallelism behind a slow link | benchmarks.md |
+| host_allocator.py | CPU steps with glibc's allocator as it comes vs as gpurig run sets it | benchmarks.md |
+| chaos.py | random ranks killed or stopped: every run ends, named, resumable | reliability.md |
+| predict_validation.py (+ predict_validation_ranks.py, calibration.py) | predict vs measured steps on this machine | predict.md |
+| published_cases.py | predict vs published scaling results | predict.md |
+| gpu_validation.py (on_gpu.sh) | predict vs measured steps on a GPU | predict.md |
+
+common.py holds what the 2-rank scripts share (both engines in one job, interleaved timing, results).
 """
 
 from __future__ import annotations
