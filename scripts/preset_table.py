@@ -11,7 +11,7 @@ def main() -> None:
           "backward / forward | layers |")
     print("|---|---|--:|--:|--:|--:|--:|--:|")
     for preset in PRESETS.values():
-        spec = model_spec(preset.name)
+        spec = model_spec(preset.name, batch=preset.min_batch)   # per-sample numbers: the batch cancels
         published = f"{preset.published_gflops:.4g}" if preset.published_gflops else "—"
         parameters = f"{preset.published_parameters:,}" if preset.published_parameters else "—"
         print(f"| {preset.name} | {preset.describes} | {spec.parameters:,} | {parameters} | "

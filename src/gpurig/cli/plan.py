@@ -179,12 +179,22 @@ def _list_gpus(as_json: bool) -> int:
     if as_json:
         print(json.dumps([dataclasses.asdict(g) for g in rows], indent=2))
         return 0
-    table = Table(title="gpurig catalog: GPUs (sources in src/gpurig/spec/data/gpus.csv)")
-    for header in ("name", "year", "memory GB", "GB/s", "FP32 TF", "tensor TF", "TDP W", "PCIe", "cooler"):
-        table.add_column(header, justify="left" if header == "name" else "right")
+    def tflops(value):
+        return f"{value:g}" if value else "-"
+
+    # (header, value, shown in an 80-column terminal): there the key numbers stay whole, the rest waits for width
+    columns = [("name", lambda g: g.name, True), ("year", lambda g: str(g.year), True),
+               ("GB", lambda g: f"{g.memory_gb:g}", True), ("GB/s", lambda g: f"{g.memory_bandwidth_gbs:g}", True),
+               ("FP32 TF", lambda g: tflops(g.fp32_tflops), True), ("FP16 TC", lambda g: tflops(g.tensor_tflops), True),
+               ("TF32 TC", lambda g: tflops(g.tf32_tflops), False), ("FP8 TC", lambda g: tflops(g.fp8_tflops), False),
+               ("TDP W", lambda g: f"{g.tdp_w:g}", True), ("PCIe", lambda g: f"{g.pcie_gen} x{g.pcie_lanes}", False),
+               ("cooler", lambda g: g.cooler or "-", False)]
+    console = Console()
+    shown = [c for c in columns if c[2] or console.width >= 120]
+    table = Table(title="gpurig catalog: GPUs (TC: dense tensor-core TFLOPS; sources in spec/data/gpus.csv)")
+    for header, _, _ in shown:
+        table.add_column(header, justify="left" if header == "name" else "right", no_wrap=True)
     for g in rows:
-        table.add_row(g.name, str(g.year), f"{g.memory_gb:g}", f"{g.memory_bandwidth_gbs:g}", f"{g.fp32_tflops:g}",
-                      f"{g.tensor_tflops:g}" if g.tensor_tflops else "-", f"{g.tdp_w:g}", f"{g.pcie_gen} x{g.pcie_lanes}",
-                      g.cooler or "-")
-    Console().print(table)
+        table.add_row(*(value(g) for _, value, _ in shown))
+    console.print(table)
     return 0

@@ -43,7 +43,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--parallel", default="data", help="data (default), model or hybrid")
     p.add_argument("--compression", default="none",
                    help="none (default), fp16, bf16, int8, int8-dynamic, powersgd or powersgd:R")
-    p.add_argument("--precision", default="fp32", help="fp32 (default) or fp16/bf16 (tensor cores)")
+    p.add_argument("--precision", default="fp32",
+                   help="fp32 (default: PyTorch's, convolutions in TF32 on Ampere and later, matmuls in FP32), tf32, "
+                        "fp16 or bf16 (automatic mixed precision), fp8 (Transformer Engine; Ada, Hopper and later)")
     p.add_argument("--gpus", type=int, default=None, help="predict up to this many GPUs (default: all)")
     p.add_argument("--engine", default="mpi", help="with a profile: whose link measurements (mpi, torch)")
     p.add_argument("--algorithm", default="best", help="allreduce: best (default), ring, tree, hierarchical, naive")
@@ -90,14 +92,26 @@ def show(result: dict) -> None:
     console.print(f"[bold]gpurig predict[/]: {result['model']} ({result['parameters'] / 1e6:.1f} M parameters), "
                   f"{result['batch_per_gpu']} samples per GPU, on {result['gpus']} GPU(s) in {result['nodes']} "
                   f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
-                  f"compression {result['compression']}")
-    split = Table(title=f"one step on {result['gpus']} GPU(s), ms")
-    for column in ("step", "compute", "forward", "backward", "optimizer", "comm", "wait", "data", "comm total",
-                   "codec"):
-        split.add_column(column, justify="right")
-    split.add_row(*(f"{step[k]:.2f}" for k in ("step_ms", "compute_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                                                 "comm_ms", "wait_ms", "data_ms", "comm_total_ms", "codec_ms")))
-    console.print(split)
+                  f"{result['precision']}, compression {result['compression']}")
+    if result.get("precision_note"):
+        console.print(f"precision: {result['precision_note']}")
+    columns = [("samples/s", None), ("step", "step_ms"), ("compute", "compute_ms"), ("comm", "comm_ms"),
+               ("wait", "wait_ms"), ("data", "data_ms"), ("forward", "forward_ms"), ("backward", "backward_ms"),
+               ("optimizer", "optimizer_ms"), ("comm total", "comm_total_ms"), ("codec", "codec_ms")]
+    # an 80-column terminal gets the step's split and its detail as two tables, so every number shows whole
+    groups = [columns] if console.width >= 120 else [columns[:6], columns[6:]]
+    for i, group in enumerate(groups):
+        split = Table(title=f"one step on {result['gpus']} GPU(s), ms" if i == 0 else "compute and comm in detail, ms")
+        for name, _ in group:
+            split.add_column(name, justify="right")
+        split.add_row(*(f"{result['samples_per_s']:,.0f}" if key is None else f"{step[key]:.2f}"
+                        for _, key in group))
+        console.print(split)
+    needed = result["memory"]
+    if needed.get("gpu_gb"):
+        verdict = "fits" if needed["fits"] else "[bold red]does NOT fit[/]"
+        console.print(f"memory per GPU: {needed['total_gb']:.1f} GB of {needed['usable_gb']:.1f} usable "
+                      f"({needed['gpu_gb']:g} GB): {verdict}; the largest batch that fits: {needed['largest_batch']}")
     console.print("step = compute + comm + wait + data. comm: communication not hidden under backward; wait: for the "
                   "slowest rank; comm total: all communication; codec: compression's arithmetic (in backward on a CPU)")
     scaling = Table(title="speed-up by GPU count (per-GPU batch fixed)")

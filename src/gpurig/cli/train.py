@@ -187,7 +187,7 @@ class _TrainView:
         predicted = done.get("predicted") or {}
         if "step_ms" in predicted:
             table.add_section()
-            values = {"epoch": "predicted", "samples_per_s": f"{done['global_batch'] / predicted['step_ms'] * 1000:.0f}",
+            values = {"epoch": "pred.", "samples_per_s": f"{done['global_batch'] / predicted['step_ms'] * 1000:.0f}",
                       "step_ms": f"{predicted['step_ms']:.1f}", "compute_ms": f"{predicted['compute_ms']:.1f}",
                       "comm_ms": f"{predicted['comm_ms']:.1f}", "wait_ms": f"{predicted['wait_ms']:.1f}",
                       "data_ms": f"{predicted['data_ms']:.1f}"}
@@ -198,7 +198,7 @@ class _TrainView:
         if chose:
             self.console.print(chose)
         if "step_ms" in predicted:
-            self.console.print(f"predicted by gpurig predict from this job's own micro-benchmarks "
+            self.console.print(f"pred.: predicted by gpurig predict from this job's own micro-benchmarks "
                                f"({predicted['profile']}), compression {predicted['compression']}")
         elif predicted:
             self.console.print(f"no prediction: {predicted['error']}")

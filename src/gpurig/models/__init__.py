@@ -60,6 +60,7 @@ class Preset:
     aliases: str = ""
     tokens: bool = False
     max_tokens: int | None = None
+    min_batch: int = 1     # batch norm over 1×1 maps needs two samples to train (SSD300's last block)
 
     def build(self) -> nn.Module:
         """The model on the meta device: shapes only, no memory.
@@ -98,6 +99,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            aliases="vgg;vgg-d"),
     Preset("resnet50", vision.resnet50, IMAGE, "one 3×224×224 image", 25_557_032, 2 * 4.089, TORCHVISION),
     Preset("resnet152", vision.resnet152, IMAGE, "one 3×224×224 image", 60_192_808, 2 * 11.514, TORCHVISION),
+    Preset("ssd300", vision.ssd300, (3, 300, 300), "one 3×300×300 image", None, None,
+           "NVIDIA DeepLearningExamples' PyTorch SSD300 v1.1 (ResNet-50 backbone, 81 COCO labels); no published "
+           "count", aliases="ssd;ssd300-resnet50", min_batch=2),
     Preset("bert-base", text.bert_base, (128,), "128 token ids", 109_482_240, 22.53,
            "parameters with the pooler: Hugging Face bert-base-uncased; FLOPs: " + TRANSFORMER_FLOPS,
            aliases="bert-base-uncased;bert", tokens=True, max_tokens=text.BERT_POSITIONS),
@@ -142,6 +146,9 @@ def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample:
         shape, dtype = parse_sample(sample)
         return describe(load_factory(model), torch.empty((1, *shape), dtype=dtype, device="meta"), batch, name=model)
     found = preset(model)
+    if batch < found.min_batch:
+        raise UsageError(f"{found.name} trains with a batch of at least {found.min_batch} per GPU (batch norm over "
+                         f"1×1 feature maps), got {batch}")
     if sample is not None:
         raise UsageError(f"{found.name} takes {found.describes}; an input shape is only for module:factory models")
     return describe(found.build(), found.example(tokens), batch, name=found.name)

@@ -1,4 +1,5 @@
-"""Image classifiers for 3×224×224 ImageNet images: AlexNet, VGG-16, ResNet-50 and ResNet-152.
+"""Image models: classifiers for 3×224×224 ImageNet images (AlexNet, VGG-16, ResNet-50 and ResNet-152) and
+SSD300, a detector for 3×300×300 images on a ResNet-50 backbone.
 
 Written here from the papers and torchvision's published layouts (there is no
 torchvision build for every machine gpurig runs on); the module paths match
@@ -145,3 +146,62 @@ def resnet152(classes: int = 1000) -> nn.Module:
     60192808
     """
     return ResNet((3, 8, 36, 3), classes)
+
+
+class SSD300(nn.Module):
+    """SSD300 with a ResNet-50 backbone, as NVIDIA's DeepLearningExamples train it (Liu et al. 2016, "v1.1").
+
+    The backbone is ResNet-50 up to ``layer3``, whose stride is taken out so that
+    a 300×300 image leaves it as 1024 × 38 × 38; five more blocks (1×1 then 3×3)
+    shrink it to 19, 10, 5, 3 and 1; each of the six maps feeds a 3×3 box
+    regressor and a 3×3 classifier over 81 COCO labels (4 or 6 default boxes per
+    cell). The loss and the box matching are left out: they are a small part of a
+    step, and the published throughputs time the network.
+    """
+
+    def __init__(self, labels: int = 81):
+        super().__init__()
+        self.labels = labels
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        channels = 64
+        for stage, (count, width, stride) in enumerate(((3, 64, 1), (4, 128, 2), (6, 256, 1)), start=1):
+            blocks = []
+            for index in range(count):
+                blocks.append(Bottleneck(channels, width, stride if index == 0 else 1))
+                channels = width * Bottleneck.expansion
+            setattr(self, f"layer{stage}", nn.Sequential(*blocks))
+        maps = [1024, 512, 512, 256, 256, 256]
+        extra = []
+        for i, (inputs, outputs, width) in enumerate(zip(maps[:-1], maps[1:], (256, 256, 128, 128, 128))):
+            shrink = dict(padding=1, stride=2) if i < 3 else {}
+            extra.append(nn.Sequential(
+                nn.Conv2d(inputs, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, outputs, 3, bias=False, **shrink), nn.BatchNorm2d(outputs), nn.ReLU(inplace=True)))
+        self.additional_blocks = nn.ModuleList(extra)
+        boxes = (4, 6, 6, 6, 4, 4)
+        self.loc = nn.ModuleList(nn.Conv2d(c, n * 4, 3, padding=1) for c, n in zip(maps, boxes))
+        self.conf = nn.ModuleList(nn.Conv2d(c, n * labels, 3, padding=1) for c, n in zip(maps, boxes))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        features = [self.layer3(self.layer2(self.layer1(x)))]
+        for block in self.additional_blocks:
+            features.append(block(features[-1]))
+        batch = x.shape[0]
+        locations = torch.cat([head(f).view(batch, 4, -1) for head, f in zip(self.loc, features)], 2)
+        scores = torch.cat([head(f).view(batch, self.labels, -1) for head, f in zip(self.conf, features)], 2)
+        return locations, scores
+
+
+def ssd300(labels: int = 81) -> nn.Module:
+    """SSD300 on a ResNet-50 backbone (NVIDIA DeepLearningExamples' PyTorch SSD): 8732 boxes per 300×300 image.
+
+    >>> with torch.device("meta"):
+    ...     locations, scores = ssd300()(torch.empty(2, 3, 300, 300))
+    >>> locations.shape, scores.shape
+    (torch.Size([2, 4, 8732]), torch.Size([2, 81, 8732]))
+    """
+    return SSD300(labels)

@@ -152,7 +152,9 @@ def _int8_levels(x: torch.Tensor, payload: Payload) -> torch.Tensor:
     codes, scale = payload
     blocks = x.view(-1, BLOCK)
     _absmax(blocks, scale)
-    levels = torch.mul(blocks, (127 / scale)[:, None], out=_scratch(blocks)).round_()
+    # 127 / scale as a true division, as the C kernel computes it (torch's ``127 / tensor`` is reciprocal × 127,
+    # which differs in the last bit and moves a value on a rounding boundary to the next code)
+    levels = torch.mul(blocks, torch.div(scale.new_tensor(127.0), scale)[:, None], out=_scratch(blocks)).round_()
     codes.view(-1, BLOCK).copy_(levels)
     return levels
 

@@ -3,7 +3,7 @@
 A GEMM of (M × K) · (K × N) does 2·M·N·K floating-point operations and moves
 at least (M·K + K·N + M·N) elements. Its time is modelled as
 
-    seconds = overhead + max(2·M'·N'·K / flops_per_s, bytes / bytes_per_s)
+    seconds = overhead + max(2·M'·N'·K / flops_per_s, bytes / bytes_per_s) + unhidden · min(…)
 
 where M' and N' are M and N rounded up to whole tiles, and the tiles to whole
 waves over the device's compute units: the source's point that cuBLAS works
@@ -33,13 +33,19 @@ class GemmModel:
     >>> four_units = GemmModel(0.0, 1e12, 1e12, tile=(64, 128), units=4)
     >>> four_units.seconds(256, 128, 200) == four_units.seconds(1, 1, 200)   # 4 tiles on 4 units: one wave
     True
+    >>> choice = GemmModel(0.0, 1e12, 1e12, tile=((128, 128), (128, 64)), units=1)
+    >>> choice.computed_flops(128, 64, 100) == 2 * 128 * 64 * 100       # the narrow tile fits a 64-wide output
+    True
     """
 
     overhead_s: float
     flops_per_s: float
     bytes_per_s: float
-    tile: tuple[int, int] | None = None
+    tile: tuple | None = None   # (rows, columns) of the output tile, or a tuple of such the library chooses from
     units: int | None = None
+    # How much of the shorter of a GEMM's arithmetic and memory time its kernel fails to hide under the longer
+    # one: 0 for a perfect roofline (the longer alone counts), 1 for none hidden (the two add up).
+    unhidden: float = 0.0
 
     def computed_flops(self, m: int, n: int, k: int, batch: int = 1) -> float:
         """FLOPs the device spends: whole tiles, and whole waves of tiles over its compute units.
@@ -52,7 +58,11 @@ class GemmModel:
         """
         if self.tile is None:
             return 2.0 * m * n * k * batch
-        tm, tn = self.tile
+        # one tile shape, or several a library picks from (the one that wastes least)
+        shapes = self.tile if isinstance(self.tile[0], tuple) else (self.tile,)
+        return min(self._tiled_flops(m, n, k, batch, tm, tn) for tm, tn in shapes)
+
+    def _tiled_flops(self, m: int, n: int, k: int, batch: int, tm: int, tn: int) -> float:
         tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
         split = 1
         if self.units:
@@ -63,7 +73,8 @@ class GemmModel:
     def seconds(self, m: int, n: int, k: int, batch: int = 1, dtype_bytes: int = DTYPE_BYTES) -> float:
         """Seconds for ``batch`` (m × k)·(k × n) products run as one (batched) GEMM."""
         moved = (m * k + k * n + m * n) * dtype_bytes * batch
-        return self.overhead_s + max(self.computed_flops(m, n, k, batch) / self.flops_per_s, moved / self.bytes_per_s)
+        arithmetic, memory = self.computed_flops(m, n, k, batch) / self.flops_per_s, moved / self.bytes_per_s
+        return self.overhead_s + max(arithmetic, memory) + self.unhidden * min(arithmetic, memory)
 
     def rate(self, m: int, n: int, k: int) -> float:
         """Achieved FLOP/s on this shape (useful FLOPs over time)."""

@@ -13,50 +13,83 @@ Two sources, one result (a :class:`~gpurig.perf.step.Device` and a
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import GemmModel, fit_gemm_model
+from gpurig.perf.precision import precision_on
 from gpurig.perf.step import Device, layer_costs, layer_seconds, shape_key
 
 if TYPE_CHECKING:
     import torch
 
-# Datasheet peaks are not what training reaches. These are the assumptions used when nothing is measured.
-GEMM_EFFICIENCY = 0.7          # of peak FLOPS on large GEMMs (cuBLAS on big matrices reaches 70-90 %)
-MEMORY_EFFICIENCY = 0.85       # of peak memory bandwidth on streaming kernels
+
+@dataclass(frozen=True)
+class GpuEfficiency:
+    """What fraction of its datasheet peaks a GPU reaches in training, when nothing of it is measured.
+
+    Fitted to published training throughputs (``benchmarks/published_validation.py``: 143 single-GPU
+    rows of BERT-base and SSD300 on 21 GPUs; the fit and its cross-validation are in docs/predict.md),
+    never to the held-out ResNet-50 v1.5 and BERT-large results.
+    """
+
+    tensor_gemm: float = 0.475      # of the tensor-core peak, on large GEMMs
+    cuda_gemm: float = 0.794        # of the FP32 CUDA-core peak, on large GEMMs
+    conv: float = 1.0               # a convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
+    conv_cuda: float = 2.25         # the same on CUDA cores, where cuDNN's Winograd kernels cut 3×3 FLOPs by 2.25x
+    memory: float = 0.684           # of peak memory bandwidth, on streaming kernels (norms, activations)
+    unhidden: float = 0.385         # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 37.5   # vector-unit operations per value that work outside GEMMs moves
+    # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
+    # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
+    layer_overhead_s: float = 90e-6
+
+
+GPU_EFFICIENCY = GpuEfficiency()
+
+# Assumptions used when nothing is measured.
 LINK_EFFICIENCY = 0.9          # of a link's data rate, after protocol overhead (PCIe, NVLink, RDMA)
 TCP_EFFICIENCY = {10: 0.93, 1e9: 0.6}  # TCP over Ethernet: up to 10 Gbit/s near line rate (0.93-0.96 measured
                                         # here at 1 Gbit/s); faster links outrun one TCP stream's CPU
 KERNEL_OVERHEAD_S = 5e-6       # per GPU kernel launch
-LAYER_OVERHEAD_S = 90e-6       # per layer, forward + backward, in a framework (dispatch, autograd bookkeeping)
 LATENCY_S = {"infiniband": 2e-6, "ethernet": 30e-6, "other": 30e-6, "pcie": 5e-6, "nvlink": 3e-6}
 JITTER = 0.03                 # a GPU rank's step-to-step variation of compute time (for the slowest-rank wait)
 CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 24}  # memory passes per value, encode + decode
-TILE = (128, 128)              # the output tile of a tensor-core GEMM; pre-Volta cuBLAS used 64 x 128
+# Output tiles: tensor-core GEMMs and convolutions choose among several (cuBLAS, CUTLASS, cuDNN); pre-Volta cuBLAS
+# used 64 x 128, the source's rule.
+TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 OLD_TILE = (64, 128)
 
 
-def gpu_device(gpu, precision: str = "fp32") -> Device:
-    """A catalog GPU as the cost model sees it, for ``precision`` (fp32, or fp16/bf16 on tensor cores).
+def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = None) -> Device:
+    """A catalog GPU as the cost model sees it at ``precision`` (:mod:`gpurig.perf.precision`).
 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
-    >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile
-    (87.5, (128, 128))
+    >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
+    (59.4, (128, 128), 2)
+    >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
+    >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
+    (15.5, 74.1)
     """
-    peak = gpu.fp32_tflops
-    if precision in ("fp16", "bf16"):
-        peak = gpu.tensor_tflops or gpu.fp16_tflops or gpu.fp32_tflops
-    tensor_cores = bool(gpu.tensor_tflops)
-    memory = gpu.memory_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY
-    gemm = GemmModel(KERNEL_OVERHEAD_S, peak * 1e12 * GEMM_EFFICIENCY, memory, TILE if tensor_cores else OLD_TILE,
-                     getattr(gpu, "compute_units", None))
+    e = efficiency or GPU_EFFICIENCY
+    p = precision_on(gpu, precision)
+    memory = gpu.memory_bandwidth_gbs * 1e9 * e.memory
+    units = getattr(gpu, "compute_units", None)
+
+    def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0) -> GemmModel:
+        rate = tflops * 1e12 * (e.tensor_gemm if tensor_cores else e.cuda_gemm) * scale
+        return GemmModel(KERNEL_OVERHEAD_S, rate, memory, TILES if tensor_cores else OLD_TILE, units, e.unhidden)
+
+    linear = gemm(p.linear_tflops, p.linear_tensor_cores)
+    conv = gemm(p.conv_tflops, p.conv_tensor_cores, e.conv if p.conv_tensor_cores else e.conv_cuda)
     # encode (with error feedback) is about two thirds of the passes, decode one third
     per_value = {name: (passes * 4 / memory * 2 / 3, passes * 4 / memory / 3) for name, passes in CODEC_PASSES.items()}
-    return Device(gpu.name, gemm, memory, LAYER_OVERHEAD_S, is_gpu=True, codec_seconds_per_value=per_value,
-                  jitter=JITTER)
+    return Device(gpu.name, linear, memory, e.layer_overhead_s, is_gpu=True, codec_seconds_per_value=per_value,
+                  jitter=JITTER, conv_gemm=conv if conv != linear else None, element_bytes=p.element_bytes,
+                  cast_bytes_per_param=p.cast_bytes_per_param, flops_per_value=e.flops_per_value,
+                  vector_flops_per_s=gpu.fp32_tflops * 1e12 * e.cuda_gemm)
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

@@ -86,6 +86,31 @@ class Device:
     jitter: float = 0.0    # coefficient of variation of one rank's compute time from step to step
     # bench's optimizer steps: (optimizer, parameter values, seconds per value)
     optimizer_rows: tuple[tuple[str, int, float], ...] = ()
+    conv_gemm: GemmModel | None = None   # convolutions' implicit GEMMs, where they run at another rate (TF32)
+    element_bytes: int = DTYPE_BYTES     # bytes of one activation value: 4, or 2 under mixed precision
+    cast_bytes_per_param: float = 0.0    # mixed precision's weight and gradient casts, each pass, per parameter
+    # Work outside GEMMs (norms, activations, softmax, dropout's random numbers) also computes on the vector
+    # units: ``flops_per_value`` operations per value it moves, at ``vector_flops_per_s`` (0: memory alone).
+    vector_flops_per_s: float = 0.0
+    flops_per_value: float = 0.0
+
+    def stream_seconds(self, nbytes: float) -> float:
+        """Seconds for ``nbytes`` of work outside GEMMs: its memory traffic, or its arithmetic where that is longer.
+
+        >>> d = Device("gpu", None, 1e12, vector_flops_per_s=1e13, flops_per_value=20, element_bytes=2)
+        >>> d.stream_seconds(1e9), Device("cpu", None, 1e12).stream_seconds(1e9)    # 5e8 values x 20 at 10 TFLOP/s
+        (0.001, 0.001)
+        >>> Device("gpu", None, 1e12, vector_flops_per_s=1e12, flops_per_value=20, element_bytes=2).stream_seconds(1e9)
+        0.01
+        """
+        memory = nbytes / self.memory_bytes_per_s
+        if not self.vector_flops_per_s:
+            return memory
+        return max(memory, nbytes / self.element_bytes * self.flops_per_value / self.vector_flops_per_s)
+
+    def gemm_for(self, layer: "LayerCost") -> GemmModel:
+        """The GEMM model ``layer``'s products run on: convolutions' own where the device has one."""
+        return self.conv_gemm if layer.kind == "conv" and self.conv_gemm is not None else self.gemm
 
     def optimizer_seconds(self, optimizer: str, params: int) -> float:
         """One ``optimizer`` step over ``params`` values: bench's measurement nearest in size, scaled, or the
@@ -248,10 +273,15 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     >>> layer_seconds(big, d)     # in a step, forward reads 4 MB of weights from memory at 1 TB/s: 4 µs more
     (6e-06, 4e-06)
     """
-    forward = sum(device.gemm.seconds(*g) for g in layer.forward_gemms)
-    forward += memory_seconds(layer.forward_bytes, device.memory_bytes_per_s)
-    backward = sum(device.gemm.seconds(*g) for g in layer.backward_gemms)
-    backward += memory_seconds(layer.backward_bytes, device.memory_bytes_per_s)
+    gemm, size = device.gemm_for(layer), device.element_bytes
+    # the model's bytes are float32 values: under mixed precision activations are half as many bytes
+    forward = sum(gemm.seconds(*g, dtype_bytes=size) for g in layer.forward_gemms)
+    forward += device.stream_seconds(layer.forward_bytes * size / DTYPE_BYTES)
+    backward = sum(gemm.seconds(*g, dtype_bytes=size) for g in layer.backward_gemms)
+    backward += device.stream_seconds(layer.backward_bytes * size / DTYPE_BYTES)
+    if device.cast_bytes_per_param:
+        cast = memory_seconds(layer.params * device.cast_bytes_per_param, device.memory_bytes_per_s)
+        forward, backward = forward + cast, backward + cast
     # the fixed cost is measured per layer for forward and backward together: a third of it is forward's
     fixed_forward, fixed_backward = device.layer_overhead_s / 3, 2 * device.layer_overhead_s / 3
     if device.is_gpu:  # the host queues kernels while the GPU runs earlier ones: the longer of the two counts

@@ -24,7 +24,9 @@ from gpurig.perf.step import StepPrediction, layer_costs
 from gpurig.predict.advice import advice
 from gpurig.predict.configuration import step_at
 from gpurig.predict.hardware import Hardware, load_hardware
+from gpurig.predict.memory import fit_advice, memory
 from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check
+
 
 def predict(request: PredictRequest) -> dict:
     """Everything ``gpurig predict`` prints: the step split at the largest size, the scaling curve, advice."""
@@ -50,11 +52,15 @@ def predict(request: PredictRequest) -> dict:
     result = {
         "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
-        "parallel": request.parallel, "compression": request.compression,
+        "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
+        "precision_note": hardware.precision_note,
+        "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck() if top > 1 else "compute",
         "buckets": final.buckets, "layers": final.layers, "scaling": curve,
+        "memory": memory(spec, request, hardware, top),
     }
-    result["advice"] = advice(spec, layers, request, hardware, top, final)
+    result["advice"] = fit_advice(spec, request, hardware, top, result["memory"]) + \
+        advice(spec, layers, request, hardware, top, final)
     return result
 
 

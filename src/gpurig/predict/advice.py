@@ -10,6 +10,7 @@ from gpurig.perf.collectives import Topology
 from gpurig.perf.step import StepPrediction, layer_costs
 from gpurig.predict.configuration import step_at
 from gpurig.predict.hardware import Hardware
+from gpurig.predict.memory import memory
 from gpurig.predict.request import PARALLEL, PARALLEL_WHY, PredictRequest
 
 def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int, step: StepPrediction) -> list[dict]:
@@ -24,8 +25,9 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
         return ranks * (other_batch or spec.batch) / other_step.step_s / base_rate
 
     rule = tile_advice(spec.batch)
-    if rule:
-        better = max(64, -(-spec.batch // 64) * 64)
+    better = max(64, -(-spec.batch // 64) * 64)
+    if rule and memory(model_spec(request.model, batch=better, tokens=request.tokens, sample=request.sample),
+                       request, hardware, ranks).get("fits", True):
         other = model_spec(request.model, batch=better, tokens=request.tokens, sample=request.sample)
         predicted = step_at(other, layer_costs(other), request, hardware, ranks)
         items.append({"what": f"per-GPU batch {better}", "why": rule,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpurig.errors import UsageError
+from gpurig.perf.precision import check as check_precision
 
 PARALLEL = ("data", "model", "hybrid")
 PARALLEL_WHY = {
@@ -49,6 +50,7 @@ def check(request: PredictRequest) -> None:
     """
     from gpurig.parallel.compression import parse_method
 
+    check_precision(request.precision)
     if request.parallel not in PARALLEL:
         raise UsageError(f"--parallel must be one of {', '.join(PARALLEL)}, got {request.parallel!r}")
     try:

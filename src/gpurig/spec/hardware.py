@@ -27,7 +27,9 @@ class GPU:
 
     ``tensor_tflops`` is dense FP16/BF16 matrix throughput with FP32 accumulation
     (what mixed-precision training uses; GeForce cards run it at half their
-    FP16-accumulate rate), without sparsity. ``gpu_link_gbs`` is the GPU's total
+    FP16-accumulate rate), without sparsity; ``tf32_tflops``, ``bf16_tflops`` and
+    ``fp8_tflops`` are the same for TF32, BF16 and FP8 inputs (empty: the GPU has
+    no tensor cores for that type). ``gpu_link_gbs`` is the GPU's total
     NVLink / Infinity Fabric bandwidth, both directions. ``compute_units`` is the
     number of streaming multiprocessors (NVIDIA SMs) or compute units (AMD CUs),
     summed over all dies of a multi-die part (K80, MI250X, MI300X); a GEMM's
@@ -55,6 +57,9 @@ class GPU:
     pcie_lanes: int | None = number("lanes", 1, 16, integer=True, default=None)
     fp16_tflops: float | None = number("TFLOPS", 0.01, 5000, default=None)
     tensor_tflops: float | None = number("TFLOPS", 1, 20000, default=None)
+    tf32_tflops: float | None = number("TFLOPS", 1, 20000, default=None)
+    bf16_tflops: float | None = number("TFLOPS", 1, 20000, default=None)
+    fp8_tflops: float | None = number("TFLOPS", 1, 40000, default=None)
     compute_units: int | None = number("SMs/CUs", 1, 1024, integer=True, default=None)
     gpu_link: str | None = text(default=None)
     gpu_link_gbs: float | None = number("GB/s", 1, 10000, default=None)

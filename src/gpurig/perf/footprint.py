@@ -1,0 +1,78 @@
+"""What a training step holds in one GPU's memory, and the largest batch that fits.
+
+A rank holds, besides the CUDA context and libraries' workspaces (outside
+PyTorch's allocator, so outside ``torch.cuda.max_memory_allocated``):
+
+- the weights in FP32, their gradients in FP32 and the optimizer's state
+  (momentum: one value per parameter; Adam: two);
+- under mixed precision, the weights' 16-bit copies that autocast keeps for the step;
+- with several ranks, the gradient buckets DataParallel (and DDP) average: one
+  more gradient copy;
+- the activations backward needs: every layer keeps what it was fed (a
+  convolution's or linear layer's input, a norm's input), at 4 bytes a value, or 2
+  under mixed precision — except the activations that run in place (ReLU in
+  convolutional nets), whose input is the tensor the layer before them keeps. They
+  grow with the batch; the rest does not, so the largest batch that fits follows
+  from one batch's worth.
+
+>>> from gpurig.models import model_spec
+>>> m = step_memory(model_spec("mnist-mlp", batch=64), "momentum", mixed=False, ranks=1)
+>>> m["weights"], m["optimizer"], m["activations"] > 0
+(9580840, 9580840, True)
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpurig.perf.compute import DTYPE_BYTES
+
+# Optimizer state per parameter, in FP32 values (SGD keeps nothing, momentum one buffer, Adam/LAMB two moments).
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "lamb": 2}
+# Activations that overwrite their input (nn.ReLU(inplace=True) in every torchvision convolutional net).
+IN_PLACE = {"ReLU", "ReLU6", "LeakyReLU", "Hardtanh"}
+# What the allocator cannot hand to tensors: fragmentation between differently sized blocks, and the CUDA
+# context with cuBLAS / cuDNN workspaces.
+FRAGMENTATION = 0.05
+CONTEXT_BYTES = 0.5 * 2**30
+
+
+def step_memory(spec, optimizer: str, mixed: bool, ranks: int) -> dict[str, int]:
+    """Bytes one rank holds for a training step of ``spec`` (a described model at its batch), by kind.
+
+    >>> from gpurig.models import model_spec
+    >>> bert = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", mixed=True, ranks=8)
+    >>> round(bert["optimizer"] / bert["weights"]), bert["amp_copies"] * 2 == bert["weights"]
+    (2, True)
+    """
+    params = spec.parameters
+    activations = sum(layer.input_elements for layer in spec.layers
+                      if layer.kind != "embedding" and layer.module not in IN_PLACE)
+    activations += sum(layer.output_elements for layer in spec.layers if layer.kind == "embedding")
+    return {
+        "weights": params * DTYPE_BYTES,
+        "gradients": params * DTYPE_BYTES,
+        "optimizer": params * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
+        "amp_copies": params * 2 if mixed else 0,
+        "buckets": params * DTYPE_BYTES if ranks > 1 else 0,
+        "activations": activations * (2 if mixed else DTYPE_BYTES),
+    }
+
+
+def usable_bytes(memory_gb: float) -> float:
+    """Of a GPU's memory, what tensors can have: less the CUDA context and fragmentation.
+
+    >>> round(usable_bytes(80) / 2**30, 1)
+    75.5
+    """
+    return (memory_gb * 2**30 - CONTEXT_BYTES) * (1 - FRAGMENTATION)
+
+
+def largest_batch(fixed_bytes: float, per_sample_bytes: float, memory_gb: float) -> int:
+    """The largest per-GPU batch whose step fits ``memory_gb``, 0 when not even the weights fit.
+
+    >>> largest_batch(10 * 2**30, 0.5 * 2**30, 24)
+    24
+    """
+    room = usable_bytes(memory_gb) - fixed_bytes
+    return max(0, math.floor(room / per_sample_bytes)) if per_sample_bytes > 0 else 0

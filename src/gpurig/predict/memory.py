@@ -1,0 +1,49 @@
+"""Will it fit: what one GPU holds for the predicted step, and what to change when it does not fit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpurig.perf.footprint import largest_batch, step_memory, usable_bytes
+from gpurig.perf.precision import MIXED
+from gpurig.predict.hardware import Hardware
+from gpurig.predict.request import PredictRequest
+
+
+def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dict:
+    """What one GPU holds for the step (:mod:`gpurig.perf.footprint`), whether it fits, the largest batch that does.
+
+    >>> from gpurig.predict import predict
+    >>> m = predict(PredictRequest(model="bert-large", cluster="1 x RTX 2080 Ti", batch=32, tokens=512))["memory"]
+    >>> m["fits"], m["largest_batch"] < 32
+    (False, True)
+    """
+    parts = step_memory(spec, request.optimizer, request.precision in MIXED, ranks if request.parallel == "data" else 1)
+    total = sum(parts.values())
+    out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
+           "gpu_gb": hardware.memory_gb}
+    if hardware.memory_gb:
+        per_sample = parts["activations"] / spec.batch
+        out.update(usable_gb=round(usable_bytes(hardware.memory_gb) / 2**30, 2),
+                   fits=total <= usable_bytes(hardware.memory_gb),
+                   largest_batch=largest_batch(total - parts["activations"], per_sample, hardware.memory_gb))
+    return out
+
+
+def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, needed: dict) -> list[dict]:
+    """When the step does not fit one GPU's memory: the changes that would make it fit, first."""
+    if needed.get("fits", True):
+        return []
+    why = f"{needed['total_gb']:.1f} GB per GPU needed, {needed['usable_gb']:.1f} GB usable: it does not fit"
+    items = []
+    if needed["largest_batch"]:
+        items.append({"what": f"per-GPU batch {needed['largest_batch']}", "why": why, "samples_per_s_gain": None})
+    if request.precision not in MIXED:
+        sixteen = "bf16" if hardware.gpu is not None and hardware.gpu.bf16_tflops else "fp16"
+        mixed = memory(spec, replace(request, precision=sixteen), hardware, ranks)
+        items.append({"what": f"--precision {sixteen} (mixed precision)", "why": f"16-bit activations: "
+                      f"{mixed['total_gb']:.1f} GB, largest batch {mixed['largest_batch']}",
+                      "samples_per_s_gain": None})
+    if not items:
+        items.append({"what": "model parallelism or a GPU with more memory", "why": why, "samples_per_s_gain": None})
+    return items

@@ -1,0 +1,122 @@
+"""gpurig predict on catalog GPUs: precision as the frameworks run it, the catalog's tensor peaks, the 80-column
+tables, and the published-results benchmark predicting exactly what ``gpurig predict`` does."""
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import gpurig as gpurig_cli
+from conftest import run_cli
+from gpurig.perf import machine
+from gpurig.perf.precision import PRECISIONS, precision_on
+from gpurig.predict import PredictRequest, predict
+from gpurig.spec import catalog
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def samples_per_s(model, gpu, precision, batch=64, tokens=None):
+    return predict(PredictRequest(model=model, cluster=f"1 x {gpu}", batch=batch, tokens=tokens,
+                                  precision=precision))["samples_per_s"]
+
+
+def test_an_unknown_precision_is_one_line_with_the_choices():
+    code, out, err = run_cli(["predict", "--model", "resnet50", "--cluster", "1 x A100", "--precision", "int4"])
+    assert code == 2 and out == ""
+    assert err.strip() == "gpurig: error: unknown precision 'int4'; choose one of: fp32, tf32, fp16, bf16, fp8"
+
+
+def test_fp8_without_fp8_tensor_cores_is_refused():
+    code, _, err = run_cli(["predict", "--model", "bert-base", "--cluster", "1 x V100", "--precision", "fp8"])
+    assert code == 2 and "needs FP8 tensor cores" in err and "V100" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_measured_profile_refuses_a_precision_it_did_not_measure(tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"schema": "gpurig-profile/1", "device": "cpu"}')
+    code, _, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", profile, "--precision", "bf16"])
+    assert code == 2 and "prices fp32" in err
+
+
+def test_fp16_on_a_card_without_fast_fp16_runs_near_fp32_speed_and_says_why():
+    # The GTX 1080 Ti's native FP16 is 1/64 of FP32; frameworks store 16 bits and compute in FP32.
+    fp32 = samples_per_s("resnet50", "GTX 1080 Ti", "fp32")
+    fp16 = predict(PredictRequest(model="resnet50", cluster="1 x GTX 1080 Ti", batch=64, precision="fp16"))
+    assert 1.0 <= fp16["samples_per_s"] / fp32 < 1.6      # half the bytes, the same arithmetic
+    assert "no FP16 tensor cores" in fp16["precision_note"]
+
+
+def test_tf32_speeds_up_ampere_but_not_volta():
+    assert samples_per_s("bert-base", "A100", "tf32", 32, 384) > 2 * samples_per_s("bert-base", "A100", "fp32", 32, 384)
+    v100 = predict(PredictRequest(model="bert-base", cluster="1 x V100", batch=32, tokens=384, precision="tf32"))
+    assert v100["samples_per_s"] == pytest.approx(samples_per_s("bert-base", "V100", "fp32", 32, 384))
+    assert "no TF32 tensor cores" in v100["precision_note"]
+
+
+def test_pytorchs_default_fp32_runs_convolutions_in_tf32_on_ampere():
+    a100 = machine.gpu_device(catalog.gpu("A100"), "fp32")
+    assert a100.conv_gemm.flops_per_s == pytest.approx(a100.gemm.flops_per_s * 156 / 19.5
+                                                        * machine.GPU_EFFICIENCY.tensor_gemm
+                                                        * machine.GPU_EFFICIENCY.conv / machine.GPU_EFFICIENCY.cuda_gemm)
+    # a convolutional net gains from it, a transformer (matmuls only) does not
+    assert samples_per_s("resnet50", "A100", "fp32") < samples_per_s("resnet50", "A100", "tf32")
+    assert samples_per_s("bert-base", "A100", "fp32", 32, 384) < samples_per_s("bert-base", "A100", "tf32", 32, 384)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_precision_is_priced_on_a_gpu_that_has_it(precision):
+    h100 = samples_per_s("bert-base", "H100", precision, 32, 384)
+    assert h100 > 0
+    if precision != "fp32":  # every faster precision is faster than PyTorch's default there
+        assert h100 > samples_per_s("bert-base", "H100", "fp32", 32, 384)
+
+
+def test_mixed_precision_moves_half_the_activation_bytes_and_casts_the_weights():
+    gpu = catalog.gpu("A100")
+    amp, full = machine.gpu_device(gpu, "bf16"), machine.gpu_device(gpu, "tf32")
+    assert (amp.element_bytes, full.element_bytes) == (2, 4)
+    assert amp.cast_bytes_per_param == 6 and full.cast_bytes_per_param == 0
+
+
+def test_the_catalogs_tensor_peaks_follow_the_whitepapers_rules():
+    rows = list(csv.DictReader(open(Path(catalog.__file__).parent / "data" / "gpus.csv")))
+    checked = 0
+    for row in rows:
+        gpu = catalog.gpu(row["name"])
+        if gpu.vendor == "NVIDIA" and gpu.architecture in ("Ampere", "Ada Lovelace", "Hopper") and gpu.tensor_tflops:
+            assert gpu.bf16_tflops == gpu.tensor_tflops
+            assert gpu.tf32_tflops == pytest.approx(gpu.tensor_tflops / 2, rel=0.01)
+            assert (gpu.fp8_tflops is None) == (gpu.architecture == "Ampere")
+            assert "TF32" in gpu.source
+            checked += 1
+        if gpu.architecture in ("Volta", "Turing", "Pascal"):
+            assert gpu.tf32_tflops is None and gpu.bf16_tflops is None and gpu.fp8_tflops is None
+    assert checked >= 20
+    assert precision_on(catalog.gpu("MI300X"), "fp8").linear_tflops == pytest.approx(2614.9)
+
+
+def test_predict_shows_its_numbers_whole_in_80_columns():
+    done = gpurig_cli("predict", "--model", "bert-base", "--cluster", "2 nodes x 8 A100, 100 Gbit/s InfiniBand",
+                      "--tokens", "384", "--batch", "32", "--precision", "bf16", env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in done.stdout
+    assert any("samples/s" in line for line in lines)
+
+
+def test_the_published_benchmark_predicts_what_gpurig_predict_does():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import published_validation as validation
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    cases = validation.load_cases()
+    assert len(cases) > 400 and {c.model for c in cases} == {"bert-base", "ssd300"}
+    assert not any("ResNet-50 v1.5" in c.source or "BERT-large" in c.source for c in cases)
+    for case in [cases[0], next(c for c in cases if c.model == "ssd300" and c.gpus == 1),
+                 next(c for c in cases if c.gpus == 8)]:
+        fast = validation.predicted(case, machine.GPU_EFFICIENCY)
+        assert fast == pytest.approx(predict(case.request)["samples_per_s"], rel=1e-9)
