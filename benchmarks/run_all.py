@@ -29,6 +29,7 @@ each with its command in its docstring and its numbers in docs/:
 | chaos.py | random ranks killed or stopped: every run ends, named, resumable | reliability.md |
 | predict_validation.py (+ predict_validation_ranks.py, calibration.py) | predict vs measured steps on this machine | predict.md |
 | published_cases.py | predict vs published scaling results | predict.md |
+| published_validation.py (data/) | predict from catalog GPUs vs 481 published throughputs, cross-validated | predict.md |
 | gpu_validation.py (on_gpu.sh) | predict vs measured steps on a GPU | predict.md |
 
 common.py holds what the 2-rank scripts share (both engines in one job, interleaved timing, results).

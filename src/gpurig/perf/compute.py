@@ -81,6 +81,26 @@ class GemmModel:
         return 2.0 * m * n * k / self.seconds(m, n, k)
 
 
+@dataclass(frozen=True)
+class FastestGemm:
+    """Several ways to run a GEMM (tensor cores, or the CUDA cores with Winograd's 3×3 saving): the fastest
+    counts, as cuDNN's algorithm search and cuBLAS's heuristics pick it.
+
+    >>> slow, fast = GemmModel(0, 1e12, 1e12), GemmModel(0, 2e12, 1e12)
+    >>> FastestGemm((slow, fast)).seconds(1000, 1000, 1000) == fast.seconds(1000, 1000, 1000)
+    True
+    """
+
+    options: tuple[GemmModel, ...]
+
+    @property
+    def flops_per_s(self) -> float:
+        return max(o.flops_per_s for o in self.options)
+
+    def seconds(self, m: int, n: int, k: int, batch: int = 1, dtype_bytes: int = DTYPE_BYTES) -> float:
+        return min(o.seconds(m, n, k, batch, dtype_bytes) for o in self.options)
+
+
 def memory_seconds(nbytes: float, bytes_per_s: float, overhead_s: float = 0.0) -> float:
     """Seconds for work that only streams memory (activations, norms, optimizer updates).
 

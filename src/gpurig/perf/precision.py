@@ -52,6 +52,7 @@ class Precision:
     element_bytes: int
     cast_bytes_per_param: float
     note: str = ""
+    cuda_tflops: float = 0.0    # the same type on the CUDA cores (no tensor cores): FP32, or FP16 where it is fast
 
 
 def check(name: str) -> str:
@@ -89,12 +90,12 @@ def precision_on(gpu, name: str) -> Precision:
         conv = tf32 or fp32
         return Precision(name, fp32, conv, False, bool(tf32), 4, 0.0,
                          "convolutions in TF32 (PyTorch's default on this GPU), matrix multiplies in FP32" if tf32
-                         else "")
+                         else "", cuda_tflops=fp32)
     if name == "tf32":
         if not tf32:
             notes.append(f"the {gpu.name} has no TF32 tensor cores: PyTorch runs tf32 as fp32")
         peak = tf32 or fp32
-        return Precision(name, peak, peak, bool(tf32), bool(tf32), 4, 0.0, "; ".join(notes))
+        return Precision(name, peak, peak, bool(tf32), bool(tf32), 4, 0.0, "; ".join(notes), cuda_tflops=fp32)
     if name == "fp8" and not fp8:
         raise UsageError(f"--precision fp8 needs FP8 tensor cores (Ada, Hopper, Blackwell, MI300); "
                          f"the {gpu.name} has none")
@@ -104,5 +105,8 @@ def precision_on(gpu, name: str) -> Precision:
                      "with FP32 arithmetic")
     conv = sixteen or fp32
     linear = fp8 if name == "fp8" else conv
+    # 16-bit arithmetic on the CUDA cores runs at the FP16 rate where that is fast (2x FP32 from Volta on), else
+    # at FP32 (Pascal's GeForce: 1/64)
+    cuda = max(fp32, gpu.fp16_tflops or 0.0) if name == "fp16" else fp32
     return Precision(name, linear, conv, bool(sixteen) or name == "fp8", bool(sixteen), 2, CAST_BYTES_PER_PARAM,
-                     "; ".join(notes))
+                     "; ".join(notes), cuda_tflops=cuda)
