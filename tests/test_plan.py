@@ -135,3 +135,14 @@ def test_list_gpus():
 def test_plan_reads_a_description():
     v = verdicts(plan(inputs(description="2 nodes x 4 RTX 2080 Ti, PCIe 3.0 x8, 10GbE")))
     assert v["network"]["verdict"] == "warning" and v["PCIe lanes"]["number"].startswith("8/8/8/8")
+
+
+def test_the_network_example_of_plans_own_help_is_read():
+    # `--network "40 Gbit/s InfiniBand"` is what `gpurig plan --help` shows; a rate and a kind, as predict reads them
+    from gpurig.spec.cluster import network_from
+
+    assert network_from("40 Gbit/s InfiniBand", "--network").gbit_per_s == 40.0
+    done = gpurig_cli("plan", "--gpu", "4x2080ti", "--nodes", 2, "--network", "40 Gbit/s InfiniBand", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    network = next(v for v in json.loads(done.stdout)["verdicts"] if v["rule"] == "network")
+    assert network["verdict"] == "ok" and "40" in network["number"]

@@ -120,3 +120,23 @@ def test_the_published_benchmark_predicts_what_gpurig_predict_does():
                  next(c for c in cases if c.gpus == 8)]:
         fast = validation.predicted(case, machine.GPU_EFFICIENCY)
         assert fast == pytest.approx(predict(case.request)["samples_per_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("argv", [["plan", "--gpu", "4x2080ti", "--use-case", "research"], ["plan", "--list-gpus"],
+                                  ["doctor"]])
+def test_the_hardware_verbs_show_their_numbers_whole_in_80_columns(argv):
+    done = gpurig_cli(*argv, env={"COLUMNS": "80"})
+    assert done.returncode in (0, 1), done.stderr           # plan and doctor exit 1 when a rule finds a problem
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+    assert "…" not in done.stdout
+
+
+@pytest.mark.parametrize("cluster,message", [
+    ("0 nodes x 4 A100", "count: 0 nodes is outside 1–100000 nodes"),
+    ("1 node x 1000000 A100", "gpus: 1000000 GPUs is outside"),
+    ("2 nodes x 0 A100", "a node needs at least 1 GPU"),
+    ("2 nodes x 4 A100, 0 Gbit/s Ethernet", "0.0 Gbit/s is outside"),
+])
+def test_an_impossible_cluster_description_is_one_line(cluster, message):
+    code, out, err = run_cli(["predict", "--model", "resnet50", "--cluster", cluster])
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1

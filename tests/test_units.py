@@ -110,6 +110,7 @@ def test_reference_data_set_is_balanced_and_real():
     (dict(lr=-1.0), "--lr"),
     (dict(bucket_mb=0), "--bucket-mb"),
     (dict(resume=True, checkpoint_dir="/nonexistent"), "no checkpoint"),
+    (dict(global_batch=99_999_999), r"larger than the mnist training set \(4000 samples\): use at most 4000"),
 ])
 def test_impossible_training_configurations(change, message):
     with pytest.raises(UsageError, match=message):

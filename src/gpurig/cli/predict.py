@@ -33,8 +33,9 @@ def add_parser(subparsers) -> None:
                     "and scaling efficiency for 1..N GPUs, the bottleneck, and advice.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True,
-                   help="a built-in model (mnist-mlp, mnist-cnn, mnist-wide-cnn, alexnet, vgg16, resnet50, resnet152, bert-base, "
-                        "bert-large, gpt2) or module:factory returning a torch module")
+                   help="a built-in model (mnist-mlp, mnist-cnn, mnist-wide-cnn, alexnet, vgg16, resnet50, resnet152, "
+                        "resnext101, se-resnext101, ssd300, bert-base, bert-large, gpt2) or module:factory returning "
+                        "a torch module")
     p.add_argument("--cluster", default=None, help="cluster spec (.toml), bench profile (.json) or a description")
     p.add_argument("--profile", default=None, help="a gpurig bench profile to calibrate the cluster's GPUs with")
     p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (default 64)")

@@ -81,8 +81,8 @@ def listener(address: str, port: int = 0) -> socket.socket:
 def confine(env: dict, engine: str, all_here: bool, iface: str | None, mpi_args: str) -> tuple[dict, str]:
     """The ranks' environment and mpirun arguments that keep the job's sockets on ``iface``, or on loopback.
 
-    With ``iface``: Gloo, Open MPI's TCP transport and its runtime, gpurig's side
-    channel and the torch rendezvous (``MASTER_ADDR``) all use that interface.
+    With ``iface``: Gloo, NCCL's sockets, Open MPI's TCP transport and its runtime,
+    gpurig's side channel and the torch rendezvous (``MASTER_ADDR``) all use that interface.
     Without it, a job whose ranks all run here keeps to loopback: Gloo on ``lo``,
     and Open MPI moves data through shared memory only (its TCP transport would
     listen on every interface). mpirun arguments the user gave about these win.
@@ -90,13 +90,16 @@ def confine(env: dict, engine: str, all_here: bool, iface: str | None, mpi_args:
     >>> env, args = confine({}, "mpi", True, None, "")
     >>> args
     '--mca btl self,sm'
-    >>> confine({}, "torch", False, "lo", "")[0]["MASTER_ADDR"]
-    '127.0.0.1'
+    >>> env = confine({}, "torch", False, "lo", "")[0]
+    >>> env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]
+    ('127.0.0.1', 'lo', 'lo')
     """
     env = dict(env)
     if iface is not None:
         address = interface_address(iface)
-        env.update({IFACE_VARIABLE: iface, "GLOO_SOCKET_IFNAME": iface, "MASTER_ADDR": address})
+        # NCCL's own socket traffic (bootstrap, and data where there is no InfiniBand) too: the one users fight most
+        env.update({IFACE_VARIABLE: iface, "GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface,
+                    "MASTER_ADDR": address})
         if engine == "mpi" and "if_include" not in mpi_args and "if_exclude" not in mpi_args:
             mpi_args = f"{mpi_args} --mca btl_tcp_if_include {iface} --mca oob_tcp_if_include {iface}".strip()
     elif all_here:

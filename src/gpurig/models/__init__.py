@@ -99,6 +99,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            aliases="vgg;vgg-d"),
     Preset("resnet50", vision.resnet50, IMAGE, "one 3×224×224 image", 25_557_032, 2 * 4.089, TORCHVISION),
     Preset("resnet152", vision.resnet152, IMAGE, "one 3×224×224 image", 60_192_808, 2 * 11.514, TORCHVISION),
+    Preset("resnext101", vision.resnext101, IMAGE, "one 3×224×224 image", 44_177_704, None,
+           "parameters: timm's model table (resnext101_32x4d: 44.18 M); NVIDIA DeepLearningExamples' "
+           "ResNeXt101-32x4d", aliases="resnext101-32x4d;resnext"),
+    Preset("se-resnext101", vision.se_resnext101, IMAGE, "one 3×224×224 image", 48_955_416, None,
+           "parameters: timm's model table (seresnext101_32x4d: 48.96 M); NVIDIA DeepLearningExamples' "
+           "SE-ResNeXt101-32x4d", aliases="se-resnext101-32x4d;seresnext101"),
     Preset("ssd300", vision.ssd300, (3, 300, 300), "one 3×300×300 image", None, None,
            "NVIDIA DeepLearningExamples' PyTorch SSD300 v1.1 (ResNet-50 backbone, 81 COCO labels); no published "
            "count", aliases="ssd;ssd300-resnet50", min_batch=2),
@@ -122,7 +128,7 @@ def preset(name: str) -> Preset:
     >>> preset("resnet101")
     Traceback (most recent call last):
     ...
-    gpurig.spec.fields.SpecError: unknown model 'resnet101'; closest: resnet50, resnet152 (or give module:factory)
+    gpurig.spec.fields.SpecError: unknown model 'resnet101'; closest: resnext101, resnet50, se-resnext101 (or give module:factory)
     """
     try:
         return _LOOKUP.find(name)

@@ -76,17 +76,25 @@ def _classifier(features: int, classes: int, dropout_first: bool) -> nn.Sequenti
 
 
 class Bottleneck(nn.Module):
-    """ResNet's bottleneck block: 1×1 reduce, 3×3 (carrying the stride, as in torchvision's "v1.5"), 1×1 expand ×4."""
+    """ResNet's bottleneck block: 1×1 reduce, 3×3 (carrying the stride, as in torchvision's "v1.5"), 1×1 expand ×4.
+
+    ResNeXt's (Xie et al. 2017) splits the 3×3 into ``groups`` of ``base_width`` channels per 64 of the stage's;
+    SE-ResNeXt's (Hu et al. 2018) reweights the output's channels by a squeeze-and-excitation gate.
+    """
 
     expansion = 4
 
-    def __init__(self, inputs: int, width: int, stride: int = 1):
+    def __init__(self, inputs: int, planes: int, stride: int = 1, groups: int = 1, base_width: int = 64,
+                 se: bool = False):
         super().__init__()
-        outputs = width * self.expansion
+        width = planes * base_width // 64 * groups
+        outputs = planes * self.expansion
         self.conv1, self.bn1 = nn.Conv2d(inputs, width, 1, bias=False), nn.BatchNorm2d(width)
-        self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, padding=1, groups=groups, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
         self.conv3, self.bn3 = nn.Conv2d(width, outputs, 1, bias=False), nn.BatchNorm2d(outputs)
         self.relu = nn.ReLU(inplace=True)
+        self.se = SqueezeExcitation(outputs) if se else None
         self.downsample = None
         if stride != 1 or inputs != outputs:
             self.downsample = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False),
@@ -96,26 +104,45 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
+        if self.se is not None:
+            out = self.se(out)
         shortcut = x if self.downsample is None else self.downsample(x)
         return self.relu(out + shortcut)
 
 
-class ResNet(nn.Module):
-    """A bottleneck ResNet (He et al. 2016) for 224×224 images; ``blocks`` per stage, e.g. (3, 4, 6, 3) for ResNet-50."""
+class SqueezeExcitation(nn.Module):
+    """Channel gates from the global average: two 1×1 convolutions (reduction 16), ReLU then sigmoid."""
 
-    def __init__(self, blocks: tuple[int, int, int, int], classes: int = 1000):
+    def __init__(self, channels: int, reduction: int = 16):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, channels // reduction, 1)
+        self.relu = nn.ReLU(inplace=True)
+        self.fc2 = nn.Conv2d(channels // reduction, channels, 1)
+        self.gate = nn.Sigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gate(self.fc2(self.relu(self.fc1(self.pool(x)))))
+
+
+class ResNet(nn.Module):
+    """A bottleneck ResNet (He et al. 2016) for 224×224 images; ``blocks`` per stage, e.g. (3, 4, 6, 3) for ResNet-50;
+    ``groups``, ``base_width`` and ``se`` make it a ResNeXt or an SE-ResNeXt."""
+
+    def __init__(self, blocks: tuple[int, int, int, int], classes: int = 1000, groups: int = 1, base_width: int = 64,
+                 se: bool = False):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         channels = 64
-        for stage, (count, width) in enumerate(zip(blocks, (64, 128, 256, 512)), start=1):
+        for stage, (count, planes) in enumerate(zip(blocks, (64, 128, 256, 512)), start=1):
             stride = 1 if stage == 1 else 2
             stage_blocks = []
             for index in range(count):
-                stage_blocks.append(Bottleneck(channels, width, stride if index == 0 else 1))
-                channels = width * Bottleneck.expansion
+                stage_blocks.append(Bottleneck(channels, planes, stride if index == 0 else 1, groups, base_width, se))
+                channels = planes * Bottleneck.expansion
             setattr(self, f"layer{stage}", nn.Sequential(*stage_blocks))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(channels, classes)
@@ -135,6 +162,28 @@ def resnet50(classes: int = 1000) -> nn.Module:
     25557032
     """
     return ResNet((3, 4, 6, 3), classes)
+
+
+def resnext101(classes: int = 1000) -> nn.Module:
+    """ResNeXt-101 32×4d: ResNet-101's blocks (3, 4, 23, 3), the 3×3 convolutions in 32 groups of 4 channels per 64.
+
+    >>> with torch.device("meta"):
+    ...     model = resnext101()
+    >>> sum(p.numel() for p in model.parameters())
+    44177704
+    """
+    return ResNet((3, 4, 23, 3), classes, groups=32, base_width=4)
+
+
+def se_resnext101(classes: int = 1000) -> nn.Module:
+    """SE-ResNeXt-101 32×4d: ResNeXt-101 32×4d with a squeeze-and-excitation gate in every block.
+
+    >>> with torch.device("meta"):
+    ...     model = se_resnext101()
+    >>> sum(p.numel() for p in model.parameters())
+    48955416
+    """
+    return ResNet((3, 4, 23, 3), classes, groups=32, base_width=4, se=True)
 
 
 def resnet152(classes: int = 1000) -> nn.Module:

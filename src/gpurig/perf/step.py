@@ -274,10 +274,14 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     (6e-06, 4e-06)
     """
     gemm, size = device.gemm_for(layer), device.element_bytes
+    products = (layer.forward_gemms, layer.backward_gemms)
+    if layer.kind == "conv" and device.is_gpu:
+        # a grouped convolution's groups share one kernel's tiles (cuDNN packs them), not a tile each
+        products = tuple(tuple(_grouped(g) for g in gemms) for gemms in products)
     # the model's bytes are float32 values: under mixed precision activations are half as many bytes
-    forward = sum(gemm.seconds(*g, dtype_bytes=size) for g in layer.forward_gemms)
+    forward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[0])
     forward += device.stream_seconds(layer.forward_bytes * size / DTYPE_BYTES)
-    backward = sum(gemm.seconds(*g, dtype_bytes=size) for g in layer.backward_gemms)
+    backward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[1])
     backward += device.stream_seconds(layer.backward_bytes * size / DTYPE_BYTES)
     if device.cast_bytes_per_param:
         cast = memory_seconds(layer.params * device.cast_bytes_per_param, device.memory_bytes_per_s)
@@ -297,6 +301,18 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     cold = memory_seconds(layer.params * DTYPE_BYTES, device.memory_bytes_per_s) \
         if in_step and not device.is_gpu else 0.0
     return scale_forward * forward + cold, scale_backward * backward
+
+
+def _grouped(gemm: tuple[int, ...]) -> tuple[int, ...]:
+    """A grouped convolution's ``groups`` products of (m, n, k) as one (m, n·groups, k): the same FLOPs and weights.
+
+    >>> _grouped((1000, 4, 36, 32)), _grouped((1000, 64, 576))
+    ((1000, 128, 36), (1000, 64, 576))
+    """
+    if len(gemm) < 4:
+        return gemm
+    m, n, k, groups = gemm
+    return (m, n * groups, k)
 
 
 def transfer_seconds(nbytes: float, topology: Topology, algorithm: str = "best",

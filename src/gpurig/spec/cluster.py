@@ -25,6 +25,7 @@ description (:mod:`gpurig.spec.describe`). Example::
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from gpurig.spec import catalog
 from gpurig.spec.fields import SpecError, flag, from_mapping, number, text, to_mapping
 from gpurig.spec.hardware import GPU, Network, PCIE_GENERATIONS
 from gpurig.spec.tomlio import read_toml, write_toml
+from gpurig.units import gbit_per_s
 
 
 @dataclass(frozen=True)
@@ -139,13 +141,46 @@ def gpu_from(value, where: str) -> GPU:
     return dataclasses.replace(checked, name=base.name)
 
 
+_RATE = re.compile(r"^(?P<rate>[0-9.]+\s*[kMGT]?(?:bit|b)/s|[0-9.]+\s*[kMGT]bps)\s*(?P<kind>.*)$", re.I)
+
+
+def parse_network(text: str) -> Network | None:
+    """A network from words: a catalog name ("FDR", "10GbE") or a rate and a kind ("40 Gbit/s InfiniBand",
+    used at the stated rate); None when the words are neither.
+
+    >>> parse_network("40 Gbit/s InfiniBand").kind, parse_network("EDR").gbit_per_s, parse_network("x4 A100")
+    ('infiniband', 100.0, None)
+    """
+    match = _RATE.match(text)
+    if match:
+        gbit = gbit_per_s(match["rate"])
+        words = match["kind"].lower()
+        kind = "infiniband" if ("infiniband" in words or re.search(r"\bib\b", words)) else \
+            "ethernet" if ("ethernet" in words or "gbe" in words) else "other"
+        # through the field checks, as a spec file's network is: 0 Gbit/s is refused, not divided by
+        return from_mapping(Network, {"name": text, "kind": kind, "gbit_per_s": gbit, "data_gbit_per_s": gbit,
+                                      "source": "cluster description"}, f"in {text!r}")
+    try:
+        return catalog.network(text)
+    except SpecError:
+        return None
+
+
 def network_from(value, where: str) -> Network:
-    """A network from a spec value: a catalog name, or a table with ``gbit_per_s``.
+    """A network from a spec value: a catalog name, a rate and a kind, or a table with ``gbit_per_s``.
 
     >>> network_from("EDR", "x").gbit_per_s, network_from({"name": "lab", "gbit_per_s": 25}, "x").data_gbit_per_s
     (100.0, 25)
+    >>> network_from("40 Gbit/s InfiniBand", "x").gbit_per_s
+    40.0
     """
     if isinstance(value, str):
+        try:
+            found = parse_network(value)
+        except SpecError as error:
+            raise SpecError(f"{where}: {error}") from None
+        if found is not None:
+            return found
         try:
             return catalog.network(value)
         except SpecError as error:

@@ -15,30 +15,13 @@ from __future__ import annotations
 import re
 
 from gpurig.spec import catalog
-from gpurig.spec.cluster import ClusterSpec, NodeSpec
-from gpurig.spec.fields import SpecError
-from gpurig.spec.hardware import Network
-from gpurig.units import gbit_per_s
+from gpurig.spec.cluster import ClusterSpec, NodeSpec, parse_network
+from gpurig.spec.fields import SpecError, from_mapping
 
 _TIMES = r"\s*(?:×|x|\*)\s*"
 _GPUS = re.compile(rf"^(?:(?P<nodes>\d+)\s*nodes?{_TIMES})?(?:(?P<gpus>\d+){_TIMES}|(?P<gpus2>\d+)\s+)?(?P<name>.+)$", re.I)
 _PCIE = re.compile(r"^pcie\s*(?:gen\s*)?(?P<gen>\d(?:\.\d)?)?\s*(?:x\s*(?P<lanes>\d+))?$", re.I)
-_RATE = re.compile(r"^(?P<rate>[0-9.]+\s*[kMGT]?(?:bit|b)/s|[0-9.]+\s*[kMGT]bps)\s*(?P<kind>.*)$", re.I)
 _RAM = re.compile(r"^(?P<gb>[0-9.]+)\s*(?:GB|GiB)\s+(?:of\s+)?RAM$", re.I)
-
-
-def _network(part: str) -> Network | None:
-    match = _RATE.match(part)
-    if match:
-        gbit = gbit_per_s(match["rate"])
-        words = match["kind"].lower()
-        kind = "infiniband" if ("infiniband" in words or re.search(r"\bib\b", words)) else \
-            "ethernet" if ("ethernet" in words or "gbe" in words) else "other"
-        return Network(name=part, kind=kind, gbit_per_s=gbit, data_gbit_per_s=gbit, source="cluster description")
-    try:
-        return catalog.network(part)
-    except SpecError:
-        return None
 
 
 def parse_description(text: str) -> ClusterSpec:
@@ -47,6 +30,10 @@ def parse_description(text: str) -> ClusterSpec:
     >>> spec = parse_description("2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand, no GPUDirect")
     >>> spec.node_count, spec.total_gpus, spec.nodes[0].gpu.name, spec.nodes[0].pcie_lanes, spec.network.gbit_per_s
     (2, 8, 'GeForce RTX 2080 Ti', 8, 40.0)
+    >>> parse_description("0 nodes x 4 A100")
+    Traceback (most recent call last):
+    ...
+    gpurig.spec.fields.SpecError: in '0 nodes x 4 A100': count: 0 nodes is outside 1–100000 nodes
     """
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
@@ -64,7 +51,7 @@ def parse_description(text: str) -> ClusterSpec:
             gpudirect = not low.startswith("no")
         elif match := _RAM.match(part):
             node["ram_gb"] = float(match["gb"])
-        elif (found := _network(part)) is not None:
+        elif (found := parse_network(part)) is not None:
             network = found
         elif "gpu" not in node and (match := _GPUS.match(part)):
             try:
@@ -73,6 +60,10 @@ def parse_description(text: str) -> ClusterSpec:
                 raise SpecError(f"in {part!r}: {error}") from None
             node["gpus"] = int(match["gpus"] or match["gpus2"] or 1)
             node["count"] = int(match["nodes"] or 1)
+            # the bounds a spec file's [[nodes]] table has (a description always names GPUs: at least one)
+            from_mapping(NodeSpec, {"gpus": node["gpus"], "count": node["count"]}, f"in {part!r}", given={"gpu": node["gpu"]})
+            if node["gpus"] < 1:
+                raise SpecError(f"in {part!r}: a node needs at least 1 GPU, got {node['gpus']}")
         else:
             raise SpecError(f"cannot read {part!r} in the cluster description (expected GPUs, 'PCIe 3.0 x8', "
                             "a network such as '40 Gbit/s InfiniBand', 'no GPUDirect' or '64 GB RAM')")

@@ -93,6 +93,13 @@ def validate(config: TrainConfig, nprocs: int) -> None:
             raise UsageError(f"{e} (or auto)") from None
     if config.bucket_mb is not None and not 0 < config.bucket_mb < math.inf:
         raise UsageError(f"--bucket-mb must be a positive number, got {config.bucket_mb}")
+    try:
+        samples = len(data.load(config.data).x_train)
+    except data.DatasetUnavailable as error:
+        raise UsageError(str(error)) from None
+    if config.global_batch > samples:  # every step would be cut from nothing: no step at all
+        raise UsageError(f"--global-batch {config.global_batch} is larger than the {config.data} training set "
+                         f"({samples} samples): use at most {samples}")
     if config.resume and not checkpoints.saved_epochs(config.checkpoint_dir):
         raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
     _validate_parallel(config, nprocs)
