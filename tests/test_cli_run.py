@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,16 @@ def test_srun_tasks_become_torch_ranks_that_meet():
     outputs = [task.communicate(timeout=90) for task in tasks]
     assert [task.returncode for task in tasks] == [0, 0], outputs
     assert [out.split() for out, _ in outputs] == [["0", "2", "2"], ["1", "2", "2"]]
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_an_unmodified_torchrun_script_runs_on_either_engine(engine, tmp_path):
+    # RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT under mpirun too
+    env = {"CASE_DIR": str(tmp_path)}
+    done = subprocess.run([*GPURIG, "run", "-n", "2", "--engine", engine, "--", sys.executable,
+                           str(Path(__file__).parent / "workers" / "torchrun_script.py")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [s["rank"] for s in seen] == [0, 1] and all(s["size"] == 2 and s["local_world_size"] == 2 for s in seen)
+    assert [s["local_rank"] for s in seen] == [0, 1] and all(s["same_gradient"] for s in seen)

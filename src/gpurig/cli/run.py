@@ -17,9 +17,10 @@ examples:
 Inside COMMAND, gpurig.init() finds the engine and its rank. Each rank gets
 GPURIG_ENGINE, OMP_NUM_THREADS (cores / ranks on the host, unless set),
 MALLOC_MMAP_THRESHOLD_=33554432 and MALLOC_TRIM_THRESHOLD_=2^40 (glibc keeps freed
-tensor memory for the next step instead of faulting in fresh pages; unless set) and, with
---engine torch, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT. "python" in COMMAND means the Python gpurig runs in.
+tensor memory for the next step instead of faulting in fresh pages; unless set) and, on
+either engine, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT: a torchrun script runs unchanged. "python" in COMMAND means the Python gpurig
+runs in.
 
 If a rank exits non-zero or is killed, the others are stopped within seconds and
 gpurig run exits with that rank's code (128 + signal number for a signal), naming

@@ -68,6 +68,36 @@ def torch_launch_info(env=None) -> LaunchInfo:
     )
 
 
+# torchrun's variable, and where each MPI launcher keeps the same fact (Open MPI, MPICH / Intel MPI's PMI).
+TORCH_FROM_MPI = {
+    "RANK": ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"),
+    "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+    "LOCAL_RANK": ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+    "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
+}
+
+
+def torch_style_env(env=None) -> dict:
+    """torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE for a process an MPI launcher started, where they
+    are not set already: so a torchrun script (``dist.init_process_group`` with env://) runs under mpirun unchanged.
+
+    >>> torch_style_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    ...                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    {'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_RANK': '1', 'LOCAL_WORLD_SIZE': '2'}
+    >>> torch_style_env({"RANK": "0", "OMPI_COMM_WORLD_RANK": "3"}), torch_style_env({})
+    ({}, {})
+    """
+    env = os.environ if env is None else env
+    if not launched_by_mpi(env):
+        return {}
+    out = {}
+    for name, sources in TORCH_FROM_MPI.items():
+        value = next((env[s] for s in sources if env.get(s)), None)
+        if name not in env and value is not None:
+            out[name] = value
+    return out
+
+
 def launched_by_mpi(env=None) -> bool:
     """True when an MPI launcher (Open MPI, MPICH, Intel MPI) started this process.
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from gpurig.errors import RankFailed, UsageError
 from gpurig.launch.mpi_output import merge_reports, relay_stderr
 from gpurig.launch.processes import die_with_parent, in_terminal_foreground, stop, wrap
-from gpurig.launch.rank_env import HOST_ALLOCATOR, common_env
+from gpurig.launch.rank_env import HOST_ALLOCATOR, common_env, free_port
 from gpurig.launch.status import STATUS_DIR_VARIABLE
 
 EXPORTED = ["GPURIG_ENGINE", "OMP_NUM_THREADS", *HOST_ALLOCATOR, STATUS_DIR_VARIABLE, "PATH", "PYTHONPATH",
@@ -110,6 +110,10 @@ def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
     True
     """
     ranks_here = min(nprocs, max(slots for _, slots in hosts)) if hosts else nprocs
+    env = dict(env)
+    # the torch rendezvous a torchrun script expects (the rank wrapper adds RANK and the sizes): the first host
+    env.setdefault("MASTER_ADDR", hosts[0][0] if hosts else "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(free_port()) if not hosts else "29500")
     given = [name for name, value in env.items() if os.environ.get(name) != value and _exportable(name)]
     env = common_env(env, "mpi", ranks_here)
     if os.geteuid() == 0:

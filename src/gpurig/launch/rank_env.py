@@ -9,9 +9,11 @@ Every rank gets
   GPURIG_RUN_STATUS_DIR  where a failing rank leaves its status file (set by :func:`gpurig.launch.run_job`)
   PATH                   this Python's directory first, so ``python`` means this Python
   TORCH_CPP_LOG_LEVEL    ERROR, unless already set (torch's C++ warnings only repeat gpurig's failure lines)
-torch ranks also get RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT, as torchrun sets them; MPI ranks learn their rank from mpirun
-(OMPI_COMM_WORLD_RANK, PMIX_RANK, ...).
+Every rank also gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT, as torchrun sets them, so a torchrun script runs unchanged on either engine:
+torch ranks from here, MPI ranks from mpirun's own variables (OMPI_COMM_WORLD_RANK,
+PMIX_RANK, ...) through the rank wrapper (:func:`gpurig.launch.env.torch_style_env`), with
+MASTER_ADDR and MASTER_PORT from :func:`gpurig.launch.mpirun.run_mpirun`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import sys
 import threading
 
 from gpurig.errors import RankFailed
-from gpurig.launch.env import rank_from_env
+from gpurig.launch.env import rank_from_env, torch_style_env
 from gpurig.launch.processes import GRACE_S, die_with_parent, in_terminal_foreground, say
 from gpurig.launch.progress import PROGRESS_VARIABLE, make_progress_file, read_progress
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
@@ -39,7 +39,9 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def _start(command: list[str], rank: int | None, host: str, progress: str) -> subprocess.Popen | int:
     try:
-        return subprocess.Popen(command, preexec_fn=die_with_parent, env={**os.environ, PROGRESS_VARIABLE: progress})
+        # torchrun's variables too, under mpirun: a torchrun script runs unchanged on either engine
+        env = {**os.environ, **torch_style_env(os.environ), PROGRESS_VARIABLE: progress}
+        return subprocess.Popen(command, preexec_fn=die_with_parent, env=env)
     except OSError as error:
         say(f"gpurig: rank {rank} on host {host} could not start {command[0]!r}: {error.strerror}")
         return 127
