@@ -21,7 +21,14 @@ class LaunchInfo:
     local_size: int | None
 
 
-RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+# torchrun's variable, and where each MPI launcher keeps the same fact (Open MPI, MPICH / Intel MPI's PMI).
+TORCH_FROM_MPI = {
+    "RANK": ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"),
+    "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+    "LOCAL_RANK": ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+    "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
+}
+RANK_VARIABLES = ("RANK", *TORCH_FROM_MPI["RANK"], "SLURM_PROCID")
 
 
 def slurm_count(value: str) -> int:
@@ -68,15 +75,6 @@ def torch_launch_info(env=None) -> LaunchInfo:
     )
 
 
-# torchrun's variable, and where each MPI launcher keeps the same fact (Open MPI, MPICH / Intel MPI's PMI).
-TORCH_FROM_MPI = {
-    "RANK": ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"),
-    "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
-    "LOCAL_RANK": ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
-    "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
-}
-
-
 def torch_style_env(env=None) -> dict:
     """torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE for a process an MPI launcher started, where they
     are not set already: so a torchrun script (``dist.init_process_group`` with env://) runs under mpirun unchanged.
@@ -115,7 +113,7 @@ def in_launched_job(env=None) -> bool:
     (True, False)
     """
     env = os.environ if env is None else env
-    size = _first_int(env, ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"])
+    size = _first_int(env, [*TORCH_FROM_MPI["WORLD_SIZE"], "WORLD_SIZE"])
     return size is not None and size > 1 and (launched_by_mpi(env) or "RANK" in env)
 
 

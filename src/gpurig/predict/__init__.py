@@ -20,6 +20,7 @@ speed-up and scaling efficiency for 1..N GPUs; the bottleneck; advice.
 
 from __future__ import annotations
 
+from gpurig.perf.precision import precision_on
 from gpurig.perf.step import StepPrediction, layer_costs
 from gpurig.predict.advice import advice
 from gpurig.predict.configuration import step_at
@@ -53,7 +54,7 @@ def predict(request: PredictRequest) -> dict:
         "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
-        "precision_note": hardware.precision_note,
+        "precision_note": precision_on(hardware.gpu, request.precision).note if hardware.gpu is not None else "",
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck() if top > 1 else "compute",
         "buckets": final.buckets, "layers": final.layers, "scaling": curve,

@@ -11,7 +11,6 @@ from pathlib import Path
 from gpurig.errors import UsageError
 from gpurig.perf import machine
 from gpurig.perf.collectives import Topology
-from gpurig.perf.precision import precision_on
 from gpurig.predict.request import PredictRequest
 
 
@@ -31,9 +30,7 @@ class Hardware:
     posted_s: float = 0.0           # what posting a collective costs the computation (bench's overlap too)
     # codec -> (alpha s, s per gradient byte, s per matrix beyond a bucket's first): bench's timed chain
     compressed: dict = field(default_factory=dict)
-    precision_note: str = ""        # what --precision means on this hardware (perf.precision)
-    memory_gb: float | None = None  # one GPU's memory (catalog hardware)
-    gpu: object = None              # the catalog GPU, if the hardware is one
+    gpu: object = None              # the catalog GPU, if the hardware is one (its memory, its precisions)
 
 
 def load_hardware(request: PredictRequest) -> Hardware:
@@ -78,7 +75,6 @@ def load_hardware(request: PredictRequest) -> Hardware:
         return Hardware(spec.name or f"{spec.node_count} × {per_node} {gpu.name}", spec.total_gpus, per_node,
                         device_for, lambda n: _sized(base, n, per_node), h2d, disk,
                         "catalog" + (" + profile" if profile is not None else ""),
-                        precision_note=precision_on(gpu, request.precision).note, memory_gb=gpu.memory_gb,
                         gpu=gpu)
     if profile is None:
         raise UsageError("a machine without GPUs needs measurements: run `gpurig bench` and pass its profile "

@@ -20,13 +20,13 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     """
     parts = step_memory(spec, request.optimizer, request.precision in MIXED, ranks if request.parallel == "data" else 1)
     total = sum(parts.values())
+    gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
-           "gpu_gb": hardware.memory_gb}
-    if hardware.memory_gb:
+           "gpu_gb": gpu_gb}
+    if gpu_gb:
         per_sample = parts["activations"] / spec.batch
-        out.update(usable_gb=round(usable_bytes(hardware.memory_gb) / 2**30, 2),
-                   fits=total <= usable_bytes(hardware.memory_gb),
-                   largest_batch=largest_batch(total - parts["activations"], per_sample, hardware.memory_gb))
+        out.update(usable_gb=round(usable_bytes(gpu_gb) / 2**30, 2), fits=total <= usable_bytes(gpu_gb),
+                   largest_batch=largest_batch(total - parts["activations"], per_sample, gpu_gb))
     return out
 
 
