@@ -68,7 +68,12 @@ MODELS = {
     "SSD300 (ResNet-50 backbone": ("ssd300", "momentum"),
     "ResNeXt101-32x4d": ("resnext101", "momentum"),
     "SE-ResNeXt101-32x4d": ("se-resnext101", "momentum"),
+    # Lambda's runs of NVIDIA's code: full softmax, memory as long as the segment, JIT LAMB (base) and Adam (large);
+    # NVIDIA's own rows use an adaptive softmax and state no sequence length, so they are left out.
+    "Transformer-XL base": ("transformer-xl-base", "lamb"),
+    "Transformer-XL large": ("transformer-xl-large", "adam"),
 }
+TOKEN_MODELS = {"bert-base", "transformer-xl-base", "transformer-xl-large"}
 PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 # The fitted constants (the per-layer host cost is measured: these batches are too large to show it).
 FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency) if f.name != "layer_overhead_s")
@@ -80,7 +85,8 @@ START = GpuEfficiency(tensor_gemm=0.8, cuda_gemm=0.9, conv=1.0, conv_cuda=1.0, m
 BOUNDS = {"tensor_gemm": (0.05, 1.0), "cuda_gemm": (0.05, 1.0), "conv": (0.2, 1.0), "conv_cuda": (0.2, 2.25),
           "memory": (0.05, 1.0),
           "unhidden": (0.0, 1.0),
-          "flops_per_value": (0.0, 500.0)}
+          "flops_per_value": (0.0, 500.0),
+          "cache": (1.0, 4.0)}
 
 
 @dataclass
@@ -128,11 +134,16 @@ def load_cases(path: Path = DATA) -> list[Case]:
                 continue
             if "impossible" in row["table"]:
                 continue
+            if model[0] in TOKEN_MODELS and not row["seq_len"]:
+                continue
+            published = float(row["throughput"])
+            if row["unit"] in ("tokens/s", "tok/s"):   # gpurig counts sequences, as the batch does
+                published /= int(row["seq_len"])
             precision = precision_of(row["precision"], gpu)
             if precision is None:
                 continue
             out.append(Case(model[0], gpu, int(row["gpus"]), precision, int(float(row["batch_per_gpu"])),
-                            int(row["seq_len"]) if row["seq_len"] else None, float(row["throughput"]), model[1],
+                            int(row["seq_len"]) if row["seq_len"] else None, published, model[1],
                             row["table"]))
     return out
 

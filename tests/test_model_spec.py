@@ -305,3 +305,31 @@ def test_attention_called_with_keywords_and_a_mask():
     layer = describe(Attention(), (2, 16, 8), batch=3).layer("(model)")
     assert layer.gemms == (Gemm(16, 16, 8, count=6), Gemm(16, 8, 16, count=6))
     assert layer.forward_bytes == 4 * 4 * 3 * 2 * 16 * 8 + 16 * 16   # Q, K, V, output and the boolean mask
+
+
+def test_transformer_xl_relative_shift_moves_each_row_by_its_distance_to_the_last():
+    from gpurig.models.transformer_xl import _shift
+
+    rows, cols = 3, 6
+    scores = torch.arange(rows * cols, dtype=torch.float32).view(rows, cols, 1, 1)
+    shifted = _shift(scores)
+    for i in range(rows):
+        lag = rows - 1 - i
+        assert torch.equal(shifted[i, : cols - lag, 0, 0], scores[i, lag:, 0, 0])
+
+
+def test_saved_activations_are_what_autograd_keeps_on_a_real_run():
+    from gpurig.models.trace import SavedActivations
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    x = torch.randn(32, 8)
+    with SavedActivations(model) as on_cpu:
+        model(x).sum().backward()
+    spec = describe(model, (8,), batch=32)
+    assert spec.saved_bytes == on_cpu.total_bytes > 0 and spec.largest_saved_bytes == on_cpu.largest_bytes
+
+
+def test_fused_attention_keeps_activations_linear_in_tokens_not_quadratic():
+    short, long = (model_spec("bert-base", batch=4, tokens=t).saved_bytes for t in (128, 512))
+    assert long / short == pytest.approx(4, rel=0.02)

@@ -34,8 +34,8 @@ def add_parser(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True,
                    help="a built-in model (mnist-mlp, mnist-cnn, mnist-wide-cnn, alexnet, vgg16, resnet50, resnet152, "
-                        "resnext101, se-resnext101, ssd300, bert-base, bert-large, gpt2) or module:factory returning "
-                        "a torch module")
+                        "resnext101, se-resnext101, ssd300, bert-base, bert-large, gpt2, transformer-xl-base, "
+                        "transformer-xl-large) or module:factory returning a torch module")
     p.add_argument("--cluster", default=None, help="cluster spec (.toml), bench profile (.json) or a description")
     p.add_argument("--profile", default=None, help="a gpurig bench profile to calibrate the cluster's GPUs with")
     p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (default 64)")
@@ -47,6 +47,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--precision", default="fp32",
                    help="fp32 (default: PyTorch's, convolutions in TF32 on Ampere and later, matmuls in FP32), tf32, "
                         "fp16 or bf16 (automatic mixed precision), fp8 (Transformer Engine; Ada, Hopper and later)")
+    p.add_argument("--optimizer", default="momentum",
+                   help="the update each step runs over the parameters: sgd, momentum (default, SGD with momentum), "
+                        "adam or lamb")
     p.add_argument("--gpus", type=int, default=None, help="predict up to this many GPUs (default: all)")
     p.add_argument("--engine", default="mpi", help="with a profile: whose link measurements (mpi, torch)")
     p.add_argument("--algorithm", default="best", help="allreduce: best (default), ring, tree, hierarchical, naive")
@@ -64,7 +67,8 @@ def request_from(args):
     return PredictRequest(model=args.model, cluster=args.cluster, profile=args.profile, batch=args.batch,
                           tokens=args.tokens, sample=args.sample, parallel=args.parallel,
                           compression=args.compression, precision=args.precision, engine=args.engine,
-                          gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency)
+                          gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency,
+                          optimizer=args.optimizer)
 
 
 def run(args) -> int:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gpurig.errors import UsageError
-from gpurig.models import text, vision
+from gpurig.models import text, transformer_xl, vision
 from gpurig.models.describe import ModelSpec, describe
 from gpurig.models.factory import load_factory, parse_sample
 from gpurig.models.reference import cnn, mlp, wide_cnn
@@ -39,6 +39,8 @@ IMAGE = (3, 224, 224)
 TORCHVISION = "torchvision's model table (weights meta num_params, _ops in GMACs)"
 TRANSFORMER_FLOPS = ("2·N·T + 4·L·d·T² per sequence, N = parameters without the embedding tables "
                      "(PaLM appendix B, nanoGPT estimate_mfu)")
+TRANSFORMER_XL = ("NVIDIA DeepLearningExamples' PyTorch Transformer-XL on WikiText-103, full softmax as Lambda runs it; "
+                  "parameters: n_all_param in Lambda's logs")
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("gpt2", text.gpt2, (1024,), "1024 token ids", 124_439_808, 291.90,
            "parameters with tied embeddings: Hugging Face gpt2; FLOPs: " + TRANSFORMER_FLOPS,
            aliases="gpt2-124m;gpt-2 small;gpt2-small", tokens=True, max_tokens=text.GPT2_CONTEXT),
+    Preset("transformer-xl-base", transformer_xl.transformer_xl_base, (192,), "192 token ids (and a memory as long)",
+           191_948_759, None, TRANSFORMER_XL, aliases="transformer-xl;txl-base", tokens=True, max_tokens=4096),
+    Preset("transformer-xl-large", transformer_xl.transformer_xl_large, (384,), "384 token ids (and a memory as long)",
+           519_963_095, None, TRANSFORMER_XL, aliases="txl-large", tokens=True, max_tokens=4096),
 )}
 
 _LOOKUP = Lookup(list(PRESETS.values()), "model")

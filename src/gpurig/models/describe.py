@@ -38,7 +38,7 @@ from torch import nn
 
 from gpurig.errors import UsageError, one_line
 from gpurig.models.ops import NORM_OPS, Gemm, aten
-from gpurig.models.trace import Charges, Tracer
+from gpurig.models.trace import Charges, SavedActivations, Tracer
 
 KINDS = ("linear", "conv", "embedding", "norm", "attention-matmul", "pool", "activation", "other")
 SCHEMA = "gpurig.model/1"
@@ -97,6 +97,10 @@ class ModelSpec:
     input_dtype: str
     dtype: str
     layers: tuple[LayerSpec, ...]
+    # what autograd keeps for backward at the end of forward (float32 as traced), and its largest tensor;
+    # 0 in descriptions written before gpurig counted them
+    saved_bytes: int = 0
+    largest_saved_bytes: int = 0
 
     parameters = _total("parameters", "Parameters, each tensor once.")
     parameter_bytes = _total("parameter_bytes", "Bytes of the parameters.")
@@ -141,7 +145,8 @@ class ModelSpec:
             layers = tuple(LayerSpec(**{**layer, "gemms": tuple(Gemm(**g) for g in layer["gemms"]),
                                         "parameter_shapes": tuple((n, tuple(s)) for n, s in layer["parameter_shapes"])})
                            for layer in data["layers"])
-            fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+            fields = {f.name: data[f.name] if f.default is dataclasses.MISSING else data.get(f.name, f.default)
+                      for f in dataclasses.fields(cls)}
             return cls(**{**fields, "sample": tuple(data["sample"]), "layers": layers})
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise UsageError(f"{where}: not a gpurig model description ({type(error).__name__}: {error})") from None
@@ -174,7 +179,7 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
     modes = {m: m.training for m in model.modules()}
     model.train(training)
     try:
-        with torch.device("meta"), torch.enable_grad(), Tracer(model) as tracer:
+        with torch.device("meta"), torch.enable_grad(), Tracer(model) as tracer, SavedActivations(model) as saved:
             model(x)
     except Exception as error:  # the model's own code: report it in one line
         raise UsageError(f"{name or type(module).__name__}: its forward pass fails on the meta device "
@@ -186,7 +191,8 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
     dtypes = {p.dtype for p in model.parameters()} or {torch.float32}
     return ModelSpec(name=name or type(module).__name__, batch=batch, sample=tuple(x.shape[1:]),
                      input_dtype=_dtype_name(x.dtype), dtype=",".join(sorted(map(_dtype_name, dtypes))),
-                     layers=_layers(tracer.charges()))
+                     layers=_layers(tracer.charges()), saved_bytes=saved.total_bytes,
+                     largest_saved_bytes=saved.largest_bytes)
 
 
 def on_meta(module: nn.Module) -> nn.Module:

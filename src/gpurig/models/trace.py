@@ -153,6 +153,80 @@ class Tracer:
 _DROPOUT = inspect.signature(F.dropout)
 
 
+class SavedActivations:
+    """The tensors autograd keeps from a forward pass for backward, other than the weights: what a training step
+    holds at the end of forward. ``with SavedActivations(model) as saved: model(x)``, then ``saved.total_bytes``.
+
+    Each storage counts once (a view saved twice, or saved by two operators, is one tensor); the
+    model's parameters and buffers, and their views (a transposed weight), are not activations.
+    ``F.scaled_dot_product_attention`` keeps what a fused (flash) kernel keeps: Q, K, V, its output
+    and one float per query row, not the tokens × tokens scores its decomposition would.
+
+    >>> with torch.device("meta"):
+    ...     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    ...     with SavedActivations(model) as saved:
+    ...         _ = model(torch.empty(32, 8))
+    >>> saved.total_bytes, saved.largest_bytes   # the input (32×8 floats, for a weight gradient), ReLU's output (32×16)
+    (3072, 2048)
+    """
+
+    def __init__(self, model: nn.Module):
+        self._weights = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
+        self._storages: dict[int, int] = {}
+        self._fused = 0
+        self._exits = contextlib.ExitStack()
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if not self._fused and storage._cdata not in self._weights:
+            self._storages[storage._cdata] = storage.nbytes()
+        return tensor
+
+    def _attention(self, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        q, k, v = (args[i] if i < len(args) else kwargs[name] for i, name in enumerate(("query", "key", "value")))
+        if not out.requires_grad:
+            return
+        for tensor in (q, k, v, out):
+            self._storages[tensor.untyped_storage()._cdata] = tensor.untyped_storage().nbytes()
+        self._storages[id(out)] = out.numel() // out.shape[-1] * 4     # the row-wise log-sum-exp, in float32
+
+    def __enter__(self) -> SavedActivations:
+        self._exits.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
+        self._exits.enter_context(_FusedAttention(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._exits.close()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self._storages.values())
+
+    @property
+    def largest_bytes(self) -> int:
+        return max(self._storages.values(), default=0)
+
+
+class _FusedAttention(TorchFunctionMode):
+    """Counts a fused attention call's saved tensors as the fused kernel keeps them (:class:`SavedActivations`)."""
+
+    def __init__(self, saved: SavedActivations):
+        super().__init__()
+        self.saved = saved
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention or self.saved._fused:
+            return func(*args, **kwargs)
+        self.saved._fused += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.saved._fused -= 1
+        self.saved._attention(args, kwargs, out)
+        return out
+
+
 def _own_parameters(module: nn.Module) -> bool:
     return next(module.parameters(recurse=False), None) is not None
 

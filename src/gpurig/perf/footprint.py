@@ -8,12 +8,13 @@ PyTorch's allocator, so outside ``torch.cuda.max_memory_allocated``):
 - under mixed precision, the weights' 16-bit copies that autocast keeps for the step;
 - with several ranks, the gradient buckets DataParallel (and DDP) average: one
   more gradient copy;
-- the activations backward needs: every layer keeps what it was fed (a
-  convolution's or linear layer's input, a norm's input), at 4 bytes a value, or 2
-  under mixed precision — except the activations that run in place (ReLU in
-  convolutional nets), whose input is the tensor the layer before them keeps. They
-  grow with the batch; the rest does not, so the largest batch that fits follows
-  from one batch's worth.
+- the activations backward needs: the tensors autograd saved in forward, counted
+  as the model was described (:class:`gpurig.models.trace.SavedActivations`), plus
+  the largest of them once more, for its gradient while backward starts; half the
+  bytes under mixed precision. They grow with the batch; the rest does not, so the
+  largest batch that fits follows from one batch's worth. A description written
+  before gpurig counted saved tensors falls back to every layer's input (in-place
+  activations, such as convolutional nets' ReLU, keeping nothing of their own).
 
 >>> from gpurig.models import model_spec
 >>> m = step_memory(model_spec("mnist-mlp", batch=64), "momentum", mixed=False, ranks=1)
@@ -46,16 +47,19 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int) -> dict[str, int]
     (2, True)
     """
     params = spec.parameters
-    activations = sum(layer.input_elements for layer in spec.layers
-                      if layer.kind != "embedding" and layer.module not in IN_PLACE)
-    activations += sum(layer.output_elements for layer in spec.layers if layer.kind == "embedding")
+    if spec.saved_bytes:
+        activations = (spec.saved_bytes + spec.largest_saved_bytes) / DTYPE_BYTES
+    else:
+        activations = sum(layer.input_elements for layer in spec.layers
+                          if layer.kind != "embedding" and layer.module not in IN_PLACE)
+        activations += sum(layer.output_elements for layer in spec.layers if layer.kind == "embedding")
     return {
         "weights": params * DTYPE_BYTES,
         "gradients": params * DTYPE_BYTES,
         "optimizer": params * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
         "amp_copies": params * 2 if mixed else 0,
         "buckets": params * DTYPE_BYTES if ranks > 1 else 0,
-        "activations": activations * (2 if mixed else DTYPE_BYTES),
+        "activations": round(activations * (2 if mixed else DTYPE_BYTES)),
     }
 
 

@@ -41,6 +41,7 @@ class GpuEfficiency:
     memory: float = 0.762           # of peak memory bandwidth, on streaming kernels (norms, activations)
     unhidden: float = 0.952         # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
     flops_per_value: float = 33.1   # vector-unit operations per value that work outside GEMMs moves
+    cache: float = 1.0              # memory-bound work on tensors that fit the last cache, against memory's rate
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -93,7 +94,8 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     return Device(gpu.name, linear, memory, e.layer_overhead_s, is_gpu=True, codec_seconds_per_value=per_value,
                   jitter=JITTER, conv_gemm=conv if conv != linear else None, element_bytes=p.element_bytes,
                   cast_bytes_per_param=p.cast_bytes_per_param, flops_per_value=e.flops_per_value,
-                  vector_flops_per_s=gpu.fp32_tflops * 1e12 * e.cuda_gemm)
+                  vector_flops_per_s=gpu.fp32_tflops * 1e12 * e.cuda_gemm,
+                  cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache)
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

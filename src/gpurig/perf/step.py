@@ -31,8 +31,10 @@ from gpurig.perf.collectives import Topology, allreduce_seconds, best_allreduce
 from gpurig.perf.compute import DTYPE_BYTES, GemmModel, memory_seconds
 
 # Bytes an optimizer moves per parameter per step (float32): read weight, gradient and its state,
-# write weight and state. SGD with momentum: w, g, m read; w, m written.
-OPTIMIZER_BYTES = {"sgd": 3 * DTYPE_BYTES, "momentum": 5 * DTYPE_BYTES, "adam": 7 * DTYPE_BYTES}
+# write weight and state. SGD with momentum: w, g, m read; w, m written. LAMB is Adam's pass plus
+# a second read of the weight and the update for the two norms of its per-layer trust ratio.
+OPTIMIZER_BYTES = {"sgd": 3 * DTYPE_BYTES, "momentum": 5 * DTYPE_BYTES, "adam": 7 * DTYPE_BYTES,
+                   "lamb": 9 * DTYPE_BYTES}
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class LayerCost:
     backward_bytes: float = 0.0
     param_sizes: tuple[int, ...] = ()  # each parameter tensor's values (weight, bias); default: one tensor
     kind: str = ""                     # "conv" for a convolution (its GEMMs are im2col's), "linear", ...
+    activation_values: int = 0         # its largest activation tensor (input or output), per call
 
     def tensors(self) -> tuple[int, ...]:
         """Values of each parameter tensor, in registration order."""
@@ -93,17 +96,25 @@ class Device:
     # units: ``flops_per_value`` operations per value it moves, at ``vector_flops_per_s`` (0: memory alone).
     vector_flops_per_s: float = 0.0
     flops_per_value: float = 0.0
+    # A GPU's last cache: a layer whose input and output fit in it together streams at ``cache_speedup`` times
+    # the memory's rate (the tensor the kernel before it wrote is still there).
+    cache_bytes: float = 0.0
+    cache_speedup: float = 1.0
 
-    def stream_seconds(self, nbytes: float) -> float:
-        """Seconds for ``nbytes`` of work outside GEMMs: its memory traffic, or its arithmetic where that is longer.
+    def stream_seconds(self, nbytes: float, working_set: float = math.inf) -> float:
+        """Seconds for ``nbytes`` of work outside GEMMs on tensors of ``working_set`` bytes together: its memory
+        traffic (from the cache when the working set fits there), or its arithmetic where that is longer.
 
         >>> d = Device("gpu", None, 1e12, vector_flops_per_s=1e13, flops_per_value=20, element_bytes=2)
         >>> d.stream_seconds(1e9), Device("cpu", None, 1e12).stream_seconds(1e9)    # 5e8 values x 20 at 10 TFLOP/s
         (0.001, 0.001)
         >>> Device("gpu", None, 1e12, vector_flops_per_s=1e12, flops_per_value=20, element_bytes=2).stream_seconds(1e9)
         0.01
+        >>> Device("gpu", None, 1e12, cache_bytes=4e7, cache_speedup=2.5).stream_seconds(1e9, working_set=3e7)
+        0.0004
         """
-        memory = nbytes / self.memory_bytes_per_s
+        rate = self.memory_bytes_per_s * (self.cache_speedup if working_set <= self.cache_bytes else 1.0)
+        memory = nbytes / rate
         if not self.vector_flops_per_s:
             return memory
         return max(memory, nbytes / self.element_bytes * self.flops_per_value / self.vector_flops_per_s)
@@ -244,8 +255,9 @@ def layer_costs(spec) -> list[LayerCost]:
         backward = tuple(b for g in forward for b in backward_of(g, input_gradient=both)) \
             if layer.backward_flops else ()
         sizes = tuple(math.prod(shape) for _, shape in layer.parameter_shapes)
+        largest = max(layer.input_elements, layer.output_elements) // max(layer.calls, 1)
         out.append(LayerCost(layer.name, layer.parameters, forward, backward, layer.forward_bytes,
-                             layer.backward_bytes, sizes, kind=layer.kind))
+                             layer.backward_bytes, sizes, kind=layer.kind, activation_values=largest))
     return out
 
 
@@ -280,9 +292,10 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
         products = tuple(tuple(_grouped(g) for g in gemms) for gemms in products)
     # the model's bytes are float32 values: under mixed precision activations are half as many bytes
     forward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[0])
-    forward += device.stream_seconds(layer.forward_bytes * size / DTYPE_BYTES)
+    working_set = 2 * layer.activation_values * size if layer.activation_values else math.inf
+    forward += device.stream_seconds(layer.forward_bytes * size / DTYPE_BYTES, working_set)
     backward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[1])
-    backward += device.stream_seconds(layer.backward_bytes * size / DTYPE_BYTES)
+    backward += device.stream_seconds(layer.backward_bytes * size / DTYPE_BYTES, working_set)
     if device.cast_bytes_per_param:
         cast = memory_seconds(layer.params * device.cast_bytes_per_param, device.memory_bytes_per_s)
         forward, backward = forward + cast, backward + cast

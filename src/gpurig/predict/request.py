@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gpurig.errors import UsageError
 from gpurig.perf.precision import check as check_precision
+from gpurig.perf.step import OPTIMIZER_BYTES
 
 PARALLEL = ("data", "model", "hybrid")
 PARALLEL_WHY = {
@@ -47,10 +48,16 @@ def check(request: PredictRequest) -> None:
     Traceback (most recent call last):
     ...
     gpurig.errors.UsageError: --batch must be at least 1 per GPU, got 0
+    >>> check(PredictRequest(model="mlp", optimizer="adamw"))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --optimizer must be one of sgd, momentum, adam, lamb, got 'adamw'
     """
     from gpurig.parallel.compression import parse_method
 
     check_precision(request.precision)
+    if request.optimizer not in OPTIMIZER_BYTES:
+        raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZER_BYTES)}, got {request.optimizer!r}")
     if request.parallel not in PARALLEL:
         raise UsageError(f"--parallel must be one of {', '.join(PARALLEL)}, got {request.parallel!r}")
     try:

@@ -33,7 +33,8 @@ class GPU:
     NVLink / Infinity Fabric bandwidth, both directions. ``compute_units`` is the
     number of streaming multiprocessors (NVIDIA SMs) or compute units (AMD CUs),
     summed over all dies of a multi-die part (K80, MI250X, MI300X); a GEMM's
-    tiles are spread over them in waves. ``power_connectors`` is
+    tiles are spread over them in waves. ``cache_mb`` is the last on-chip cache in
+    front of memory: L2, or AMD's Infinity Cache where a part has one. ``power_connectors`` is
     ``1x6+1x8``, ``2x8``, ``1x12``, ``1x16`` (12VHPWR / 12V-2x6), ``1x8cpu``
     (EPS-12V), ``none`` (slot power only) or ``board`` (SXM/OAM module).
 
@@ -61,6 +62,7 @@ class GPU:
     bf16_tflops: float | None = number("TFLOPS", 1, 20000, default=None)
     fp8_tflops: float | None = number("TFLOPS", 1, 40000, default=None)
     compute_units: int | None = number("SMs/CUs", 1, 1024, integer=True, default=None)
+    cache_mb: float | None = number("MB", 0.1, 1024, default=None)
     gpu_link: str | None = text(default=None)
     gpu_link_gbs: float | None = number("GB/s", 1, 10000, default=None)
     slot_width: int | None = number("slots", 1, 4, integer=True, default=None)
