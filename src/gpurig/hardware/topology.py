@@ -72,10 +72,10 @@ def hop(gpus: int, ranks: int, sockets: int | None, switches: int | None, nvlink
     """
     if ranks <= 1:
         return "none"
-    if sockets and sockets > 1 and ranks > spread(gpus, sockets)[0]:
-        return "sockets"
     if nvlink:
         return "nvlink"
+    if sockets and sockets > 1 and ranks > spread(gpus, sockets)[0]:
+        return "sockets"
     if switches and ranks <= spread(gpus, switches)[0]:
         return "switch"
     return "pcie"
