@@ -117,7 +117,8 @@ def show(result: dict) -> None:
     console.print("step = compute + comm + wait + data. comm: communication not hidden under backward; wait: for the "
                   "slowest rank; comm total: all communication; codec: compression's arithmetic (in backward on a CPU)")
     for key in ("strong_scaling", "scaling"):
-        scaling = Table(title=f"speed-up by GPU count, {result[key + '_label']}")
+        console.print(f"speed-up by GPU count, [bold]{result[key + '_label']}[/]:")
+        scaling = Table()
         for column in ("GPUs", "nodes", "batch/GPU", "step ms", "speed-up", "efficiency", "bottleneck"):
             scaling.add_column(column, justify="right")
         for row in result[key]:

@@ -192,7 +192,7 @@ def cpu_clock(build: Build):
 
 def _nic_lanes(build: Build) -> int:
     """Lanes the network card takes from the CPU: nodes of a cluster each have one."""
-    if build.node_count < 2 or build.network is None:
+    if (build.cluster_nodes or build.node_count) < 2 or build.network is None:
         return 0
     return topology.nic_lanes(build.network.data_gbit_per_s)
 

@@ -140,6 +140,7 @@ class Build:
     nodes: int = 1
     network: Network | None = None
     other_nodes: tuple["Build", ...] = ()   # the cluster's other kinds of machine, each with its own count
+    cluster_nodes: int | None = None        # machines in the whole cluster, when this is one kind of several
 
     def machines(self) -> list["Build"]:
         """Every kind of machine in the cluster, this one first (each ``nodes`` times).
@@ -219,7 +220,13 @@ def build_from(data: dict, where: str) -> Build:
     nodes = cluster.get("nodes", 1)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise SpecError(f"{where}: [cluster]: nodes: expected a whole number ≥ 1, got {nodes!r}")
+    others = [build_from(o, f"{where}: other_nodes[{i}]") for i, o in enumerate(others)]
+    network = network_from(cluster["network"], f"{where}: [cluster] network") if "network" in cluster else None
+    if others:  # every machine of the cluster has the cluster's network card
+        total = nodes + sum(o.nodes for o in others)
+        others = [dataclasses.replace(o, network=o.network or network, cluster_nodes=total) for o in others]
     return Build(
+        cluster_nodes=nodes + sum(o.nodes for o in others) if others else None,
         gpus=tuple(gpus),
         cpu=from_mapping(CPU, data["cpu"], f"{where}: [cpu]") if "cpu" in data else None,
         ram_gb=ram, board=board, nodes=nodes,
@@ -227,8 +234,7 @@ def build_from(data: dict, where: str) -> Build:
         storage=from_mapping(Storage, _table(data, "storage", where), f"{where}: [storage]"),
         case=from_mapping(Case, _table(data, "case", where), f"{where}: [case]"),
         usage=from_mapping(Usage, _table(data, "usage", where), f"{where}: [usage]"),
-        network=network_from(cluster["network"], f"{where}: [cluster] network") if "network" in cluster else None,
-        other_nodes=tuple(build_from(o, f"{where}: other_nodes[{i}]") for i, o in enumerate(others)))
+        network=network, other_nodes=tuple(others))
 
 
 def load_build(path: str | Path) -> dict:
