@@ -42,9 +42,8 @@ def scaling(result, key="scaling"):
 
 # -- 1. every node ------------------------------------------------------------------------------------------------
 
-def test_a_3_plus_1_cluster_spec_is_planned_machine_by_machine_and_its_energy_is_both_machines(tmp_path):
-    spec = tmp_path / "titans.toml"
-    spec.write_text(TITANS_3_PLUS_1)
+def test_a_3_plus_1_cluster_spec_is_planned_machine_by_machine_and_its_energy_is_both_machines():
+    spec = "examples/cluster-3+1-titan.toml"
     done = gpurig_cli("plan", "--spec", spec, "--hours", "336", "--cpu-lanes", "40", "--json", timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

@@ -14,7 +14,7 @@ examples:
   gpurig plan --build my.toml --psu-watts 1600                 # a flag overrides the file
   gpurig plan --spec machine.toml --use-case research          # what `gpurig doctor --write-spec` found
   gpurig plan --describe "2 nodes x 4 V100, 10GbE" --hours 336
-  gpurig plan --spec cluster-3+1.toml --hours 336              # every [[nodes]] table, machine by machine
+  gpurig plan --spec examples/cluster-3+1-titan.toml --hours 336   # every [[nodes]] table, machine by machine
   gpurig plan --gpu 4x"GTX Titan X" --cpu-lanes 40 --pcie-gen 2.0   # lanes split 16/8/8/8; PCIe 2.0 priced
   gpurig plan --gpu 2080ti -c 4 --hours 336 --price-per-kwh 0.20 --psu-efficiency 0.8 --json
   gpurig plan --list-gpus                                      # the catalog

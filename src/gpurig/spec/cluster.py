@@ -22,6 +22,10 @@ description (:mod:`gpurig.spec.describe`). Example::
     [nodes.cpu]
     cores = 8
     threads = 16
+
+A cluster of different machines has one ``[[nodes]]`` table per kind (the
+multi-GPU post's 3 + 1: ``gpus = 3``, then ``gpus = 1``); ``plan`` checks each
+and ``predict`` fills them with ranks in order (examples/cluster-3+1-titan.toml).
 """
 
 from __future__ import annotations
