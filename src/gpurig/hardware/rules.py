@@ -279,7 +279,8 @@ def pcie_lanes(build: Build):
 
 
 def _slowest_gpu(build: Build):
-    return max({g.gpu.name: g.gpu for g in build.gpus}.values(), key=reference.compute_seconds)
+    models = list({g.gpu.name: g.gpu for g in build.gpus}.values())
+    return models[0] if len(models) == 1 else max(models, key=reference.compute_seconds)
 
 
 def pcie_generation(build: Build):
@@ -290,7 +291,6 @@ def pcie_generation(build: Build):
     n = build.gpu_count
     lanes = gpu_lanes(build) or [min(g.pcie_lanes or 16 for g in build.each_gpu())] * n
     worst = min(lanes) if lanes else 16
-    slowest = _slowest_gpu(build)
     cross = ""
     if board.sockets and board.sockets > 1 and n > 1:
         cross = ("; GPUs on different sockets copy through host memory across the CPUs' link (half the rate): "
@@ -300,6 +300,7 @@ def pcie_generation(build: Build):
     if float(gen) >= 3:
         return Verdict("PCIe generation", WARNING if cross else OK, f"PCIe {gen}",
                        f"PCIe 3.0 or later for {n} GPUs{cross}")
+    slowest = _slowest_gpu(build)
     cost = reference.generation_cost(slowest, n, gen, worst)
     return Verdict("PCIe generation", WARNING, f"PCIe {gen}: +{cost:.0%} per step",
                    f"{n} × {slowest.name} averaging AlexNet's gradients (batch 128 each) over PCIe {gen} x{worst}: "
