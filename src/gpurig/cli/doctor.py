@@ -15,7 +15,9 @@ examples:
 Probes: CPU model, cores and clock; RAM; disks (SSD or HDD from
 /sys/block/*/queue/rotational); network interfaces and link speeds; NVIDIA GPUs
 through NVML (memory, PCIe generation and width current vs maximum, temperature,
-clocks, throttle reasons, peer-to-peer, NVLink); MPI and whether it is
+clocks, throttle reasons, peer-to-peer, NVLink, and how the GPUs are wired:
+sockets and PCIe switches, as nvidia-smi topo -m shows them); whether the fans
+can be set (Coolbits in the X configuration); MPI and whether it is
 CUDA-aware (asked in a child process, so MPI is not started here). Without a GPU
 it says so and checks the rest; the exit code is 0 whatever it finds.
 """

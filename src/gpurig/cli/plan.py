@@ -14,15 +14,20 @@ examples:
   gpurig plan --build my.toml --psu-watts 1600                 # a flag overrides the file
   gpurig plan --spec machine.toml --use-case research          # what `gpurig doctor --write-spec` found
   gpurig plan --describe "2 nodes x 4 V100, 10GbE" --hours 336
+  gpurig plan --spec examples/cluster-3+1-titan.toml --hours 336   # every [[nodes]] table, machine by machine
+  gpurig plan --gpu 4x"GTX Titan X" --cpu-lanes 40 --pcie-gen 2.0   # lanes split 16/8/8/8; PCIe 2.0 priced
   gpurig plan --gpu 2080ti -c 4 --hours 336 --price-per-kwh 0.20 --psu-efficiency 0.8 --json
   gpurig plan --list-gpus                                      # the catalog
 
 Rules (the hardware guide): PSU = (GPU TDPs + CPU TDP) x 1.1 rounded up to 50 W;
 enough 6/8-pin connectors; RAM >= the largest GPU's memory; >= 4 CPU threads
 per GPU when preprocessing during training (2 when before); > 2 GHz; 8 PCIe
-lanes per GPU with 4 GPUs; blower or water cooling for 3-4 adjacent cards; one
-slot per GPU, double-width spacing; GPU memory for the use case; energy for the
-run. A rule whose inputs are missing is listed as not checked. Exit code 0
+lanes per GPU with 4 GPUs, split from the CPU's lanes as boards do (40: 16/8/8/8,
+16/16/8; a network card takes lanes too; at most 4 devices per CPU); PCIe 3.0
+for several GPUs (2.0's cost predicted); blower or water cooling for 3-4
+adjacent cards; one slot per GPU, double-width spacing; a case for full-length
+cards and the radiators; GPU memory for the use case; energy for the run. A
+cluster spec's every kind of machine is checked. A rule whose inputs are missing is listed as not checked. Exit code 0
 whatever the verdicts (2 for bad input).
 """
 
@@ -60,6 +65,10 @@ def add_parser(subparsers) -> None:
     c.add_argument("--slot-pitch", type=int, metavar="N", help="slots from one GPU slot to the next (2 = double spacing)")
     c.add_argument("--lanes", metavar="L,L,..", help="lanes each GPU gets, e.g. 16,8,8,8")
     c.add_argument("--pcie-gen", metavar="GEN", help="the board's PCIe generation, e.g. 3.0")
+    c.add_argument("--sockets", type=int, metavar="N", help="CPU sockets (--cpu-lanes each; GPUs spread over them)")
+    c.add_argument("--pcie-switches", type=int, metavar="N", help="PCIe switches (PLX) the GPUs sit behind")
+    c.add_argument("--case-gpu-mm", type=float, metavar="MM", help="the longest card the case takes")
+    c.add_argument("--case-radiators", type=int, metavar="N", help="radiator mounts in the case (water cooling)")
     c.add_argument("--ssd-gb", type=float, metavar="GB")
     c.add_argument("--hdd-gb", type=float, metavar="GB")
     u = p.add_argument_group("use")
@@ -105,14 +114,14 @@ def flags_to_data(args) -> dict:
         "psu": table(watts=args.psu_watts, efficiency=args.psu_efficiency, pcie_6pin=args.psu_6pin,
                      pcie_8pin=args.psu_8pin, pcie_16pin=args.psu_16pin),
         "board": table(gpu_slots=args.slots, slot_pitch=args.slot_pitch, pcie_gen=args.pcie_gen,
+                       sockets=args.sockets, pcie_switches=args.pcie_switches,
                        lanes=_lane_list(args.lanes) if args.lanes else None),
+        "case": table(gpu_length_mm=args.case_gpu_mm, radiators=args.case_radiators),
         "storage": table(ssd_gb=args.ssd_gb, hdd_gb=args.hdd_gb),
         "usage": table(preprocessing=args.preprocessing, use_case=args.use_case, fp16=args.fp16, hours=args.hours,
                        price_per_kwh=args.price_per_kwh, currency=args.currency, draw_w=args.draw_watts),
         "cluster": table(nodes=args.nodes, network=args.network),
     }
-    if parts["cpu"] and "cores" not in parts["cpu"]:
-        parts["cpu"]["cores"] = max(1, (args.cpu_threads or 2) // 2)  # threads alone: assume 2 per core
     data.update({k: v for k, v in parts.items() if v})
     return data
 
@@ -149,21 +158,32 @@ def show(report: dict) -> None:
     from rich.table import Table
 
     console = Console()
-    gpus = " + ".join(f"{g['count']} × {g['model']}" for g in report["gpus"])
-    nodes = f"{report['nodes']} nodes × " if report["nodes"] > 1 else ""
-    table = Table(title=f"gpurig plan: {nodes}{gpus}", title_justify="left")
-    for header in ("rule", "verdict", "number", "why"):
+    machines = report["machines"]
+    def name(m):
+        gpus = " + ".join(f"{g['count']} × {g['model']}" for g in m["gpus"])
+        return f"{m['nodes']} nodes × {gpus}" if m["nodes"] > 1 else gpus
+    several = len(machines) > 1
+    title = " + ".join(f"[{name(m)}]" if several else name(m) for m in machines)
+    table = Table(title=f"gpurig plan: {title}", title_justify="left")
+    headers = (("machine",) if several else ()) + ("rule", "verdict", "number", "why")
+    for header in headers:
         table.add_column(header, overflow="fold")
     for v in report["verdicts"]:
         style = STYLE[v["verdict"]]
-        table.add_row(v["rule"], f"[{style}]{v['verdict']}[/]", v["number"], v["reason"])
+        where = (f"{v['node'].split(':')[0]}" if v["node"] else "cluster",) if several else ()
+        table.add_row(*where, v["rule"], f"[{style}]{v['verdict']}[/]", v["number"], v["reason"])
     console.print(table)
+    if several:
+        console.print("; ".join(m["name"] for m in machines))
     if report["skipped"]:
-        console.print("not checked: " + "; ".join(f"{s['rule']} (give {s['needs']})" for s in report["skipped"]))
-    psu = report["psu"]
-    console.print(f"PSU rule: gpurig uses (GPU TDPs + CPU TDP) × 1.1 = {psu['gpurig_w']:g} W → {psu['gpurig_psu_w']} W; "
-                  f"the guide's worked example adds 10 % of the GPU watts ({psu['guide_example_w']:g} W), then "
-                  f"another 10 % = {psu['guide_example_margin_w']:g} W → {psu['guide_example_psu_w']} W")
+        needs = dict.fromkeys(f"{s['rule']} (give {s['needs']})" for s in report["skipped"])
+        console.print("not checked: " + "; ".join(needs))
+    for m in machines:
+        psu = m["psu"]
+        console.print(f"PSU rule{' for ' + m['name'].split(':')[0] if several else ''}: gpurig uses "
+                      f"(GPU TDPs + CPU TDP) × 1.1 = {psu['gpurig_w']:g} W → {psu['gpurig_psu_w']} W; "
+                      f"the guide's worked example adds 10 % of the GPU watts ({psu['guide_example_w']:g} W), then "
+                      f"another 10 % = {psu['guide_example_margin_w']:g} W → {psu['guide_example_psu_w']} W")
     console.print(f"overall: [{STYLE[report['overall']]}]{report['overall']}[/]")
 
 

@@ -38,7 +38,8 @@ def add_parser(subparsers) -> None:
                         "transformer-xl-large) or module:factory returning a torch module")
     p.add_argument("--cluster", default=None, help="cluster spec (.toml), bench profile (.json) or a description")
     p.add_argument("--profile", default=None, help="a gpurig bench profile to calibrate the cluster's GPUs with")
-    p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (default 64)")
+    p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (default 64); the strong-scaling "
+                   "table splits this many over the GPUs")
     p.add_argument("--tokens", type=int, default=None, help="sequence length for token models (bert, gpt2)")
     p.add_argument("--sample", default=None, help="one sample's input for module:factory, e.g. 3x224x224, 128:int64")
     p.add_argument("--parallel", default="data", help="data (default), model or hybrid")
@@ -119,13 +120,15 @@ def show(result: dict) -> None:
                       f"({needed['gpu_gb']:g} GB): {verdict}; the largest batch that fits: {needed['largest_batch']}")
     console.print("step = compute + comm + wait + data. comm: communication not hidden under backward; wait: for the "
                   "slowest rank; comm total: all communication; codec: compression's arithmetic (in backward on a CPU)")
-    scaling = Table(title="speed-up by GPU count (per-GPU batch fixed)")
-    for column in ("GPUs", "nodes", "step ms", "speed-up", "efficiency", "bottleneck"):
-        scaling.add_column(column, justify="right")
-    for row in result["scaling"]:
-        scaling.add_row(str(row["gpus"]), str(row["nodes"]), f"{row['step_ms']:.2f}", f"{row['speedup']:.2f}x",
-                        f"{row['efficiency']:.0%}", row["bottleneck"])
-    console.print(scaling)
+    for key in ("strong_scaling", "scaling"):
+        console.print(f"speed-up by GPU count, [bold]{result[key + '_label']}[/]:")
+        scaling = Table()
+        for column in ("GPUs", "nodes", "batch/GPU", "step ms", "speed-up", "efficiency", "bottleneck"):
+            scaling.add_column(column, justify="right")
+        for row in result[key]:
+            scaling.add_row(str(row["gpus"]), str(row["nodes"]), str(row["batch_per_gpu"]), f"{row['step_ms']:.2f}",
+                            f"{row['speedup']:.2f}x", f"{row['efficiency']:.0%}", row["bottleneck"])
+        console.print(scaling)
     console.print(f"bottleneck at {result['gpus']} GPU(s): [bold]{result['bottleneck']}[/]")
     if result["advice"]:
         table = Table(title="what would help (predicted)")
@@ -147,7 +150,11 @@ def plot(result: dict, path: str) -> None:
     gpus = [r["gpus"] for r in result["scaling"]]
     figure, axes = plt.subplots(figsize=(6, 4))
     axes.plot(gpus, gpus, "--", color="grey", label="ideal")
-    axes.plot(gpus, [r["speedup"] for r in result["scaling"]], "o-", label="predicted")
+    axes.plot(gpus, [r["speedup"] for r in result["scaling"]], "o-", label="weak scaling (batch per GPU fixed)")
+    strong = result.get("strong_scaling") or []
+    if strong:
+        axes.plot([r["gpus"] for r in strong], [r["speedup"] for r in strong], "s-",
+                  label="strong scaling (global batch fixed)")
     axes.set_xlabel("GPUs")
     axes.set_ylabel("speed-up over one GPU")
     axes.set_title(f"{result['model']} on {result['hardware']}", fontsize=9)

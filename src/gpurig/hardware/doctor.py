@@ -12,6 +12,7 @@ import dataclasses
 import platform
 
 from gpurig.hardware import rules
+from gpurig.hardware.probe import fans
 from gpurig.hardware.probe import mpi as mpi_probe
 from gpurig.hardware.probe import nvml, system
 from gpurig.hardware.rules import INFO, OK, WARNING, Verdict
@@ -22,14 +23,14 @@ from gpurig.spec.fields import SpecError
 from gpurig.spec.hardware import GPU
 
 MACHINE_RULES = [rules.gpu_memory, rules.mixed_gpus, rules.ram_size, rules.cpu_threads, rules.cpu_clock,
-                 rules.pcie_lanes, rules.storage]
+                 rules.pcie_lanes, rules.pcie_generation, rules.storage]
 HOT_C = 80  # the guide: GPUs throttle at about 80 °C
 
 
 def probe() -> dict:
     """Every fact about this machine, as plain data."""
     return {"hostname": platform.node(), "cpu": system.cpu(), "ram_gb": system.ram_gb(), "disks": system.disks(),
-            "nics": system.nics(), "nvml": nvml.gpus(), "mpi": mpi_probe.mpi()}
+            "nics": system.nics(), "nvml": nvml.gpus(), "mpi": mpi_probe.mpi(), "fans": fans.fan_control()}
 
 
 def gpu_of(device: dict, host: str) -> GPU:
@@ -54,15 +55,63 @@ def node_spec(facts: dict) -> NodeSpec:
     gens = [d["pcie_gen_max"] for d in devices if d.get("pcie_gen_max")]
     widths = [d["pcie_width"] for d in devices if d.get("pcie_width")]
     pairs = [p["p2p"] for p in facts["nvml"]["pairs"] if p["p2p"] is not None]
+    sockets, switches = wiring(facts["nvml"]["pairs"], len(devices))
     cpu = facts["cpu"]
     return NodeSpec(
         gpus=len(devices), gpu=gpu_of(devices[0], host) if devices else None, hostname=host,
         pcie_gen=f"{min(gens)}.0" if gens else None, pcie_lanes=min(widths) if widths else None,
-        ram_gb=facts["ram_gb"], peer_to_peer=all(pairs) if pairs else None,
+        sockets=sockets, pcie_switches=switches, ram_gb=facts["ram_gb"], peer_to_peer=all(pairs) if pairs else None,
         mpi=facts["mpi"].get("library"), mpi_cuda_aware=facts["mpi"].get("cuda_aware"),
         cpu=CPU(cores=cpu["cores"], threads=cpu["threads"], model=cpu["model"], ghz=cpu["ghz"]),
         disks=tuple(Disk(name=d["name"], kind=d["kind"], size_gb=d["size_gb"]) for d in facts["disks"]),
         nics=tuple(NIC(name=n["name"], gbit_per_s=n["gbit_per_s"], kind=n["kind"]) for n in facts["nics"]))
+
+
+def wiring(pairs: list[dict], gpus: int) -> tuple[int | None, int | None]:
+    """(sockets, PCIe switches) the GPUs sit on, from NVML's topology of each pair (what ``nvidia-smi topo -m``
+    shows): a pair across CPUs means two sockets; GPUs joined through one switch are one switch's group.
+
+    >>> wiring([{"gpus": [0, 1], "topology": "same PCIe switch"}, {"gpus": [2, 3], "topology": "same PCIe switch"},
+    ...         {"gpus": [0, 2], "topology": "across CPUs (SMP link)"}], 4)
+    (2, 2)
+    >>> wiring([], 1)
+    (None, None)
+    """
+    if not pairs:
+        return None, None
+    sockets = 2 if any(p["topology"] == "across CPUs (SMP link)" for p in pairs) else 1
+    group = list(range(gpus))
+
+    def root(i):
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for p in pairs:
+        if p["topology"] in ("same PCIe switch", "PCIe switches"):
+            a, b = map(root, p["gpus"])
+            group[a] = b
+    sizes = {}
+    for i in range(gpus):
+        sizes[root(i)] = sizes.get(root(i), 0) + 1
+    return sockets, sum(1 for n in sizes.values() if n > 1)
+
+
+def fan_checks(facts: dict) -> list[Verdict]:
+    """Whether software can set the GPUs' fans (the guide: set Coolbits; headless GPUs need an emulated monitor)."""
+    if not facts["nvml"]["gpus"] or "fans" not in facts:
+        return []
+    f = facts["fans"]
+    if f["fan_control"]:
+        return [Verdict("fan control", OK, f"Coolbits {f['coolbits']}",
+                        "fans can be set (nvidia-settings -a GPUFanControlState=1 -a GPUTargetFanSpeed=…)")]
+    open_air = [d["name"] for d in facts["nvml"]["gpus"] if (gpu_of(d, "").cooler or "") == "open"]
+    return [Verdict("fan control", WARNING if len(facts["nvml"]["gpus"]) > 1 else INFO,
+                    "Coolbits not set" if f["coolbits"] is None else f"Coolbits {f['coolbits']} (no fan bit)",
+                    "the fans follow the driver's curve and the GPUs throttle at ~80 °C: set Coolbits "
+                    "(sudo nvidia-xconfig --cool-bits=4, restart X) to run them faster; headless GPUs need an "
+                    "emulated monitor, or NVML fan control (driver ≥ 520, as root)" +
+                    (f"; open-air cards side by side: {', '.join(sorted(set(open_air)))}" if open_air else ""))]
 
 
 def _build(facts: dict, use_case: str | None, preprocessing: str):
@@ -79,7 +128,8 @@ def _build(facts: dict, use_case: str | None, preprocessing: str):
             "usage": {"preprocessing": preprocessing, **({"use_case": use_case} if use_case else {})}}
     widths = [d["pcie_width"] for d in devices]
     if devices and all(widths):
-        data["board"] = {"lanes": widths, **({"pcie_gen": node.pcie_gen} if node.pcie_gen else {})}
+        data["board"] = {"lanes": widths, **({"pcie_gen": node.pcie_gen} if node.pcie_gen else {}),
+                         **{k: getattr(node, k) for k in ("sockets", "pcie_switches") if getattr(node, k)}}
     if devices and all(catalog_known(d) for d in devices):
         return build_from(data, "this machine")
     return None
@@ -166,7 +216,7 @@ def doctor(facts: dict | None = None, use_case: str | None = None, preprocessing
     True
     """
     facts = facts or probe()
-    verdicts = machine_checks(facts) + gpu_checks(facts)
+    verdicts = machine_checks(facts) + gpu_checks(facts) + fan_checks(facts)
     skipped = []
     build = _build(facts, use_case, preprocessing)
     if build is not None:

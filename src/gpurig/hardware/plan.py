@@ -3,6 +3,9 @@
 >>> report = plan(inputs(flags={"gpus": [{"model": "2080ti", "count": 4}], "ram_gb": 32}))
 >>> [v["verdict"] for v in report["verdicts"] if v["rule"] == "RAM size"]
 ['ok']
+
+A cluster of different machines is checked machine by machine (PSU, connectors, lanes, cooling…), and as a
+whole (energy, network, the slowest GPU).
 """
 
 from __future__ import annotations
@@ -46,7 +49,17 @@ def inputs(build_file: str | None = None, spec_file: str | None = None, descript
         base, where = build_data_from_spec(parse_description(description)), "--describe"
     else:
         base = {}
-    data = merge(base, flags or {})
+    flags = flags or {}
+    data = merge(base, flags)
+    if data.get("other_nodes"):
+        # a cluster of different machines: a part given by a flag is every machine's; GPUs and counts are per machine
+        per_machine = (["--gpu"] if "gpus" in flags else []) + \
+            (["--nodes"] if "nodes" in flags.get("cluster", {}) else [])
+        if per_machine:
+            raise SpecError(f"{where} describes {1 + len(data['other_nodes'])} kinds of machine: "
+                            f"{', '.join(per_machine)} would change only the first; edit the file instead")
+        shared = {k: v for k, v in flags.items() if k != "cluster"}
+        data["other_nodes"] = [merge(other, shared) for other in data["other_nodes"]]
     if not data.get("gpus"):
         raise SpecError(f"{where}: no GPUs: give --gpu NAME (and --count N) or a build file with [[gpus]]")
     return build_from(data, where)
@@ -75,7 +88,10 @@ def plan(build: Build) -> dict:
     worst = max((rules.VERDICTS.index(v.verdict) for v in verdicts if v.verdict != rules.INFO), default=0)
     return {
         "gpus": [{"model": g.gpu.name, "count": g.count, "cooler": g.cooling} for g in build.gpus],
-        "nodes": build.nodes,
+        "nodes": build.node_count,
+        "machines": [{"name": rules.machine_name(m, i), "nodes": m.nodes,
+                      "gpus": [{"model": g.gpu.name, "count": g.count, "cooler": g.cooling} for g in m.gpus],
+                      "psu": psu_versions(m)} for i, m in enumerate(build.machines())],
         "verdicts": [dataclasses.asdict(v) for v in verdicts],
         "skipped": [dataclasses.asdict(s) for s in skipped],
         "psu": psu_versions(build),

@@ -45,10 +45,7 @@ def predict(request: PredictRequest) -> dict:
     curve = []
     for n in counts:
         step = step_at(spec, layers, request, hardware, n)
-        speedup = n * single / step.step_s
-        curve.append({"gpus": n, "nodes": hardware.topology_for(n).nodes, "step_ms": 1000 * step.step_s,
-                      "speedup": speedup, "efficiency": speedup / n,
-                      "bottleneck": step.bottleneck() if n > 1 else "compute"})
+        curve.append(_point(n, n * batch, step, n * single / step.step_s, hardware))
     final = step_at(spec, layers, request, hardware, top)
     result = {
         "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
@@ -57,12 +54,52 @@ def predict(request: PredictRequest) -> dict:
         "precision_note": precision_on(hardware.gpu, request.precision).note if hardware.gpu is not None else "",
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck() if top > 1 else "compute",
-        "buckets": final.buckets, "layers": final.layers, "scaling": curve,
+        "buckets": final.buckets, "layers": final.layers,
+        "scaling": curve, "scaling_label": WEAK_LABEL.format(batch=batch),
+        "strong_scaling": strong_scaling(request, hardware, batch, counts, single),
+        "strong_scaling_label": STRONG_LABEL.format(batch=batch),
         "memory": memory(spec, request, hardware, top),
     }
     result["advice"] = fit_advice(spec, request, hardware, top, result["memory"]) + \
         advice(spec, layers, request, hardware, top, final)
     return result
+
+
+WEAK_LABEL = "weak scaling: {batch} samples per GPU, the global batch grows with the GPUs"
+STRONG_LABEL = "strong scaling: a global batch of {batch} split over the GPUs (as the posts compare)"
+
+
+def _point(n: int, global_batch: int, step: StepPrediction, speedup: float, hardware: Hardware) -> dict:
+    return {"gpus": n, "nodes": hardware.topology_for(n).nodes, "global_batch": global_batch,
+            "batch_per_gpu": global_batch // n, "step_ms": 1000 * step.step_s, "speedup": speedup,
+            "efficiency": speedup / n, "bottleneck": step.bottleneck() if n > 1 else "compute"}
+
+
+def strong_scaling(request: PredictRequest, hardware: Hardware, batch: int, counts: list[int],
+                   single_s: float) -> list[dict]:
+    """Speed-up at a fixed global batch (``batch``, what one GPU runs) split over N GPUs: samples per second
+    against one GPU's. GPU counts that would get less than one sample each are left out; where ``batch`` does not
+    divide, each GPU takes ``batch // N`` and the speed-up is counted in samples.
+
+    >>> rows = strong_scaling(PredictRequest(model="mnist-mlp", cluster="4 GTX 980, PCIe 3.0 x4"),
+    ...                       load_hardware(PredictRequest(model="mnist-mlp", cluster="4 GTX 980, PCIe 3.0 x4")),
+    ...                       128, [1, 2, 4], 1.0)
+    >>> [(r["gpus"], r["batch_per_gpu"], r["global_batch"]) for r in rows]
+    [(1, 128, 128), (2, 64, 128), (4, 32, 128)]
+    """
+    from gpurig.models import model_spec
+
+    rows = []
+    for n in counts:
+        per_gpu = batch // n
+        if per_gpu < 1:
+            break
+        spec = model_spec(request.model, batch=per_gpu, tokens=request.tokens, sample=request.sample)
+        step = step_at(spec, layer_costs(spec), request, hardware, n)
+        if n == 1:
+            single_s = step.step_s
+        rows.append(_point(n, per_gpu * n, step, (per_gpu * n / step.step_s) / (batch / single_s), hardware))
+    return rows
 
 
 def split_of(step: StepPrediction) -> dict:

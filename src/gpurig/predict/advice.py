@@ -30,7 +30,9 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
                        request, hardware, ranks).get("fits", True):
         other = model_spec(request.model, batch=better, tokens=request.tokens, sample=request.sample)
         predicted = step_at(other, layer_costs(other), request, hardware, ranks)
-        items.append({"what": f"per-GPU batch {better}", "why": rule,
+        items.append({"what": f"per-GPU batch {better}",
+                      "why": f"{rule}; the global batch becomes {better * ranks} (from {spec.batch * ranks}): "
+                             "the optimisation changes with it (learning rate, epochs to converge)",
                       "samples_per_s_gain": gain(predicted, better)})
     if ranks > 1 and step.bottleneck() == "communication":
         for method in ("fp16", "int8", "powersgd"):

@@ -99,11 +99,13 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
 
 
 def step_at(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int) -> StepPrediction:
+    """The step on ``ranks`` ranks; on a cluster of several GPU models, the slowest rank's (everyone waits for it)."""
     topology = hardware.topology_for(ranks)
-    device = hardware.device_for(min(ranks, hardware.ranks_per_node))
-    if request.parallel != "data" and ranks > 1:
-        return split_step(spec, request, device, topology)
-    return data_parallel_step(spec, layers, device, topology, request, hardware)
+    devices = hardware.devices_in_use(ranks) if hardware.devices_in_use else \
+        [hardware.device_for(min(ranks, hardware.ranks_per_node))]
+    steps = [split_step(spec, request, device, topology, hardware) if request.parallel != "data" and ranks > 1 else
+             data_parallel_step(spec, layers, device, topology, request, hardware) for device in devices]
+    return max(steps, key=lambda step: step.step_s)
 
 
 def split_plan(request: PredictRequest, spec) -> tuple[dict[int, str], dict[int, tuple[int, int]], set[int]]:
@@ -131,8 +133,10 @@ def split_plan(request: PredictRequest, spec) -> tuple[dict[int, str], dict[int,
     return plan, widths, fed_by_data
 
 
-def split_step(spec, request: PredictRequest, device: Device, topology: Topology) -> StepPrediction:
-    """Model or hybrid parallelism of ``spec`` (its batch per rank) over ``topology``'s ranks."""
+def split_step(spec, request: PredictRequest, device: Device, topology: Topology,
+               hardware: Hardware | None = None) -> StepPrediction:
+    """Model or hybrid parallelism of ``spec`` (its batch per rank) over ``topology``'s ranks; each rank's input
+    crosses PCIe as in data parallelism (so 1 GPU and N GPUs price the same copy)."""
     from gpurig.perf.model_parallel import predict_split_step
     from gpurig.models import model_spec
 
@@ -141,5 +145,11 @@ def split_step(spec, request: PredictRequest, device: Device, topology: Topology
     if not plan:
         raise UsageError(f"{spec.name} has no pair of fully connected layers to split: use --parallel data")
     whole = model_spec(request.model, batch=spec.batch * ranks, tokens=request.tokens, sample=request.sample)
-    return predict_split_step(layer_costs(whole), layer_costs(spec), plan, widths, device, topology,
+    step = predict_split_step(layer_costs(whole), layer_costs(spec), plan, widths, device, topology,
                               request.parallel, spec.batch * ranks, fed_by_data, request.optimizer)
+    if device.is_gpu and hardware is not None and hardware.host_to_device_bytes_per_s:
+        # the model mode feeds every rank the whole batch, the hybrid mode its share
+        samples = spec.batch * ranks if request.parallel == "model" else spec.batch
+        input_bytes = samples * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
+        step.data_s += input_bytes / hardware.host_to_device_bytes_per_s
+    return step

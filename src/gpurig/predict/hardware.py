@@ -30,7 +30,10 @@ class Hardware:
     posted_s: float = 0.0           # what posting a collective costs the computation (bench's overlap too)
     # codec -> (alpha s, s per gradient byte, s per matrix beyond a bucket's first): bench's timed chain
     compressed: dict = field(default_factory=dict)
-    gpu: object = None              # the catalog GPU, if the hardware is one (its memory, its precisions)
+    gpu: object = None              # the catalog GPU, if the hardware is one (its memory, its precisions): the
+                                    # smallest of a cluster of several models
+    # ranks -> a Device per GPU model those ranks use, when they are several: the slowest sets the step
+    devices_in_use: object = None
 
 
 def load_hardware(request: PredictRequest) -> Hardware:
@@ -56,26 +59,8 @@ def load_hardware(request: PredictRequest) -> Hardware:
             raise UsageError(f"--precision {request.precision}: a measured profile prices fp32 (bench timed its "
                              "GEMMs in float32); predict from catalog parts, such as --cluster '1 x A100'")
 
-    if spec is not None and spec.nodes[0].gpu is not None:
-        gpu = spec.nodes[0].gpu
-        per_node = spec.nodes[0].gpus
-        base = machine.spec_topology(spec, network_efficiency=request.network_efficiency)
-        if profile is not None and profile.get("device") not in (None, "cpu"):
-            def device_for(ranks, _p=profile):
-                return machine.profile_device(_p, ranks)
-        else:
-            def device_for(ranks, _g=gpu):
-                return machine.gpu_device(_g, request.precision)
-        from gpurig.perf.transfer import host_copy_efficiency, pcie_bytes_per_s
-
-        node = spec.nodes[0]
-        h2d = pcie_bytes_per_s(node.pcie_gen or gpu.pcie_gen or "3.0", node.pcie_lanes or gpu.pcie_lanes or 16) \
-            * host_copy_efficiency(request.pinned)
-        disk = _disk_rate(spec, profile)
-        return Hardware(spec.name or f"{spec.node_count} × {per_node} {gpu.name}", spec.total_gpus, per_node,
-                        device_for, lambda n: _sized(base, n, per_node), h2d, disk,
-                        "catalog" + (" + profile" if profile is not None else ""),
-                        gpu=gpu)
+    if spec is not None and any(node.gpu is not None and node.gpus for node in spec.nodes):
+        return _spec_hardware(spec, profile, request)
     if profile is None:
         raise UsageError("a machine without GPUs needs measurements: run `gpurig bench` and pass its profile "
                          "(--cluster runs/bench/profile.json)")
@@ -108,6 +93,68 @@ def load_hardware(request: PredictRequest) -> Hardware:
                     posted, compressed)
 
 
+def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
+    """A cluster spec's machines, every ``[[nodes]]`` table: the ranks fill the machines in the spec's order; the
+    links are the slowest the ranks cross (sockets, switches: :mod:`gpurig.hardware.topology`), the device the
+    slowest GPU's."""
+    from gpurig.perf.transfer import host_copy_efficiency, pcie_bytes_per_s
+
+    machines = [node for node in spec.nodes if node.gpu is not None and node.gpus for _ in range(node.count)]
+    base = machine.spec_topology(spec, network_efficiency=request.network_efficiency)
+    first = machines[0]
+    measured = profile is not None and profile.get("device") not in (None, "cpu")
+
+    def device_of(gpu, ranks):
+        return machine.profile_device(profile, ranks) if measured else machine.gpu_device(gpu, request.precision)
+
+    def placed(n: int) -> list[tuple]:
+        out, left = [], n
+        for node in machines:
+            if left <= 0:
+                break
+            out.append((node, min(left, node.gpus)))
+            left -= node.gpus
+        return out
+
+    def topology_for(n: int) -> Topology:
+        used = placed(n)
+        local = min((_local_link(node, r) for node, r in used), key=lambda link: link.bytes_per_s)
+        return replace(base, nodes=len(used), gpus_per_node=math.ceil(n / len(used)), local=local)
+
+    models = {node.gpu.name: node.gpu for node in machines}
+    devices_in_use = None
+    if len(models) > 1 and not measured:
+        def devices_in_use(n):
+            return [machine.gpu_device(gpu, request.precision) for gpu in
+                    {node.gpu.name: node.gpu for node, _ in placed(n)}.values()]
+    h2d = min(pcie_bytes_per_s(node.pcie_gen or node.gpu.pcie_gen or "3.0", node.pcie_lanes or node.gpu.pcie_lanes or 16)
+              for node in machines) * host_copy_efficiency(request.pinned)
+    disk = _disk_rate(spec, profile)
+    if profile is not None and not measured and not profile.get("disk"):
+        raise UsageError(f"--profile {request.profile or request.cluster}: measured on a {profile.get('device') or 'CPU'}, "
+                         "with no disk: nothing in it applies to the cluster's catalog GPUs")
+    source = "catalog" + (" + profile" if measured else " + profile's disk" if profile is not None else "")
+    name = spec.name or " + ".join(f"{node.count} × {node.gpus} {node.gpu.name}" for node in spec.nodes if node.gpu)
+    return Hardware(name, spec.total_gpus, first.gpus, lambda ranks: device_of(first.gpu, ranks), topology_for, h2d,
+                    disk, source,
+                    gpu=min(models.values(), key=lambda gpu: gpu.memory_gb), devices_in_use=devices_in_use)
+
+
+def _local_link(node, ranks: int):
+    """The slowest hop a ring over ``ranks`` GPUs of ``node`` crosses, as the cost model prices it."""
+    from gpurig.hardware import topology
+    from gpurig.hardware.reference import gpu_pcie_link
+    from gpurig.perf.collectives import Link
+
+    gpu = node.gpu
+    pcie = gpu_pcie_link(node.pcie_gen or gpu.pcie_gen or "3.0", node.pcie_lanes or gpu.pcie_lanes or 16)
+    nvlink = bool(getattr(gpu, "gpu_link_gbs", None)) and node.gpus > 1
+    kind = topology.hop(node.gpus, ranks, node.sockets, node.pcie_switches, nvlink)
+    if kind == "nvlink":  # the catalog's figure is both directions together: half each way
+        return Link(machine.LATENCY_S["nvlink"], gpu.gpu_link_gbs * 1e9 / 2 * machine.LINK_EFFICIENCY)
+    return topology.hop_link(kind, pcie)
+
+
 def _median(values: list[float]) -> float:
     """The median of ``values``; 0 for none (a profile from before bench timed it).
 
@@ -130,8 +177,8 @@ def _engine_key(profile: dict, engine: str) -> str:
 def _disk_rate(spec, profile) -> float | None:
     if profile and profile.get("disk"):
         return profile["disk"]["mb_per_s"] * 1e6
-    disks = [d for d in spec.nodes[0].disks if d.read_mb_s]
-    return disks[0].read_mb_s * 1e6 if disks else None
+    disks = [d for node in spec.nodes for d in node.disks if d.read_mb_s]
+    return min(d.read_mb_s for d in disks) * 1e6 if disks else None
 
 
 def _sized(base: Topology, ranks: int, per_node: int) -> Topology:

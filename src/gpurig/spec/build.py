@@ -25,7 +25,13 @@ doctor`` wrote), and checked with the same one-line errors as every spec::
     [board]
     gpu_slots = 4                # x16-size slots
     slot_pitch = 2               # slots from one GPU slot to the next
-    lanes = [16, 8, 8, 8]        # lanes each GPU gets
+    lanes = [16, 8, 8, 8]        # lanes each GPU gets (else split from the CPU's lanes as boards do)
+    sockets = 1                  # CPU sockets ([cpu] is one of them: pcie_lanes each)
+    pcie_switches = 0            # PCIe switches (PLX) the GPUs sit behind
+
+    [case]
+    gpu_length_mm = 320          # the longest card the case takes (full-length cards are up to 312 mm)
+    radiators = 2                # 120/240 mm radiator mounts, for water cooling
 
     [storage]
     ssd_gb = 1000
@@ -36,6 +42,12 @@ doctor`` wrote), and checked with the same one-line errors as every spec::
     use_case = "research"
     hours = 336
     price_per_kwh = 0.20
+
+A cluster of different machines (a 3 + 1, a 4-GPU box beside a 2-GPU one) is one
+parts list per kind of machine: the file above is the first, each
+``[[other_nodes]]`` table another, with its own ``[[other_nodes.gpus]]``,
+``[other_nodes.psu]``, … and ``[other_nodes.cluster] nodes = N``. ``plan
+--spec`` makes the same from a cluster spec's ``[[nodes]]`` tables.
 """
 
 from __future__ import annotations
@@ -85,7 +97,15 @@ class Board:
     gpu_slots: int | None = number("slots", 0, 64, integer=True, default=None)
     slot_pitch: int | None = number("slots", 1, 8, integer=True, default=None)
     pcie_gen: str | None = text(choices=PCIE_GENERATIONS, default=None)
+    sockets: int | None = number("CPU sockets", 1, 8, integer=True, default=None)
+    pcie_switches: int | None = number("PCIe switches", 0, 64, integer=True, default=None)
     lanes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Case:
+    gpu_length_mm: float | None = number("mm", 100, 1000, default=None)
+    radiators: int | None = number("radiator mounts", 0, 32, integer=True, default=None)
 
 
 @dataclass(frozen=True)
@@ -115,9 +135,32 @@ class Build:
     psu: PSU = PSU()
     board: Board = Board()
     storage: Storage = Storage()
+    case: Case = Case()
     usage: Usage = Usage()
     nodes: int = 1
     network: Network | None = None
+    other_nodes: tuple["Build", ...] = ()   # the cluster's other kinds of machine, each with its own count
+    cluster_nodes: int | None = None        # machines in the whole cluster, when this is one kind of several
+
+    def machines(self) -> list["Build"]:
+        """Every kind of machine in the cluster, this one first (each ``nodes`` times).
+
+        >>> b = build_from({"gpus": [{"model": "GTX Titan", "count": 3}],
+        ...                 "other_nodes": [{"gpus": [{"model": "GTX Titan"}]}]}, "x")
+        >>> [(m.nodes, m.gpu_count) for m in b.machines()]
+        [(1, 3), (1, 1)]
+        """
+        return [self, *self.other_nodes]
+
+    @property
+    def node_count(self) -> int:
+        """Machines in the cluster, every kind."""
+        return sum(m.nodes for m in self.machines())
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs in the cluster, every kind."""
+        return sum(m.nodes * m.gpu_count for m in self.machines())
 
     @property
     def gpu_count(self) -> int:
@@ -129,7 +172,7 @@ class Build:
         return [g.gpu for g in self.gpus for _ in range(g.count)]
 
 
-_TOP = ("ram_gb", "gpus", "cpu", "psu", "board", "storage", "usage", "cluster")
+_TOP = ("ram_gb", "gpus", "cpu", "psu", "board", "storage", "case", "usage", "cluster", "other_nodes")
 
 
 def _table(data: dict, key: str, where: str) -> dict:
@@ -169,19 +212,29 @@ def build_from(data: dict, where: str) -> Build:
     board_table = _table(data, "board", where)
     board = from_mapping(Board, board_table, f"{where}: [board]", extra=("lanes",),
                          given={"lanes": _lanes(board_table["lanes"], f"{where}: [board]") if "lanes" in board_table else ()})
+    others = data.get("other_nodes", [])
+    if not isinstance(others, list) or not all(isinstance(o, dict) for o in others):
+        raise SpecError(f"{where}: other_nodes: expected [[other_nodes]] tables, got {others!r}")
     cluster = _table(data, "cluster", where)
     unknown_keys(cluster, ("nodes", "network"), f"{where}: [cluster]")
     nodes = cluster.get("nodes", 1)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise SpecError(f"{where}: [cluster]: nodes: expected a whole number ≥ 1, got {nodes!r}")
+    others = [build_from(o, f"{where}: other_nodes[{i}]") for i, o in enumerate(others)]
+    network = network_from(cluster["network"], f"{where}: [cluster] network") if "network" in cluster else None
+    if others:  # every machine of the cluster has the cluster's network card
+        total = nodes + sum(o.nodes for o in others)
+        others = [dataclasses.replace(o, network=o.network or network, cluster_nodes=total) for o in others]
     return Build(
+        cluster_nodes=nodes + sum(o.nodes for o in others) if others else None,
         gpus=tuple(gpus),
         cpu=from_mapping(CPU, data["cpu"], f"{where}: [cpu]") if "cpu" in data else None,
         ram_gb=ram, board=board, nodes=nodes,
         psu=from_mapping(PSU, _table(data, "psu", where), f"{where}: [psu]"),
         storage=from_mapping(Storage, _table(data, "storage", where), f"{where}: [storage]"),
+        case=from_mapping(Case, _table(data, "case", where), f"{where}: [case]"),
         usage=from_mapping(Usage, _table(data, "usage", where), f"{where}: [usage]"),
-        network=network_from(cluster["network"], f"{where}: [cluster] network") if "network" in cluster else None)
+        network=network, other_nodes=tuple(others))
 
 
 def load_build(path: str | Path) -> dict:
@@ -190,13 +243,22 @@ def load_build(path: str | Path) -> dict:
 
 
 def build_data_from_spec(spec: ClusterSpec) -> dict:
-    """The build-file structure for the first node of a cluster spec (doctor's facts, a description).
+    """The build-file structure of a cluster spec (doctor's facts, a description): its first ``[[nodes]]``
+    table, the others as ``other_nodes``.
 
     >>> from gpurig.spec.describe import parse_description
     >>> build_data_from_spec(parse_description("2 nodes x 4 2080ti, PCIe 3.0 x8"))["board"]
     {'lanes': [8, 8, 8, 8], 'pcie_gen': '3.0'}
     """
-    node = spec.nodes[0]
+    first, *others = [_node_data(node) for node in spec.nodes]
+    if others:
+        first["other_nodes"] = others
+    if spec.network is not None and (spec.node_count > 1):
+        first.setdefault("cluster", {})["network"] = dataclasses.asdict(spec.network)
+    return first
+
+
+def _node_data(node) -> dict:
     data: dict = {"gpus": [{"model": node.gpu.name, "count": node.gpus}] if node.gpus else []}
     if node.ram_gb is not None:
         data["ram_gb"] = node.ram_gb
@@ -207,14 +269,15 @@ def build_data_from_spec(spec: ClusterSpec) -> dict:
         board["lanes"] = [node.pcie_lanes] * node.gpus
     if node.pcie_gen:
         board["pcie_gen"] = node.pcie_gen
+    for key in ("sockets", "pcie_switches"):
+        if getattr(node, key) is not None:
+            board[key] = getattr(node, key)
     if board:
         data["board"] = board
     if node.disks:
         ssd = sum(d.size_gb or 0 for d in node.disks if d.kind == "ssd")
         hdd = sum(d.size_gb or 0 for d in node.disks if d.kind == "hdd")
         data["storage"] = {"ssd_gb": ssd, "hdd_gb": hdd}
-    if spec.node_count > 1:
-        data["cluster"] = {"nodes": spec.node_count}
-        if spec.network is not None:
-            data["cluster"]["network"] = dataclasses.asdict(spec.network)
+    if node.count > 1:
+        data["cluster"] = {"nodes": node.count}
     return data

@@ -16,10 +16,16 @@ description (:mod:`gpurig.spec.describe`). Example::
     gpus = 4
     pcie_gen = "3.0"
     pcie_lanes = 8                   # per GPU
+    sockets = 1                      # CPU sockets the GPUs are spread over (2: some pairs cross the CPUs' link)
+    pcie_switches = 0                # PCIe switches (PLX) the GPUs sit behind
     ram_gb = 64
     [nodes.cpu]
     cores = 8
     threads = 16
+
+A cluster of different machines has one ``[[nodes]]`` table per kind (the
+multi-GPU post's 3 + 1: ``gpus = 3``, then ``gpus = 1``); ``plan`` checks each
+and ``predict`` fills them with ranks in order (examples/cluster-3+1-titan.toml).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from gpurig.units import gbit_per_s
 class CPU:
     """The processor(s) of a node."""
 
-    cores: int = number("cores", 1, 4096, integer=True)
+    cores: int | None = number("cores", 1, 4096, integer=True, default=None)
     model: str | None = text(default=None)
     threads: int | None = number("threads", 1, 8192, integer=True, default=None)
     ghz: float | None = number("GHz", 0.2, 10, default=None)
@@ -76,6 +82,10 @@ class NodeSpec:
     count: int = number("nodes", 1, 100000, integer=True, default=1)
     pcie_gen: str | None = text(choices=PCIE_GENERATIONS, default=None)
     pcie_lanes: int | None = number("lanes per GPU", 1, 16, integer=True, default=None)
+    # how the board wires the GPUs (spread evenly, filled in order): traffic between GPUs of two sockets is copied
+    # through host memory across the CPUs' interconnect; GPUs behind one PCIe switch (PLX) talk directly
+    sockets: int | None = number("CPU sockets", 1, 8, integer=True, default=None)
+    pcie_switches: int | None = number("PCIe switches", 0, 64, integer=True, default=None)
     ram_gb: float | None = number("GB", 0.1, 1e6, default=None)
     hostname: str | None = text(default=None)
     peer_to_peer: bool | None = flag(default=None)

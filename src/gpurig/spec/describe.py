@@ -8,6 +8,8 @@ Comma-separated parts, in any order:
   ("40 Gbit/s InfiniBand", "1 Gbit/s Ethernet"); the stated rate is used as it is
 - GPUDirect RDMA: ``GPUDirect`` / ``GPUDirect RDMA`` or ``no GPUDirect``
 - RAM: ``64 GB RAM``
+- how the board wires the GPUs: ``2 sockets`` (or ``2 CPUs``: GPUs split over them, pairs across them copy
+  through host memory), ``2 PCIe switches`` (or ``2 PLX``: GPUs behind one switch talk directly)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ _TIMES = r"\s*(?:×|x|\*)\s*"
 _GPUS = re.compile(rf"^(?:(?P<nodes>\d+)\s*nodes?{_TIMES})?(?:(?P<gpus>\d+){_TIMES}|(?P<gpus2>\d+)\s+)?(?P<name>.+)$", re.I)
 _PCIE = re.compile(r"^pcie\s*(?:gen\s*)?(?P<gen>\d(?:\.\d)?)?\s*(?:x\s*(?P<lanes>\d+))?$", re.I)
 _RAM = re.compile(r"^(?P<gb>[0-9.]+)\s*(?:GB|GiB)\s+(?:of\s+)?RAM$", re.I)
+_SOCKETS = re.compile(r"^(?P<n>\d+)\s*(?:cpu\s*)?(?:sockets?|cpus?)$", re.I)
+_SWITCHES = re.compile(r"^(?P<n>\d+)\s*(?:pcie\s+switch(?:es)?|plx(?:\s+switch(?:es)?)?)$", re.I)
 
 
 def parse_description(text: str) -> ClusterSpec:
@@ -30,6 +34,9 @@ def parse_description(text: str) -> ClusterSpec:
     >>> spec = parse_description("2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand, no GPUDirect")
     >>> spec.node_count, spec.total_gpus, spec.nodes[0].gpu.name, spec.nodes[0].pcie_lanes, spec.network.gbit_per_s
     (2, 8, 'GeForce RTX 2080 Ti', 8, 40.0)
+    >>> node = parse_description("8 K20, PCIe 2.0 x16, 2 sockets, 2 PCIe switches").nodes[0]
+    >>> node.sockets, node.pcie_switches
+    (2, 2)
     >>> parse_description("0 nodes x 4 A100")
     Traceback (most recent call last):
     ...
@@ -51,6 +58,11 @@ def parse_description(text: str) -> ClusterSpec:
             gpudirect = not low.startswith("no")
         elif match := _RAM.match(part):
             node["ram_gb"] = float(match["gb"])
+        elif match := _SOCKETS.match(part):
+            node["sockets"] = from_mapping(NodeSpec, {"gpus": 0, "sockets": int(match["n"])}, f"in {part!r}").sockets
+        elif match := _SWITCHES.match(part):
+            node["pcie_switches"] = from_mapping(NodeSpec, {"gpus": 0, "pcie_switches": int(match["n"])},
+                                                 f"in {part!r}").pcie_switches
         elif (found := parse_network(part)) is not None:
             network = found
         elif "gpu" not in node and (match := _GPUS.match(part)):
@@ -66,7 +78,7 @@ def parse_description(text: str) -> ClusterSpec:
                 raise SpecError(f"in {part!r}: a node needs at least 1 GPU, got {node['gpus']}")
         else:
             raise SpecError(f"cannot read {part!r} in the cluster description (expected GPUs, 'PCIe 3.0 x8', "
-                            "a network such as '40 Gbit/s InfiniBand', 'no GPUDirect' or '64 GB RAM')")
+                            "a network such as '40 Gbit/s InfiniBand', 'no GPUDirect', '64 GB RAM', '2 sockets' or '2 PCIe switches')")
     if "gpu" not in node:
         raise SpecError(f"the cluster description {text!r} names no GPU (e.g. '4 RTX 2080 Ti')")
     return ClusterSpec(nodes=(NodeSpec(**node),), network=network, gpudirect_rdma=gpudirect, name=text)
