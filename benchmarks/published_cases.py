@@ -24,12 +24,12 @@ from gpurig.predict import PredictRequest, predict
 
 CASES = [
     {"case": "Krizhevsky 2014, hybrid (one weird trick)", "published": "3.74x on 4 GPUs",
-     "request": PredictRequest(model="alexnet", cluster="1 node x 8 K20, PCIe 2.0 x16", batch=128,
+     "request": PredictRequest(model="alexnet", cluster="1 node x 8 K20, PCIe 2.0 x16, 2 sockets, 2 PCIe switches", batch=128,
                                parallel="hybrid"), "gpus": 4, "value": 3.74, "measure": "speedup",
-     "assumptions": "8 K20 in one machine over PCIe 2.0; torchvision's single-tower AlexNet (the paper's "
+     "assumptions": "8 K20 in one machine over PCIe 2.0, two CPU sockets with a PCIe switch each (4 GPUs per socket); torchvision's single-tower AlexNet (the paper's "
                     "layout); batch 128 per GPU (the paper's 128K rows); fp32"},
     {"case": "Krizhevsky 2014, hybrid (one weird trick)", "published": "6.25x on 8 GPUs",
-     "request": PredictRequest(model="alexnet", cluster="1 node x 8 K20, PCIe 2.0 x16", batch=128,
+     "request": PredictRequest(model="alexnet", cluster="1 node x 8 K20, PCIe 2.0 x16, 2 sockets, 2 PCIe switches", batch=128,
                                parallel="hybrid"), "gpus": 8, "value": 6.25, "measure": "speedup",
      "assumptions": "as above"},
     {"case": "Horovod 2018 (Sergeev, Del Balso)", "published": "~88-90 % efficiency at 128 GPUs (ResNet-101)",

@@ -16,6 +16,7 @@ datasheet, derated by measured efficiency where there is a profile.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -58,17 +59,7 @@ class GemmModel:
         """
         if self.tile is None:
             return 2.0 * m * n * k * batch
-        # one tile shape, or several a library picks from (the one that wastes least)
-        shapes = self.tile if isinstance(self.tile[0], tuple) else (self.tile,)
-        return min(self._tiled_flops(m, n, k, batch, tm, tn) for tm, tn in shapes)
-
-    def _tiled_flops(self, m: int, n: int, k: int, batch: int, tm: int, tn: int) -> float:
-        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
-        split = 1
-        if self.units:
-            split = max(1, min(self.units // tiles, k // SPLIT_K_MIN))
-            tiles = math.ceil(tiles * split / self.units) * self.units
-        return 2.0 * tiles * tm * tn * math.ceil(k / split)
+        return _tiled_flops(m, n, k, batch, self.tile, self.units)
 
     def seconds(self, m: int, n: int, k: int, batch: int = 1, dtype_bytes: int = DTYPE_BYTES) -> float:
         """Seconds for ``batch`` (m × k)·(k × n) products run as one (batched) GEMM."""
@@ -99,6 +90,23 @@ class FastestGemm:
 
     def seconds(self, m: int, n: int, k: int, batch: int = 1, dtype_bytes: int = DTYPE_BYTES) -> float:
         return min(o.seconds(m, n, k, batch, dtype_bytes) for o in self.options)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _tiled_flops(m: int, n: int, k: int, batch: int, tile: tuple, units: int | None) -> float:
+    """Whole tiles in whole waves (:meth:`GemmModel.computed_flops`), for the tile shape that wastes least; pure
+    in its arguments, so cached: a fit prices the same products thousands of times."""
+    # one tile shape, or several a library picks from
+    shapes = tile if isinstance(tile[0], tuple) else (tile,)
+    best = math.inf
+    for tm, tn in shapes:
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
+        split = 1
+        if units:
+            split = max(1, min(units // tiles, k // SPLIT_K_MIN))
+            tiles = math.ceil(tiles * split / units) * units
+        best = min(best, 2.0 * tiles * tm * tn * math.ceil(k / split))
+    return best
 
 
 def memory_seconds(nbytes: float, bytes_per_s: float, overhead_s: float = 0.0) -> float:
