@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 EPILOG = """\
@@ -17,6 +18,8 @@ examples:
   gpurig train --model wide-cnn --parallel hybrid   # Krizhevsky: convolutions data-, dense layers model-parallel
   gpurig train --json | jq .test_accuracy   # machine-readable summary
   gpurig train --on-nonfinite skip          # skip steps whose averaged gradients hold NaN or Inf
+  gpurig train --precision bf16             # automatic mixed precision (fp16: with a loss scaler)
+  gpurig train --global-batch 512 --accumulate 4   # 4 micro-batches of 128 per step, one allreduce
 
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data).
@@ -78,6 +81,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--on-nonfinite", default="stop",
                    help="when averaged gradients hold NaN or Inf: stop (default: raise naming the parameter; "
                         "the last checkpoint is intact), skip (leave the weights alone for that step) or ignore")
+    p.add_argument("--precision", default="fp32",
+                   help="fp32 (default), tf32 (NVIDIA GPUs), bf16 or fp16: automatic mixed precision (torch.autocast; "
+                        "FP32 master weights; fp16 with a loss scaler whose skipped steps every rank agrees on); "
+                        "the words gpurig predict takes")
+    p.add_argument("--accumulate", type=int, default=1, metavar="K",
+                   help="gradient accumulation: each step's global batch in K micro-batches, gradients averaged "
+                        "once per step (the same update as K=1, a K-th of the activation memory)")
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the measurements behind the predicted step split (about 10 s on 2 CPU ranks)")
     add_reliability_flags(p)
@@ -94,6 +104,7 @@ def _config(args):
                        compression=args.compression, parallel=args.parallel, predict=args.predict,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
+                       precision=args.precision, accumulate=args.accumulate,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
                        stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
 
@@ -114,14 +125,17 @@ def run(args) -> int:
         done = [e for e in events if e["event"] == "done"]
         if code == 0 and done:
             print(json.dumps({k: v for k, v in done[-1].items() if k != "event"}, indent=2))
-        return code
-    view = _TrainView()
-    try:
-        code, events = launch_training(config, on_event=view.update)
-    finally:
-        view.close()
-    if code == 0 and events and events[-1]["event"] == "done":
-        view.summary(events[-1])
+    else:
+        view = _TrainView()
+        try:
+            code, events = launch_training(config, on_event=view.update)
+        finally:
+            view.close()
+        if code == 0 and events and events[-1]["event"] == "done":
+            view.summary(events[-1])
+    stopped = [e for e in events if e["event"] == "error"]
+    if stopped:  # the ranks stopped together (a diverging run): rank 0's one line
+        print(f"gpurig train: {stopped[-1]['message']}", file=sys.stderr)
     return code
 
 

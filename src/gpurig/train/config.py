@@ -41,6 +41,9 @@ class TrainConfig:
     predict: bool = True
     keep_checkpoints: int = checkpoints.KEEP
     on_nonfinite: str = "stop"
+    precision: str = "fp32"
+    accumulate: int = 1
+    logdir: str | None = None
     iface: str | None = None
     failure_timeout: float | None = None
     stall_timeout: float | None = None
@@ -104,6 +107,34 @@ def validate(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
     _validate_parallel(config, nprocs)
     _validate_reliability(config)
+    _validate_step(config, nprocs)
+
+
+def _validate_step(config: TrainConfig, nprocs: int) -> None:
+    """``--precision`` (one these ranks' devices and this torch can run) and ``--accumulate`` (every rank at least
+    one sample per micro-batch).
+
+    >>> _validate_step(TrainConfig(global_batch=128, accumulate=48), nprocs=4)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --accumulate 48 cuts each rank's 32 samples per step into 48 micro-batches: use at most 32 (or a larger --global-batch)
+    >>> _validate_step(TrainConfig(precision="fp8"), nprocs=2)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --precision fp8 needs NVIDIA's Transformer Engine, which gpurig train does not use: use bf16 or fp16
+    """
+    from gpurig.parallel.mixed_precision import check_supported
+
+    check_supported(config.precision, "cuda" if torch.cuda.is_available() else "cpu")
+    if config.precision == "fp16" and config.on_nonfinite == "ignore":
+        raise UsageError("--precision fp16 checks every step's gradients for overflow (its loss scaler): "
+                         "use --on-nonfinite stop or skip")
+    if config.accumulate < 1:
+        raise UsageError(f"--accumulate must be at least 1, got {config.accumulate}")
+    per_rank = config.global_batch // (1 if config.parallel == "model" else nprocs)
+    if config.accumulate > per_rank:
+        raise UsageError(f"--accumulate {config.accumulate} cuts each rank's {per_rank} samples per step into "
+                         f"{config.accumulate} micro-batches: use at most {per_rank} (or a larger --global-batch)")
 
 
 def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
