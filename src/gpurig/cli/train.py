@@ -20,6 +20,8 @@ examples:
   gpurig train --on-nonfinite skip          # skip steps whose averaged gradients hold NaN or Inf
   gpurig train --precision bf16             # automatic mixed precision (fp16: with a loss scaler)
   gpurig train --global-batch 512 --accumulate 4   # 4 micro-batches of 128 per step, one allreduce
+  gpurig train --model my_pkg.models:build --data my_pkg.data:load   # your own model and data
+  gpurig train --logdir runs/tb             # metrics to TensorBoard too (always: runs/train/metrics.jsonl)
 
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data).
@@ -42,7 +44,7 @@ def add_parser(subparsers) -> None:
         "train", help="data-, model- or hybrid-parallel training of a reference model on this machine's devices "
                       "(the main job)",
         description="Train a reference model (the source's 784-1200-1200-10 MNIST net, or a small CNN) on 5,000 "
-                    "real MNIST digits across N ranks: with data parallelism (each rank computes on its part of "
+                    "real MNIST digits, or your own model and data, across N ranks: with data parallelism (each rank computes on its part of "
                     "the global batch and gradients are averaged during the backward pass), model parallelism "
                     "(the fully connected layers' weights split over the ranks, all on the same batch) or both "
                     "(Krizhevsky's scheme).",
@@ -53,8 +55,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--hosts", default=None, help="hosts and slots, e.g. a:4,b:4 (MPI engine)")
     p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun")
     p.add_argument("--model", default="mlp", help="mlp (784-1200-1200-10, default), cnn (two convolutions, a 256-unit dense layer) or wide-cnn "
-                        "(the same with 4096 units: 98 %% of its weights in the dense head, for --parallel hybrid)")
-    p.add_argument("--data", default="mnist", help="reference data set (default mnist: 4,000 train / 1,000 test)")
+                        "(the same with 4096 units: 98 %% of its weights in the dense head, for --parallel hybrid), "
+                        "or your own: module:factory or file.py:factory, a function returning a torch.nn.Module")
+    p.add_argument("--data", default="mnist", help="mnist (default: 4,000 train / 1,000 test), or your own: "
+                        "module:loader or file.py:loader, a function returning (train, test), each (inputs, labels) "
+                        "or a torch Dataset")
     p.add_argument("--epochs", type=int, default=5, help="train until this epoch (default 5)")
     p.add_argument("--global-batch", type=int, default=128,
                    help="samples per step over all ranks (default 128, the source's: 64 per rank on 2)")
@@ -88,6 +93,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--accumulate", type=int, default=1, metavar="K",
                    help="gradient accumulation: each step's global batch in K micro-batches, gradients averaged "
                         "once per step (the same update as K=1, a K-th of the activation memory)")
+    p.add_argument("--logdir", default=None, metavar="DIR",
+                   help="also write the per-step and per-epoch metrics as TensorBoard event files here "
+                        "(tensorboard --logdir DIR); they are always in metrics.jsonl beside the checkpoints")
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the measurements behind the predicted step split (about 10 s on 2 CPU ranks)")
     add_reliability_flags(p)
@@ -104,7 +112,7 @@ def _config(args):
                        compression=args.compression, parallel=args.parallel, predict=args.predict,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
-                       precision=args.precision, accumulate=args.accumulate,
+                       precision=args.precision, accumulate=args.accumulate, logdir=args.logdir,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
                        stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
 
@@ -168,7 +176,7 @@ class _TrainView:
             per_rank = event["global_batch"] // (1 if event["parallel"] == "model" else event["ranks"])
             held = ", ".join(f"{b / 2**20:.1f}" for b in event["parameter_bytes_per_rank"])
             self.console.print(
-                f"[bold]gpurig train[/]: {event['model']} ({event['parameters'] / 1e6:.1f} M parameters), "
+                f"[bold]gpurig train[/]: {event['model']} ({_count(event['parameters'])} parameters), "
                 f"{event['ranks']} ranks over {event['engine']}, {event['parallel']} parallel, global batch "
                 f"{event['global_batch']} ({per_rank} per rank), epochs {event['first_epoch'] + 1}..{event['epochs']}\n"
                 f"parameters held per rank: {held} MB (whole model {event['parameter_bytes_whole'] / 2**20:.1f} MB)")
@@ -216,6 +224,15 @@ class _TrainView:
                                f"({predicted['profile']}), compression {predicted['compression']}")
         elif predicted:
             self.console.print(f"no prediction: {predicted['error']}")
+
+
+def _count(n: int) -> str:
+    """A parameter count as people write it.
+
+    >>> _count(2395210), _count(8970)
+    ('2.4 M', '8,970')
+    """
+    return f"{n / 1e6:.1f} M" if n >= 100_000 else f"{n:,}"
 
 
 def choice_line(done: dict) -> str | None:

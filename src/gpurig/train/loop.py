@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from gpurig import comm as comm_mod
-from gpurig import models
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
 from gpurig.parallel import DataParallel, NonFiniteGradientError, optimizer_state_bytes, parameter_bytes, shard
@@ -27,8 +26,9 @@ from gpurig.train import checkpoints
 from gpurig.train import data as datasets
 from gpurig.train.config import TrainConfig
 from gpurig.train.faults import Injector
-from gpurig.train.metrics import EventLog, StepSplit, split_across_ranks
+from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks
 from gpurig.train.predicted import calibrate, prediction
+from gpurig.train.sources import build_model
 from gpurig.train.step import train_step
 from gpurig.train.state import (CHECKPOINT_FORMAT, bytes_per_rank, resume_state, weights_digest, whole_model_state,
                                 whole_state, wrap_model)
@@ -45,7 +45,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     events = EventLog(config.events, enabled=comm.rank == 0)
     data = datasets.load(config.data)
     torch.manual_seed(config.seed)
-    model = models.build(config.model).to(comm.device)
+    model = build_model(config.model).to(comm.device)
     start_epoch, history = 0, []
     if config.resume:
         state = resume_state(config, comm)
@@ -82,17 +82,21 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                 global_batch=config.global_batch, precision=config.precision, accumulate=config.accumulate)
 
     faults = Injector(comm.rank)
+    metrics = MetricsLog(config.checkpoint_dir, config.logdir, enabled=comm.rank == 0, first_epoch=start_epoch)
+    sent_before = dp.stats.bytes_sent if dp is not None else 0
     for epoch in range(start_epoch, config.epochs):
         batches.set_epoch(epoch)
         comm.barrier()  # start together, so rank 0's checkpoint write is not timed as the others' waiting
         split, loss_sum, steps = StepSplit(), 0.0, 0
+        epoch_sent = dp.stats.bytes_sent if dp is not None else 0
         epoch_start = time.perf_counter()
         loading = time.perf_counter()
         for x, y in batches:
             faults.step(epoch * len(batches) + steps)
             x, y = x.to(comm.device), y.to(comm.device)
             started = time.perf_counter()
-            split.data += started - loading
+            data_s = started - loading
+            split.data += data_s
             optimizer.zero_grad(set_to_none=True)
             try:
                 outcome = train_step(wrapped, dp, optimizer, x, y, config.accumulate, mixed)
@@ -106,6 +110,15 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             split.compute += loading - started - exposed
             split.exposed += exposed
             events.emit("step", epoch=epoch, step=steps, loss=loss, last=steps == len(batches))
+            sent = dp.stats.bytes_sent if dp is not None else 0
+            metrics.step(epoch=epoch + 1, step=epoch * len(batches) + steps, loss=round(loss, 6),
+                         accuracy=round(outcome.correct / outcome.samples, 5),
+                         samples_per_s=round(config.global_batch / (loading - started + 1e-12), 1),
+                         compute_ms=round(1000 * (loading - started - exposed), 3),
+                         comm_wait_ms=round(1000 * exposed, 3), data_ms=round(1000 * data_s, 3),
+                         bytes_sent=sent - sent_before, codec=_codec(dp, config), stepped=outcome.stepped,
+                         **({"loss_scale": mixed.scale_value} if mixed.scaling else {}))
+            sent_before = sent
         wall = time.perf_counter() - epoch_start
         everyone = comm.allgather(split.as_tensor().view(1, -1))
         mean_loss = comm.allreduce(torch.tensor([loss_sum / max(steps, 1)], dtype=torch.float64)).item()
@@ -119,6 +132,9 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             **split_across_ranks(everyone, steps),
         }
         history.append(record)
+        sent = (dp.stats.bytes_sent - epoch_sent) // max(steps, 1) if dp is not None else 0
+        metrics.epoch({**record, "bytes_sent_per_step": sent, "codec": _codec(dp, config)},
+                      step=(epoch + 1) * len(batches))
         if keeps_feedback:  # every rank's residuals first, then the checkpoint that points at them
             checkpoints.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
             comm.barrier()
@@ -131,6 +147,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             }, keep=config.keep_checkpoints)
         events.emit("epoch", **record)
 
+    metrics.close()
     stats = wrapped.stats
     summary = {
         "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
@@ -150,7 +167,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "weights_digest": weights_digest(whole_model_state(wrapped)),
     }
     if profile_path is not None and comm.rank == 0:
-        summary["predicted"] = prediction(config, comm, profile_path, dp)
+        summary["predicted"] = prediction(config, comm, profile_path, dp, tuple(data.x_train.shape[1:]))
     events.emit("done", **summary)
     return summary
 
@@ -169,6 +186,13 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, comm, spl
         correct = (model(mine_x.to(comm.device)).argmax(1).cpu() == mine_y).sum()
     counts = comm.allreduce(torch.tensor([float(correct), float(len(mine_y))], dtype=torch.float64), op="sum")
     return counts[0].item() / counts[1].item()
+
+
+def _codec(dp, config: TrainConfig) -> str:
+    """How the gradients travel now: the method carrying most of them (auto's choice), or none."""
+    if dp is None:
+        return "none"
+    return (dp.auto_choice or {}).get("codec", "none") if dp.auto else config.compression
 
 
 class Diverged(Exception):
