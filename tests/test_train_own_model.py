@@ -19,7 +19,7 @@ OWN = ("--model", "digits:build", "--data", "digits:load")
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
     ck = tmp_path_factory.mktemp("digits")
-    done = gpurig("train", *OWN, "--epochs", 5, "--json", "--checkpoint-dir", ck, cwd=EXAMPLE, timeout=300)
+    done = gpurig("train", *OWN, "--epochs", 3, "--json", "--checkpoint-dir", ck, cwd=EXAMPLE, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), ck
 
@@ -27,18 +27,18 @@ def digits_run(tmp_path_factory):
 def test_own_model_and_data_train_like_the_reference_ones(digits_run):
     summary, ck = digits_run
     assert summary["model"] == "digits:build" and summary["data"] == "digits:load" and summary["ranks"] == 2
-    assert summary["test_accuracy"] >= 0.85, summary["epochs"]
-    assert saved_epochs(ck) == [5, 4, 3]                          # the same checkpoints
+    assert summary["test_accuracy"] >= 0.8, summary["epochs"]    # 89 % after 5 epochs (docs/training.md)
+    assert saved_epochs(ck) == [3, 2, 1]                          # the same checkpoints
     assert summary["predicted"]["step_ms"] > 0, summary["predicted"]  # and the predicted split beside the measured
     assert (Path(ck) / "metrics.jsonl").is_file()
 
 
 def test_own_model_resumes(digits_run, tmp_path):
     _, ck = digits_run
-    done = gpurig("train", *OWN, "--epochs", 6, "--resume", "--no-predict", "--json", "--checkpoint-dir", ck,
+    done = gpurig("train", *OWN, "--epochs", 4, "--resume", "--no-predict", "--json", "--checkpoint-dir", ck,
                   cwd=EXAMPLE, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [e["epoch"] for e in json.loads(done.stdout)["epochs"]] == [1, 2, 3, 4, 5, 6]
+    assert [e["epoch"] for e in json.loads(done.stdout)["epochs"]] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("args,message", [

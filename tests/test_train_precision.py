@@ -19,14 +19,18 @@ def _train(tmp_path, *args, timeout=300):
     return json.loads(done.stdout)
 
 
+# 2 epochs of 15 steps (fp16 is slow on CPU cores); docs/training.md has the 5-epoch MLP and CNN numbers
+SHORT = ("--epochs", 2, "--global-batch", 256)
+
+
 @pytest.fixture(scope="module")
 def fp32_two_epochs(tmp_path_factory):
-    return _train(tmp_path_factory.mktemp("fp32"), "--epochs", 2)
+    return _train(tmp_path_factory.mktemp("fp32"), *SHORT)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_reaches_the_fp32_accuracy(fp32_two_epochs, precision, tmp_path):
-    summary = _train(tmp_path, "--epochs", 2, "--precision", precision)
+    summary = _train(tmp_path, *SHORT, "--precision", precision)
     assert summary["precision"] == precision
     assert abs(summary["test_accuracy"] - fp32_two_epochs["test_accuracy"]) <= 0.005, (summary, fp32_two_epochs)
     if precision == "fp16":  # the loss scaler ran and the scale is in the checkpoint, for --resume
@@ -66,6 +70,16 @@ def test_a_diverging_run_ends_in_one_line_and_keeps_the_last_checkpoint(one_good
     assert "checkpoint-epoch1.pt is untouched" in lines[0] and "--lr (this run: 1000)" in lines[0]
     assert "--on-nonfinite skip" in lines[0]
     assert saved_epochs(tmp_path) == [1] and epoch_path(tmp_path, 1).read_bytes() == good
+
+
+@pytest.mark.parametrize("parallel", ["model"])
+def test_split_layers_are_guarded_too(parallel, tmp_path):
+    """No DataParallel averages (and guards) the split layers' gradients: the step checks them, every rank together."""
+    done = gpurig("train", *FAST, "--parallel", parallel, "--lr", 1000, "--epochs", 1, "--global-batch", 512,
+                  "--checkpoint-dir", tmp_path, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("training diverged at step") == 1 and saved_epochs(tmp_path) == []
+    # --on-nonfinite skip: tests/workers/train_step.py (every rank skips what one rank alone saw)
 
 
 def test_a_diverging_rank_of_gpurig_run_says_it_once(tmp_path):

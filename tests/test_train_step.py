@@ -5,7 +5,7 @@ import pytest
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 6
+CASES = 7
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])

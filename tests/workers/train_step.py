@@ -101,6 +101,23 @@ def _():
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+@case("fp32_nan_on_one_rank_without_averaging_is_skipped_on_every_rank")
+def _():
+    # model parallelism's split layers: no DataParallel guards their gradients, check_finite does, every rank together
+    model = mlp(0)
+    opt = optimizer_of(model.parameters())
+    mixed = MixedPrecision("fp32", comm, nonfinite="skip", check_finite=True)
+    verdicts = []
+    for step, (x, y) in enumerate(data(3)):
+        opt.zero_grad(set_to_none=True)
+        if step == 1 and R == 0:
+            x = x * float("nan")
+        verdicts.append(train_step(model, None, opt, x, y, accumulate=1, mixed=mixed).stepped)
+    everyone = comm.allgather(torch.tensor([verdicts], dtype=torch.float64))
+    assert everyone.tolist() == [[1.0, 0.0, 1.0]] * P, everyone.tolist()
+    assert mixed.skipped_steps == 1 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
 @case("fp16_data_parallel_with_int8_keeps_finite_residuals")
 def _():
     # An overflow's Inf passes through int8 compression's error feedback: the skip must not leave it there.

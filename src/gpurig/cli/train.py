@@ -84,8 +84,10 @@ def add_parser(subparsers) -> None:
                    help="continue from the newest intact checkpoint in --checkpoint-dir (any rank count)")
     p.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
     p.add_argument("--on-nonfinite", default="stop",
-                   help="when averaged gradients hold NaN or Inf: stop (default: raise naming the parameter; "
-                        "the last checkpoint is intact), skip (leave the weights alone for that step) or ignore")
+                   help="when gradients hold NaN or Inf (averaged ones, or split layers' on any rank; with fp16 "
+                        "even at a loss scale below 1): stop (default: one line naming the step and the parameter, "
+                        "exit 1, the last checkpoint intact), skip (every rank leaves the weights alone for that "
+                        "step) or ignore (not with fp16)")
     p.add_argument("--precision", default="fp32",
                    help="fp32 (default), tf32 (NVIDIA GPUs), bf16 or fp16: automatic mixed precision (torch.autocast; "
                         "FP32 master weights; fp16 with a loss scaler whose skipped steps every rank agrees on); "

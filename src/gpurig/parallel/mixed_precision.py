@@ -81,7 +81,8 @@ class MixedPrecision:
     """
 
     def __init__(self, precision: str = "fp32", comm=None, device: torch.device | str | None = None,
-                 nonfinite: str = "stop", init_scale: float = INIT_SCALE, growth_interval: int = GROWTH_INTERVAL):
+                 nonfinite: str = "stop", init_scale: float = INIT_SCALE, growth_interval: int = GROWTH_INTERVAL,
+                 check_finite: bool = False):
         self.precision = check(precision)
         self.comm = comm
         self.device = torch.device(device if device is not None else comm.device if comm is not None else "cpu")
@@ -91,6 +92,8 @@ class MixedPrecision:
             raise UsageError("--precision fp16 checks every step's gradients for overflow (its loss scaler): "
                              "use --on-nonfinite stop or skip")
         self.scaling = precision == "fp16"
+        # gradients no DataParallel guards (model parallelism's split layers): looked at here, every rank together
+        self.checking = self.scaling or (check_finite and nonfinite != "ignore")
         self.scale_value = init_scale if self.scaling else 1.0
         self.growth_interval = growth_interval
         self._clean_steps = 0
@@ -118,15 +121,18 @@ class MixedPrecision:
         :class:`~gpurig.parallel.DataParallel` that the overflow made NaN. With
         ``nonfinite="stop"``, overflowing at a scale below 1 raises
         :class:`~gpurig.parallel.NonFiniteGradientError` on every rank (the run
-        diverges); ``"skip"`` goes on skipping.
+        diverges); ``"skip"`` goes on skipping. With ``check_finite`` (gradients no
+        DataParallel averages and guards, as model parallelism's split layers), the
+        other precisions are checked the same way: NaN or Inf on any rank stops
+        every rank, or skips the step on every rank.
         """
         self.steps += 1
-        if not self.scaling:
+        if not self.checking:
             optimizer.step()
             return True
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         grads = [p.grad for p in params]
-        if grads:
+        if grads and self.scaling:
             torch._foreach_mul_(grads, 1.0 / self.scale_value)
         finite = numerics.all_finite([g.reshape(-1) for g in grads])
         if self.comm is not None and self.comm.size > 1:  # the ranks' verdicts, one byte each: skip if any overflowed
@@ -135,23 +141,24 @@ class MixedPrecision:
         if finite:
             optimizer.step()
             self._clean_steps += 1
-            if self._clean_steps == self.growth_interval:
+            if self.scaling and self._clean_steps == self.growth_interval:
                 self.scale_value *= GROWTH_FACTOR
                 self._clean_steps = 0
             return True
-        if self.nonfinite == "stop" and self.scale_value * BACKOFF_FACTOR < MIN_SCALE:
+        if self.nonfinite == "stop" and (not self.scaling or self.scale_value * BACKOFF_FACTOR < MIN_SCALE):
             names = {id(p): n for n, p in (model.named_parameters() if model is not None else [])}
             bad = numerics.first_nonfinite([(names.get(id(p), "?"), p.grad) for p in params])
             name, kind = bad if bad is not None else ("a parameter on another rank", "NaN or Inf")
-            raise numerics.NonFiniteGradientError(
-                f"step {self.steps}: the gradient of {name!r} holds {kind} even with the fp16 loss scale at "
-                f"{self.scale_value:g}", step=self.steps, parameter=name, kind=kind)
+            scale = f" even with the fp16 loss scale at {self.scale_value:g}" if self.scaling else ""
+            raise numerics.NonFiniteGradientError(f"step {self.steps}: the gradient of {name!r} holds {kind}{scale}",
+                                                  step=self.steps, parameter=name, kind=kind)
         for p in params:
             p.grad = None
         for module in (model.modules() if model is not None else ()):
             if hasattr(module, "drop_nonfinite_feedback"):
                 module.drop_nonfinite_feedback()
-        self.scale_value *= BACKOFF_FACTOR
+        if self.scaling:
+            self.scale_value *= BACKOFF_FACTOR
         self._clean_steps = 0
         self.skipped_steps += 1
         return False

@@ -195,8 +195,6 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
     if config.parallel == "model" and config.compression != "none" and auto.parse(config.compression) is None:
         raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
                          "and with --parallel model none are")
-    if config.on_nonfinite == "skip":  # the split layers' gradients are not averaged, so nothing could skip them
-        raise UsageError("--on-nonfinite skip works with --parallel data only (the guard sees averaged gradients)")
     from gpurig.train.sources import build_model
 
     with torch.device("meta"):  # the layout only: no memory, no initialisation

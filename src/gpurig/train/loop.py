@@ -26,7 +26,7 @@ from gpurig.train import checkpoints
 from gpurig.train import data as datasets
 from gpurig.train.config import TrainConfig
 from gpurig.train.faults import Injector
-from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks
+from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks, step_metrics
 from gpurig.train.predicted import calibrate, prediction
 from gpurig.train.sources import build_model
 from gpurig.train.step import train_step
@@ -58,7 +58,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
     dp = wrapped if isinstance(wrapped, DataParallel) else wrapped.data_parallel
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=config.lr, momentum=config.momentum)
-    mixed = MixedPrecision(config.precision, comm, nonfinite=config.on_nonfinite)
+    mixed = MixedPrecision(config.precision, comm, nonfinite=config.on_nonfinite,
+                           check_finite=config.parallel != "data")  # split layers: no DataParallel guards them
     if config.resume:
         optimizer.load_state_dict(state["optimizer"] if dp is wrapped
                                   else wrapped.local_optimizer_state(optimizer, state["optimizer"]))
@@ -111,13 +112,9 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             split.exposed += exposed
             events.emit("step", epoch=epoch, step=steps, loss=loss, last=steps == len(batches))
             sent = dp.stats.bytes_sent if dp is not None else 0
-            metrics.step(epoch=epoch + 1, step=epoch * len(batches) + steps, loss=round(loss, 6),
-                         accuracy=round(outcome.correct / outcome.samples, 5),
-                         samples_per_s=round(config.global_batch / (loading - started + 1e-12), 1),
-                         compute_ms=round(1000 * (loading - started - exposed), 3),
-                         comm_wait_ms=round(1000 * exposed, 3), data_ms=round(1000 * data_s, 3),
-                         bytes_sent=sent - sent_before, codec=_codec(dp, config), stepped=outcome.stepped,
-                         **({"loss_scale": mixed.scale_value} if mixed.scaling else {}))
+            metrics.step(epoch + 1, epoch * len(batches) + steps, **step_metrics(
+                outcome, config.global_batch, loading - started, exposed, data_s, sent - sent_before,
+                _codec(dp, config), mixed.scale_value if mixed.scaling else None))
             sent_before = sent
         wall = time.perf_counter() - epoch_start
         everyone = comm.allgather(split.as_tensor().view(1, -1))

@@ -71,6 +71,23 @@ def split_across_ranks(per_rank: torch.Tensor, steps: int) -> dict[str, float]:
 METRICS_FILE = "metrics.jsonl"
 
 
+def step_metrics(outcome, global_batch: int, seconds: float, exposed: float, data_s: float, bytes_sent: int,
+                 codec: str, loss_scale: float | None = None) -> dict:
+    """One step's line of ``metrics.jsonl``: ``outcome`` (a :class:`~gpurig.train.step.StepOutcome`, this rank's
+    part of the batch), the step's seconds (``exposed`` of them waiting at the end of backward), the data's.
+
+    >>> from gpurig.train.step import StepOutcome
+    >>> step_metrics(StepOutcome(2.3, 16, 64, True), 128, 0.05, 0.01, 0.001, 4096, "int8")
+    {'loss': 2.3, 'accuracy': 0.25, 'samples_per_s': 2560.0, 'compute_ms': 40.0, 'comm_wait_ms': 10.0, 'data_ms': 1.0, 'bytes_sent': 4096, 'codec': 'int8', 'stepped': True}
+    """
+    record = {"loss": round(outcome.loss, 6), "accuracy": round(outcome.correct / outcome.samples, 5),
+              "samples_per_s": round(global_batch / max(seconds, 1e-12), 1),
+              "compute_ms": round(1000 * (seconds - exposed), 3), "comm_wait_ms": round(1000 * exposed, 3),
+              "data_ms": round(1000 * data_s, 3), "bytes_sent": bytes_sent, "codec": codec,
+              "stepped": outcome.stepped}
+    return record if loss_scale is None else {**record, "loss_scale": loss_scale}
+
+
 class MetricsLog:
     """Rank 0's per-step and per-epoch metrics, where people look: ``metrics.jsonl`` beside the checkpoints (one
     JSON object a line) and, with ``logdir``, TensorBoard event files (``torch.utils.tensorboard``).
