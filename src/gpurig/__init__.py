@@ -35,6 +35,7 @@ _LAZY = {
     "RowParallelLinear": "gpurig.parallel",
     "PlanError": "gpurig.parallel",
     "parameter_bytes": "gpurig.parallel",
+    "MixedPrecision": "gpurig.parallel",
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 EPILOG = """\
@@ -17,6 +18,10 @@ examples:
   gpurig train --model wide-cnn --parallel hybrid   # Krizhevsky: convolutions data-, dense layers model-parallel
   gpurig train --json | jq .test_accuracy   # machine-readable summary
   gpurig train --on-nonfinite skip          # skip steps whose averaged gradients hold NaN or Inf
+  gpurig train --precision bf16             # automatic mixed precision (fp16: with a loss scaler)
+  gpurig train --global-batch 512 --accumulate 4   # 4 micro-batches of 128 per step, one allreduce
+  gpurig train --model my_pkg.models:build --data my_pkg.data:load   # your own model and data
+  gpurig train --logdir runs/tb             # metrics to TensorBoard too (always: runs/train/metrics.jsonl)
 
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data).
@@ -39,7 +44,7 @@ def add_parser(subparsers) -> None:
         "train", help="data-, model- or hybrid-parallel training of a reference model on this machine's devices "
                       "(the main job)",
         description="Train a reference model (the source's 784-1200-1200-10 MNIST net, or a small CNN) on 5,000 "
-                    "real MNIST digits across N ranks: with data parallelism (each rank computes on its part of "
+                    "real MNIST digits, or your own model and data, across N ranks: with data parallelism (each rank computes on its part of "
                     "the global batch and gradients are averaged during the backward pass), model parallelism "
                     "(the fully connected layers' weights split over the ranks, all on the same batch) or both "
                     "(Krizhevsky's scheme).",
@@ -50,8 +55,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--hosts", default=None, help="hosts and slots, e.g. a:4,b:4 (MPI engine)")
     p.add_argument("--mpi-args", default="", help="extra arguments passed to mpirun")
     p.add_argument("--model", default="mlp", help="mlp (784-1200-1200-10, default), cnn (two convolutions, a 256-unit dense layer) or wide-cnn "
-                        "(the same with 4096 units: 98 %% of its weights in the dense head, for --parallel hybrid)")
-    p.add_argument("--data", default="mnist", help="reference data set (default mnist: 4,000 train / 1,000 test)")
+                        "(the same with 4096 units: 98 %% of its weights in the dense head, for --parallel hybrid), "
+                        "or your own: module:factory or file.py:factory, a function returning a torch.nn.Module")
+    p.add_argument("--data", default="mnist", help="mnist (default: 4,000 train / 1,000 test), or your own: "
+                        "module:loader or file.py:loader, a function returning (train, test), each (inputs, labels) "
+                        "or a torch Dataset")
     p.add_argument("--epochs", type=int, default=5, help="train until this epoch (default 5)")
     p.add_argument("--global-batch", type=int, default=128,
                    help="samples per step over all ranks (default 128, the source's: 64 per rank on 2)")
@@ -76,8 +84,20 @@ def add_parser(subparsers) -> None:
                    help="continue from the newest intact checkpoint in --checkpoint-dir (any rank count)")
     p.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
     p.add_argument("--on-nonfinite", default="stop",
-                   help="when averaged gradients hold NaN or Inf: stop (default: raise naming the parameter; "
-                        "the last checkpoint is intact), skip (leave the weights alone for that step) or ignore")
+                   help="when gradients hold NaN or Inf (averaged ones, or split layers' on any rank; with fp16 "
+                        "even at a loss scale below 1): stop (default: one line naming the step and the parameter, "
+                        "exit 1, the last checkpoint intact), skip (every rank leaves the weights alone for that "
+                        "step) or ignore (not with fp16)")
+    p.add_argument("--precision", default="fp32",
+                   help="fp32 (default), tf32 (NVIDIA GPUs), bf16 or fp16: automatic mixed precision (torch.autocast; "
+                        "FP32 master weights; fp16 with a loss scaler whose skipped steps every rank agrees on); "
+                        "the words gpurig predict takes")
+    p.add_argument("--accumulate", type=int, default=1, metavar="K",
+                   help="gradient accumulation: each step's global batch in K micro-batches, gradients averaged "
+                        "once per step (the same update as K=1, a K-th of the activation memory)")
+    p.add_argument("--logdir", default=None, metavar="DIR",
+                   help="also write the per-step and per-epoch metrics as TensorBoard event files here "
+                        "(tensorboard --logdir DIR); they are always in metrics.jsonl beside the checkpoints")
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the measurements behind the predicted step split (about 10 s on 2 CPU ranks)")
     add_reliability_flags(p)
@@ -94,6 +114,7 @@ def _config(args):
                        compression=args.compression, parallel=args.parallel, predict=args.predict,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
+                       precision=args.precision, accumulate=args.accumulate, logdir=args.logdir,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
                        stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
 
@@ -114,14 +135,17 @@ def run(args) -> int:
         done = [e for e in events if e["event"] == "done"]
         if code == 0 and done:
             print(json.dumps({k: v for k, v in done[-1].items() if k != "event"}, indent=2))
-        return code
-    view = _TrainView()
-    try:
-        code, events = launch_training(config, on_event=view.update)
-    finally:
-        view.close()
-    if code == 0 and events and events[-1]["event"] == "done":
-        view.summary(events[-1])
+    else:
+        view = _TrainView()
+        try:
+            code, events = launch_training(config, on_event=view.update)
+        finally:
+            view.close()
+        if code == 0 and events and events[-1]["event"] == "done":
+            view.summary(events[-1])
+    stopped = [e for e in events if e["event"] == "error"]
+    if stopped:  # the ranks stopped together (a diverging run): rank 0's one line
+        print(f"gpurig train: {stopped[-1]['message']}", file=sys.stderr)
     return code
 
 
@@ -154,7 +178,7 @@ class _TrainView:
             per_rank = event["global_batch"] // (1 if event["parallel"] == "model" else event["ranks"])
             held = ", ".join(f"{b / 2**20:.1f}" for b in event["parameter_bytes_per_rank"])
             self.console.print(
-                f"[bold]gpurig train[/]: {event['model']} ({event['parameters'] / 1e6:.1f} M parameters), "
+                f"[bold]gpurig train[/]: {event['model']} ({_count(event['parameters'])} parameters), "
                 f"{event['ranks']} ranks over {event['engine']}, {event['parallel']} parallel, global batch "
                 f"{event['global_batch']} ({per_rank} per rank), epochs {event['first_epoch'] + 1}..{event['epochs']}\n"
                 f"parameters held per rank: {held} MB (whole model {event['parameter_bytes_whole'] / 2**20:.1f} MB)")
@@ -202,6 +226,15 @@ class _TrainView:
                                f"({predicted['profile']}), compression {predicted['compression']}")
         elif predicted:
             self.console.print(f"no prediction: {predicted['error']}")
+
+
+def _count(n: int) -> str:
+    """A parameter count as people write it.
+
+    >>> _count(2395210), _count(8970)
+    ('2.4 M', '8,970')
+    """
+    return f"{n / 1e6:.1f} M" if n >= 100_000 else f"{n:,}"
 
 
 def choice_line(done: dict) -> str | None:

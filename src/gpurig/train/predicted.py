@@ -31,17 +31,29 @@ def calibrate(comm, config: TrainConfig) -> str:
     return str(path)
 
 
-def prediction(config: TrainConfig, comm, profile_path: str, dp) -> dict:
-    """``gpurig predict``'s step split for this run's configuration (rank 0), or why there is none."""
+def prediction(config: TrainConfig, comm, profile_path: str, dp, sample_shape: tuple[int, ...] = ()) -> dict:
+    """``gpurig predict``'s step split for this run's configuration (rank 0), or why there is none.
+
+    A user's ``module:factory`` model is priced as ``gpurig predict --model module:factory --sample SHAPE``
+    prices it, ``sample_shape`` being one input of the run's data.
+    """
     from gpurig.parallel import auto
-    from gpurig.predict import predicted_split
+    from gpurig.predict import PredictRequest, predict, predicted_split
+    from gpurig.train.sources import is_users
 
     method = config.compression
     if auto.parse(method) is not None:
         method = (dp.auto_choice or {}).get("codec", "none") if dp is not None else "none"
+    per_rank = config.global_batch // comm.size
     try:
-        split = predicted_split(config.model, profile_path, comm.size, config.global_batch // comm.size, method,
-                                config.parallel, comm.engine_name)
+        if is_users(config.model):
+            sample = "x".join(str(n) for n in sample_shape)
+            split = predict(PredictRequest(model=config.model, cluster=profile_path, batch=per_rank, gpus=comm.size,
+                                           compression=method, parallel=config.parallel, engine=comm.engine_name,
+                                           sample=sample))["step"]
+        else:
+            split = predicted_split(config.model, profile_path, comm.size, per_rank, method, config.parallel,
+                                    comm.engine_name)
     except Exception as error:  # a prediction must never cost the user the run
         return {"error": str(error).splitlines()[0]}
     return {**{k: round(v, 3) for k, v in split.items()}, "compression": method, "profile": profile_path}

@@ -25,12 +25,14 @@ def wrap_model(model: torch.nn.Module, config: TrainConfig, comm) -> torch.nn.Mo
     """
     from gpurig.parallel import DataParallel, krizhevsky_plan, parallelize
 
+    # fp16's loss scaler judges overflowing gradients itself (after unscaling them), every rank together
+    nonfinite = "ignore" if config.precision == "fp16" else config.on_nonfinite
     if config.parallel == "data":
         return DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression,
-                            nonfinite=config.on_nonfinite)
+                            nonfinite=nonfinite)
     hybrid = config.parallel == "hybrid"
     return parallelize(model, krizhevsky_plan(model), comm, hybrid=hybrid, bucket_cap_mb=config.bucket_mb,
-                       compression=config.compression if hybrid else "none", nonfinite=config.on_nonfinite)
+                       compression=config.compression if hybrid else "none", nonfinite=nonfinite)
 
 
 def whole_model_state(wrapped: torch.nn.Module) -> dict:

@@ -1,0 +1,70 @@
+"""One optimizer step of ``gpurig train``: K micro-batches (gradients averaged on the last only), autocast, the step.
+
+``--accumulate K`` cuts each rank's part of the global batch into K micro-batches.
+Each one's loss is weighted by its share of the samples, so the accumulated
+gradient is the mean over the whole batch — the same update as one step on all
+of it, with a K-th of the activations in memory. The first K-1 backward passes
+run inside ``DataParallel.no_sync()``: no communication until the last, as DDP
+and Horovod's ``backward_passes_per_step`` do.
+
+>>> model = torch.nn.Linear(4, 3); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+>>> x, y = torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+>>> outcome = train_step(model, None, optimizer, x, y, accumulate=2, mixed=MixedPrecision("fp32"))
+>>> outcome.stepped, round(outcome.loss, 4) == round(outcome.loss, 4)
+(True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpurig.parallel.mixed_precision import MixedPrecision
+
+
+@dataclass
+class StepOutcome:
+    """What one optimizer step did: its loss (mean over this rank's samples), how many it got right, whether the
+    weights changed (an fp16 overflow or ``--on-nonfinite skip`` leaves them alone)."""
+
+    loss: float
+    correct: int
+    samples: int
+    stepped: bool
+
+
+def micro_batches(x: torch.Tensor, y: torch.Tensor, accumulate: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's batch cut into ``accumulate`` nearly equal micro-batches (none empty).
+
+    >>> [len(b) for _, b in micro_batches(torch.zeros(10, 2), torch.zeros(10), 3)]
+    [4, 3, 3]
+    """
+    return [(a, b) for a, b in zip(torch.tensor_split(x, accumulate), torch.tensor_split(y, accumulate)) if len(b)]
+
+
+def train_step(wrapped: torch.nn.Module, dp, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               accumulate: int, mixed: MixedPrecision) -> StepOutcome:
+    """Forward and backward over ``accumulate`` micro-batches of ``(x, y)``, then ``optimizer``'s step.
+
+    ``dp`` is the :class:`~gpurig.parallel.DataParallel` that averages the
+    gradients (None when nothing does): all but the last micro-batch run in its
+    ``no_sync()``. ``mixed`` autocasts the forward passes and, for fp16, scales the
+    loss and decides (with the other ranks) whether the step is taken.
+    """
+    parts = micro_batches(x, y, accumulate)
+    loss_sum, correct = torch.zeros((), device=x.device), torch.zeros((), dtype=torch.int64, device=x.device)
+    for i, (xs, ys) in enumerate(parts):
+        quiet = dp.no_sync() if dp is not None and i < len(parts) - 1 else contextlib.nullcontext()
+        with quiet:
+            with mixed.autocast():
+                logits = wrapped(xs)
+                # the micro-batch's mean weighted by its share: the sum over micro-batches is the batch's mean
+                loss = F.cross_entropy(logits.float(), ys) * (len(ys) / len(y))
+            mixed.scale(loss).backward()
+        loss_sum += loss.detach()
+        correct += (logits.detach().argmax(1) == ys).sum()
+    stepped = mixed.step(optimizer, wrapped) if (dp is None or dp.finite) else False
+    return StepOutcome(loss_sum.item(), int(correct.item()), len(y), stepped)

@@ -1,0 +1,49 @@
+"""gpurig train's metrics where people look: metrics.jsonl beside the checkpoints, TensorBoard event files with
+--logdir; both hold every step and every epoch, with the numbers the run's summary reports."""
+
+import json
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import gpurig, run_cli
+
+STEPS = 4000 // 512  # --global-batch 512 on the 4,000 training images, the last partial batch dropped
+
+
+def test_metrics_reach_the_jsonl_file_and_tensorboard(tmp_path):
+    done = gpurig("train", "--epochs", 1, "--global-batch", 512, "--compression", "int8", "--no-predict", "--json",
+                  "--checkpoint-dir", tmp_path / "ck", "--logdir", tmp_path / "tb", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    lines = [json.loads(line) for line in (tmp_path / "ck" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if r["kind"] == "step"]
+    epochs = [r for r in lines if r["kind"] == "epoch"]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    for r in steps:
+        assert r["loss"] > 0 and 0 <= r["accuracy"] <= 1 and r["samples_per_s"] > 0 and r["codec"] == "int8"
+        assert r["compute_ms"] > 0 and r["comm_wait_ms"] >= 0 and r["data_ms"] >= 0
+    assert steps[-1]["bytes_sent"] == summary["bytes_sent_per_step"] > 0
+    assert [e["test_accuracy"] for e in epochs] == [e["test_accuracy"] for e in summary["epochs"]]
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("step/loss")] == list(range(1, STEPS + 1))
+    assert [round(e.value, 5) for e in events.Scalars("epoch/test_accuracy")] == \
+        [e["test_accuracy"] for e in summary["epochs"]]
+    assert {"step/samples_per_s", "step/comm_wait_ms", "step/bytes_sent", "epoch/loss"} <= set(events.Tags()["scalars"])
+
+    # a resumed run keeps the epochs it resumes after, drops what a run killed in the next one logged, appends its own
+    with open(tmp_path / "ck" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "step", "epoch": 2, "step": 999}) + "\n")
+    resumed = gpurig("train", "--epochs", 2, "--resume", "--global-batch", 512, "--compression", "int8",
+                     "--no-predict", "--json", "--checkpoint-dir", tmp_path / "ck", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "ck" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(1, 2 * STEPS + 1))
+    assert [r["epoch"] for r in lines if r["kind"] == "epoch"] == [1, 2]
+
+
+def test_logdir_without_tensorboard_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "tensorboard", None)  # as if it were not installed
+    code, out, err = run_cli(["train", "--logdir", tmp_path / "tb", "--checkpoint-dir", tmp_path / "none"])
+    assert code == 2 and "pip install tensorboard" in err and "Traceback" not in err + out
