@@ -22,6 +22,13 @@ def add_reliability_flags(p) -> None:
                         "(default 60; 0: off)")
 
 
+def add_restart_flags(p) -> None:
+    """``--max-restarts`` (torchrun's name; ``gpurig run`` and ``gpurig train``)."""
+    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0, metavar="K",
+                   help="when a rank dies or stops responding, end the job as always, then start it again, up to K "
+                        "times (default 0); ranks see GPURIG_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT")
+
+
 def reliability_env(args) -> dict:
     """The ranks' environment with the settings the flags of :func:`add_reliability_flags` ask for.
 

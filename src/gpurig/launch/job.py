@@ -18,6 +18,7 @@ import tempfile
 import threading
 
 from gpurig.errors import RankFailed, UsageError
+from gpurig.launch.env import MAX_RESTARTS_VARIABLE, RESTART_VARIABLES
 from gpurig.launch.hosts import is_this_host, parse_hosts
 from gpurig.launch.iface import confine
 from gpurig.launch.local import run_local
@@ -111,39 +112,78 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
 
 
 def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | None = None,
-            env: dict | None = None, mpi_args: str = "", iface: str | None = None) -> int:
+            env: dict | None = None, mpi_args: str = "", iface: str | None = None, *,
+            master_addr: str | None = None, master_port: int | None = None, nnodes: int = 1, node_rank: int = 0,
+            max_restarts: int = 0, on_restart=None) -> int:
     """Run ``command`` on ``nprocs`` ranks; return 0, or the exit code of the first rank that failed.
 
     ``env`` is the environment the ranks start from (default: this process's);
     gpurig adds its variables to it (see :mod:`gpurig.launch.rank_env`). The
     job's sockets stay on ``iface``, or on loopback when every rank runs here
-    (:func:`gpurig.launch.iface.confine`). Raises
-    :class:`UsageError` for a request that cannot run; when a rank fails, prints
-    one line naming the first failing rank, its host and how it ended.
+    (:func:`gpurig.launch.iface.confine`). With ``--engine torch`` this launcher
+    may start one node's ranks of several (``node_rank`` of ``nnodes``, meeting
+    at ``master_addr:master_port``, as torchrun). Raises :class:`UsageError`
+    for a request that cannot run; when a rank fails, prints one line naming the
+    first failing rank, its host and how it ended.
+
+    When a rank fails, the job is started again, up to ``max_restarts`` times
+    (torchrun's ``--max-restarts``), every rank with ``GPURIG_RESTART_COUNT``
+    and ``TORCHELASTIC_RESTART_COUNT`` set to the attempt; ``on_restart(count,
+    failure)`` is called before each. Ctrl-C is never followed by a restart.
 
     >>> run_job(["true"], 2, engine="torch")
     0
     """
     env = dict(os.environ if env is None else env)
-    mpi_arg_words(mpi_args)  # refused even where unused (--engine torch): it is a mistake either way
+    mpi_arg_words(mpi_args)
+    if engine == "torch" and mpi_args.strip():  # a flag taken and then ignored would be a silent mistake
+        raise UsageError("--mpi-args is for --engine mpi: under --engine torch no mpirun starts the ranks")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {max_restarts}")
     host_list = check_request(command, nprocs, engine, hosts, env)
-    env, mpi_args = confine(env, engine, all(is_this_host(host) for host, _ in host_list), iface, mpi_args)
+    if max_restarts and srun_step(env):
+        raise UsageError("--max-restarts under srun: each task is its own launcher and cannot restart the others; "
+                         "run gpurig run once in the allocation with --hosts, or let SLURM requeue the job")
+    all_here = nnodes == 1 and all(is_this_host(host) for host, _ in host_list)
+    env, mpi_args = confine(env, engine, all_here, iface, mpi_args)
+    if engine == "mpi" and master_addr:  # run_mpirun's default: the first host
+        env["MASTER_ADDR"] = master_addr
+    if engine == "mpi" and master_port:
+        env["MASTER_PORT"] = str(master_port)
+    if engine == "torch" and not master_addr:
+        master_addr = env["MASTER_ADDR"] if iface else "127.0.0.1"
     command = as_rank_program(command, rank_path(env))
+    env[MAX_RESTARTS_VARIABLE] = str(max_restarts)
+    for attempt in range(max_restarts + 1):
+        env.update(dict.fromkeys(RESTART_VARIABLES, str(attempt)))
+        failure, others = _run_once(command, nprocs, engine, host_list, env, mpi_args, (master_addr, master_port),
+                                    (node_rank, nnodes))
+        if failure is None:
+            return 0
+        print(summary(failure, others), file=sys.stderr, flush=True)
+        if attempt == max_restarts:
+            return failure.exit_code
+        print(f"gpurig run: restart {attempt + 1} of {max_restarts}: starting the {nprocs} rank"
+              f"{'s' * (nprocs != 1)} again", file=sys.stderr, flush=True)
+        if on_restart is not None:
+            on_restart(attempt + 1, failure)
+    return failure.exit_code
+
+
+def _run_once(command, nprocs, engine, host_list, env, mpi_args, master, node):
+    """One attempt of the job: (the first failure or None, how many other ranks were stopped)."""
     with tempfile.TemporaryDirectory(prefix="gpurig-run-", ignore_cleanup_errors=True) as status_dir, \
             _termination_as_interrupt():
-        env[STATUS_DIR_VARIABLE] = status_dir
+        env = {**env, STATUS_DIR_VARIABLE: status_dir}
         if engine == "mpi":
             failure, others = run_mpirun(command, nprocs, host_list, env, mpi_args), nprocs - 1
         elif srun_step(env):
             failure, others = run_local(command, [srun_torch_env(env)]), 0
-        else:
-            failure, others = run_local(command, local_torch_envs(env, nprocs, env.get("MASTER_ADDR") if iface
-                                                                   else "127.0.0.1")), nprocs - 1
-        if failure is None:
-            return 0
-        failure = first_failure(status_dir) or failure
-    print(summary(failure, others), file=sys.stderr, flush=True)
-    return failure.exit_code
+        else:  # a fresh port each attempt: the last one's store may linger
+            failure, others = run_local(command, local_torch_envs(env, nprocs, *master, *node)), nprocs - 1
+        if failure is not None:
+            failure = first_failure(status_dir) or failure
+    return failure, others
 
 
 def summary(failure: RankFailed, others: int) -> str:

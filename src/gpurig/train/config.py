@@ -44,6 +44,7 @@ class TrainConfig:
     iface: str | None = None
     failure_timeout: float | None = None
     stall_timeout: float | None = None
+    max_restarts: int = 0
     events: str | None = None
 
     def feedback_path(self, rank: int, epoch: int) -> Path:
@@ -137,7 +138,7 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
 
 
 def _validate_reliability(config: TrainConfig) -> None:
-    """``--keep-checkpoints``, ``--on-nonfinite``, ``--failure-timeout``, ``--iface``.
+    """``--keep-checkpoints``, ``--max-restarts``, ``--on-nonfinite``, ``--failure-timeout``, ``--iface``.
 
     >>> _validate_reliability(TrainConfig(on_nonfinite="retry"))
     Traceback (most recent call last):
@@ -148,6 +149,8 @@ def _validate_reliability(config: TrainConfig) -> None:
     from gpurig.launch.settings import seconds
     from gpurig.parallel.numerics import ACTIONS
 
+    if config.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {config.max_restarts}")
     if config.keep_checkpoints < 1:
         raise UsageError(f"--keep-checkpoints must be at least 1, got {config.keep_checkpoints}")
     if config.on_nonfinite not in ACTIONS:

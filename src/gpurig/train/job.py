@@ -9,9 +9,11 @@ import dataclasses
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from gpurig.launch.events import following
+from gpurig.train import checkpoints
 from gpurig.train.config import TrainConfig, validate
 
 
@@ -26,12 +28,14 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     ('done', 0)
     """
     from gpurig import launch
-    from gpurig.launch.env import detect_engine, in_launched_job
+    from gpurig.launch.env import detect_engine, in_launched_job, restart_count
     from gpurig.launch.settings import job_environment
 
     if in_launched_job():
-        # Started as one rank by gpurig run / gpurig emulate / mpirun / srun: train here, as that rank.
-        config = dataclasses.replace(config, engine=detect_engine())
+        # Started as one rank by gpurig run / gpurig emulate / mpirun / srun / torchrun: train here, as that rank;
+        # started again by a launcher's restart, from the newest checkpoint.
+        config = dataclasses.replace(config, engine=detect_engine(),
+                                     resume=config.resume or _resumable(config, restart_count()))
         validate(config, nprocs=1)
         from gpurig.train.loop import train_on_this_rank
 
@@ -51,9 +55,34 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             seen.append(event)
             on_event(event)
 
+        restarts, since = [], time.time()
+
+        def restart(count, failure):
+            """Before the job starts again: resume from the newest checkpoint (none yet: from the start)."""
+            again = dataclasses.replace(rank_config, resume=rank_config.resume or _resumable(rank_config, count, since))
+            config_path.write_text(json.dumps(dataclasses.asdict(again)))
+            restarts.append(count)
+            relay({"event": "restart", "restart": count, "max_restarts": config.max_restarts, "failure": str(failure),
+                   "from_epoch": max(checkpoints.saved_epochs(again.checkpoint_dir), default=0) if again.resume else 0})
+
         env = job_environment(failure_timeout=config.failure_timeout, stall_timeout=config.stall_timeout)
         with following(events_path, relay):
             code = launch.run_job([sys.executable, "-m", "gpurig.train", str(config_path)], nprocs,
                                   engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args, env=env,
-                                  iface=config.iface)
+                                  iface=config.iface, max_restarts=config.max_restarts, on_restart=restart)
+    for event in seen:
+        if event["event"] == "done":
+            event["restarts"] = len(restarts)
     return code, seen
+
+
+def _resumable(config: TrainConfig, restart: int, since: float = 0.0) -> bool:
+    """Whether a job started again (``restart`` > 0) resumes: when this run has written a checkpoint (one written
+    after ``since``; an older one is another run's, which this run would have cleared).
+
+    >>> _resumable(TrainConfig(checkpoint_dir="/nonexistent"), 1)
+    False
+    """
+    newest = checkpoints.saved_epochs(config.checkpoint_dir)[:1]
+    return restart > 0 and bool(newest) and \
+        checkpoints.epoch_path(config.checkpoint_dir, newest[0]).stat().st_mtime >= since
