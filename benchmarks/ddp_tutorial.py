@@ -73,14 +73,14 @@ def main(argv=None) -> int:
         for launcher in launchers:
             result = one_run(launcher)
             results.append(result)
-            if not result["ok"]:
-                print(f"run {number + 1} {launcher}: FAILED ({result['exit']}): {result['last_line']}",
-                      file=sys.stderr, flush=True)
+            print(f"run {number + 1} {launcher}: {'ok' if result['ok'] else 'FAILED'} ({result['exit']})"
+                  f"{'' if result['ok'] else ': ' + result['last_line']}", file=sys.stderr, flush=True)
+            if args.out:  # as it goes: a long run cut short still leaves its count
+                Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=2))
     text = table(results)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
-        Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=2))
     return 0 if all(r["ok"] for r in results) else 1
 
 

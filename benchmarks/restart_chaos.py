@@ -38,7 +38,7 @@ class Outcome:
     run: int
     launcher: str
     fault: str
-    exit_code: int
+    exit_code: int | str
     restarts: int | None
     weights_match: bool
     fault_to_step_s: float | None
@@ -70,7 +70,12 @@ def run_once(launcher: str, plan: Plan, directory: Path, fault=None, log: Path |
     if fault is not None:
         env.update({"GPURIG_FAULT": str(fault), "GPURIG_FAULT_LOG": str(log)})
     started = time.monotonic()
-    done = subprocess.run(command(launcher, plan, directory), capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        done = subprocess.run(command(launcher, plan, directory), capture_output=True, text=True, timeout=timeout,
+                              env=env)
+    except subprocess.TimeoutExpired as expired:  # a hang: a failed run, not the end of the benchmark
+        text = [t.decode() if isinstance(t, bytes) else (t or "") for t in (expired.stdout, expired.stderr)]
+        done = subprocess.CompletedProcess(expired.cmd, "timeout", *text)
     return done, time.monotonic() - started
 
 

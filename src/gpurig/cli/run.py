@@ -13,6 +13,11 @@ examples:
   gpurig run --hosts a:4,b:4 -- python train.py      # 8 ranks on two machines (MPI)
   gpurig run -n 2 --mpi-args "--mca btl tcp,self" -- python train.py
   srun -K -N2 --ntasks-per-node=4 gpurig run --engine torch -- python train.py   # under SLURM
+  gpurig run -np 8 -H a:4,b:4 -- python train.py     # Horovod's flags (also --hostfile, 'HOST slots=N' lines)
+  gpurig run --engine torch --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr a -- python train.py
+                                                     # torchrun's: one gpurig run per machine (--node-rank 1 on b)
+  gpurig run -n 2 --max-restarts 3 -- python train.py   # start the job again when a rank dies or stops (3 times)
+  gpurig run -n 2 --log-dir logs -- python train.py  # each rank's output also in logs/rank-R.log
 
 Inside COMMAND, gpurig.init() finds the engine and its rank. Each rank gets
 GPURIG_ENGINE, OMP_NUM_THREADS (cores / ranks on the host, unless set),
@@ -31,8 +36,19 @@ collective that others have not reached are reported after --stall-timeout.
 Ctrl-C stops every rank. Under srun, pass -K (--kill-on-bad-exit) so that SLURM
 stops the other tasks when one fails.
 
-The job's sockets stay on --iface, or on loopback when every rank runs here
-(Open MPI's runtime daemon, prterun, listens on every interface regardless).
+With --max-restarts K the job is then started again, up to K times, on the same
+ranks; each rank sees GPURIG_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (torchrun's)
+and resumes from its own checkpoints (gpurig train does so by itself). While an
+attempt runs, the next one's ranks wait ready, their imports done, so a restart
+costs the program's own start only (Python ranks, every rank on this machine).
+
+At a terminal each line a rank prints begins with [rankR]: (--tag-output forces it,
+--no-tag-output turns it off); --log-dir DIR also keeps each rank's lines in
+DIR/rank-R.log.
+
+The job's sockets stay on --iface (Gloo: GLOO_SOCKET_IFNAME, NCCL: NCCL_SOCKET_IFNAME,
+Open MPI, the rendezvous), or on loopback when every rank runs here (Open MPI's
+runtime daemon, prterun, listens on every interface regardless).
 """
 
 def add_parser(subparsers) -> None:

@@ -37,6 +37,7 @@ from gpurig.errors import CollectiveFailed, RankFailed
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
 from gpurig.launch.progress import ProgressWriter
+from gpurig.launch.standby import wait_if_parked
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
 
@@ -95,6 +96,7 @@ def main(argv: list[str]) -> None:
     if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
         print("usage: python -m gpurig.launch.pyrun (SCRIPT | -m MODULE | -c CODE | -) [ARG ...]", file=sys.stderr)
         sys.exit(2)
+    wait_if_parked(argv)  # a standby rank of a job that may restart: warm, until the launcher needs it
     try:
         _run(argv)
     except SystemExit as done:
