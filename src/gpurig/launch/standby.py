@@ -8,7 +8,9 @@ imports at its top level, the slow part of a Python rank's start (5-7 s on a
 busy 2-core machine), and then waits for the file: when a rank
 fails, the launcher creates it and the next attempt is running at once, instead
 of starting from nothing as torchrun's restarted workers do. When the job ends
-without needing them, they are stopped before the program began.
+without needing them, they are stopped before the program began. A program
+that knows its own slow start can park after it instead (:func:`park`):
+``gpurig train`` waits with its data loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 PARK_VARIABLE = "GPURIG_PARKED"
+PARKS_ITSELF_VARIABLE = "GPURIG_PARKS_ITSELF"  # the program calls park() itself, after its own slow start
 POLL_S = 0.005
 WARM_MODULES = ("torch", "torch.distributed", "torch.nn.parallel")
 COLD_MODULES = ("mpi4py",)  # importing mpi4py.MPI starts MPI: only once the rank runs
@@ -66,20 +69,37 @@ def wait_if_parked(argv: list[str] = (), env=None) -> bool:
     """
     env = os.environ if env is None else env
     go = env.get(PARK_VARIABLE)
-    if not go:
+    if not go or env.get(PARKS_ITSELF_VARIABLE):
         return False
     if argv and argv[0] not in ("-m", "-c", "-"):
         sys.path[0] = str(Path(argv[0]).resolve().parent)  # as the script will see it: its own modules first
-    for name in (*WARM_MODULES, *program_imports(list(argv))):
-        if name.split(".")[0] in COLD_MODULES:
-            continue
-        try:
-            importlib.import_module(name)
-        except Exception:  # the program will meet it itself, and say so
-            continue
-    while not os.path.exists(go):
-        time.sleep(POLL_S)
+    try:
+        for name in (*WARM_MODULES, *program_imports(list(argv))):
+            if name.split(".")[0] in COLD_MODULES:
+                continue
+            try:
+                importlib.import_module(name)
+            except Exception:  # the program will meet it itself, and say so
+                continue
+        while not os.path.exists(go):
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:  # Ctrl-C at the terminal reaches standby ranks too: they never ran, nothing to say
+        os._exit(130)
     return True
+
+
+def park(env=None) -> bool:
+    """Where a program that knows its own slow start (``gpurig train``: its data) has a standby rank wait, after
+    that start; its launcher sets ``GPURIG_PARKS_ITSELF=1`` so that pyrun does not park it earlier. False in a rank
+    that is not parked.
+
+    >>> park({})
+    False
+    """
+    env = os.environ if env is None else env
+    if not env.get(PARK_VARIABLE):
+        return False
+    return wait_if_parked([], {**env, PARKS_ITSELF_VARIABLE: ""})
 
 
 def release(go: str | os.PathLike) -> None:

@@ -160,3 +160,26 @@ def _validate_reliability(config: TrainConfig) -> None:
             seconds(str(value), flag)
     if config.iface is not None:
         interface_address(config.iface)
+
+
+STARTED_VARIABLE = "GPURIG_TRAIN_STARTED"  # when gpurig train started the job (time.time()), for its restarts
+
+
+def after_restart(config: TrainConfig, env=None) -> TrainConfig:
+    """The configuration a rank trains with: in a job started again (``--max-restarts``, torchrun's too), resuming
+    from this run's newest checkpoint when there is one (one written before the run began is another run's).
+
+    >>> after_restart(TrainConfig(checkpoint_dir="/nonexistent"), {"GPURIG_RESTART_COUNT": "1"}).resume
+    False
+    """
+    import dataclasses
+    import os
+
+    from gpurig.launch.env import restart_count
+
+    env = os.environ if env is None else env
+    newest = checkpoints.saved_epochs(config.checkpoint_dir)[:1]
+    if config.resume or restart_count(env) == 0 or not newest:
+        return config
+    written = checkpoints.epoch_path(config.checkpoint_dir, newest[0]).stat().st_mtime
+    return dataclasses.replace(config, resume=written >= float(env.get(STARTED_VARIABLE, "0")))

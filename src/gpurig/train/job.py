@@ -12,9 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpurig.launch.env import RESTART_VARIABLES
 from gpurig.launch.events import following
+from gpurig.launch.standby import PARKS_ITSELF_VARIABLE
 from gpurig.train import checkpoints
-from gpurig.train.config import TrainConfig, validate
+from gpurig.train.config import STARTED_VARIABLE, TrainConfig, after_restart, validate
 
 
 def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[int, list[dict]]:
@@ -28,14 +30,13 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     ('done', 0)
     """
     from gpurig import launch
-    from gpurig.launch.env import detect_engine, in_launched_job, restart_count
+    from gpurig.launch.env import detect_engine, in_launched_job
     from gpurig.launch.settings import job_environment
 
     if in_launched_job():
-        # Started as one rank by gpurig run / gpurig emulate / mpirun / srun / torchrun: train here, as that rank;
-        # started again by a launcher's restart, from the newest checkpoint.
-        config = dataclasses.replace(config, engine=detect_engine(),
-                                     resume=config.resume or _resumable(config, restart_count()))
+        # Started as one rank by gpurig run / gpurig emulate / mpirun / srun / torchrun: train here, as that rank
+        # (started again by a launcher's restart: from the newest checkpoint, train_on_this_rank decides).
+        config = dataclasses.replace(config, engine=detect_engine())
         validate(config, nprocs=1)
         from gpurig.train.loop import train_on_this_rank
 
@@ -58,14 +59,15 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
         restarts, since = [], time.time()
 
         def restart(count, failure):
-            """Before the job starts again: resume from the newest checkpoint (none yet: from the start)."""
-            again = dataclasses.replace(rank_config, resume=rank_config.resume or _resumable(rank_config, count, since))
-            config_path.write_text(json.dumps(dataclasses.asdict(again)))
+            """Before the job starts again (its ranks resume from the newest checkpoint: after_restart)."""
+            again = after_restart(rank_config, {**env, **dict.fromkeys(RESTART_VARIABLES, str(count))})
             restarts.append(count)
             relay({"event": "restart", "restart": count, "max_restarts": config.max_restarts, "failure": str(failure),
                    "from_epoch": max(checkpoints.saved_epochs(again.checkpoint_dir), default=0) if again.resume else 0})
 
         env = job_environment(failure_timeout=config.failure_timeout, stall_timeout=config.stall_timeout)
+        env[PARKS_ITSELF_VARIABLE] = "1"  # a standby rank waits in the loop, its data loaded (launch.standby.park)
+        env[STARTED_VARIABLE] = str(since)
         with following(events_path, relay):
             code = launch.run_job([sys.executable, "-m", "gpurig.train", str(config_path)], nprocs,
                                   engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args, env=env,
@@ -75,14 +77,3 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             event["restarts"] = len(restarts)
     return code, seen
 
-
-def _resumable(config: TrainConfig, restart: int, since: float = 0.0) -> bool:
-    """Whether a job started again (``restart`` > 0) resumes: when this run has written a checkpoint (one written
-    after ``since``; an older one is another run's, which this run would have cleared).
-
-    >>> _resumable(TrainConfig(checkpoint_dir="/nonexistent"), 1)
-    False
-    """
-    newest = checkpoints.saved_epochs(config.checkpoint_dir)[:1]
-    return restart > 0 and bool(newest) and \
-        checkpoints.epoch_path(config.checkpoint_dir, newest[0]).stat().st_mtime >= since

@@ -18,11 +18,12 @@ import torch.nn.functional as F
 
 from gpurig import comm as comm_mod
 from gpurig import models
+from gpurig.launch import standby
 from gpurig.launch.processes import say
 from gpurig.parallel import DataParallel, optimizer_state_bytes, parameter_bytes, shard
 from gpurig.train import checkpoints
 from gpurig.train import data as datasets
-from gpurig.train.config import TrainConfig
+from gpurig.train.config import TrainConfig, after_restart
 from gpurig.train.faults import Injector
 from gpurig.train.metrics import EventLog, StepSplit, split_across_ranks
 from gpurig.train.predicted import calibrate, prediction
@@ -37,9 +38,11 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     >>> summary["test_accuracy"] > 0.8                         # doctest: +SKIP
     True
     """
+    data = datasets.load(config.data)
+    standby.park()  # a standby rank of a job that may restart waits here: imports done, data loaded
+    config = after_restart(config)  # started again: from the newest checkpoint
     comm = comm_mod.init(config.engine)
     events = EventLog(config.events, enabled=comm.rank == 0)
-    data = datasets.load(config.data)
     torch.manual_seed(config.seed)
     model = models.build(config.model).to(comm.device)
     start_epoch, history = 0, []
