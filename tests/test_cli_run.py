@@ -345,3 +345,12 @@ def test_a_failed_job_starts_again_up_to_max_restarts(engine, marker):
     assert given_up.returncode == 4
     assert given_up.stderr.count("restart 1 of 1") == 1 and "restart 2" not in given_up.stderr
     assert given_up.stderr.splitlines()[-1].startswith("gpurig run: rank 1 on host")
+
+
+def test_a_train_rank_of_another_launcher_refuses_max_restarts():
+    """Restarting is the launcher's: a rank that torchrun or mpirun started cannot act on the flag."""
+    done = subprocess.run([*GPURIG, "train", "--max-restarts", "1", "--no-predict"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"})
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "gpurig: error: --max-restarts: this rank was started by another launcher, which restarts the job or not "
+        "(gpurig run --max-restarts, torchrun --max-restarts)"]

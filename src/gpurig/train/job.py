@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpurig.errors import UsageError
 from gpurig.launch.env import RESTART_VARIABLES
 from gpurig.launch.events import following
 from gpurig.launch.standby import PARKS_ITSELF_VARIABLE
@@ -38,6 +39,9 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
         # (started again by a launcher's restart: from the newest checkpoint, train_on_this_rank decides).
         config = dataclasses.replace(config, engine=detect_engine())
         validate(config, nprocs=1)
+        if config.max_restarts:  # a flag this rank cannot act on would be a silent mistake
+            raise UsageError("--max-restarts: this rank was started by another launcher, which restarts the job "
+                             "or not (gpurig run --max-restarts, torchrun --max-restarts)")
         from gpurig.train.loop import train_on_this_rank
 
         summary = train_on_this_rank(config)
