@@ -176,7 +176,7 @@ def test_no_rank_outlives_a_killed_launcher(engine, marker, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["-n", "0", "--", "python", "-c", "1"], "gpurig: error: -n must be at least 1, got 0"),
     (["-n", "-2", "--", "python", "-c", "1"], "gpurig: error: -n must be at least 1, got -2"),
-    (["-n", "two", "--", "true"], "gpurig: error: argument -n/--nprocs: invalid int value: 'two'"),
+    (["-n", "two", "--", "true"], "gpurig: error: argument -n/-np/--nprocs: invalid int value: 'two'"),
     (["-n", "2"], "gpurig: error: no command to run"),
     (["-n", "2", "--"], "gpurig: error: no command to run"),
     (["--hosts", "a:x", "--", "true"], "gpurig: error: --hosts: 'a:x' is not HOST or HOST:SLOTS"),
@@ -187,6 +187,19 @@ def test_no_rank_outlives_a_killed_launcher(engine, marker, tmp_path):
      "gpurig: error: multi-host runs with --engine torch need SLURM (srun gpurig run --engine torch -- ...) or --engine mpi"),
     (["-n", "2", "--", "no-such-program-anywhere"], "gpurig: error: command not found: no-such-program-anywhere"),
     (["-n", "2", "--mpi-args", "--mca 'x", "--", "true"], "gpurig: error: --mpi-args \"--mca 'x\": No closing quotation"),
+    (["-n", "2", "--engine", "torch", "--mpi-args", "--mca btl self", "--", "true"],
+     "gpurig: error: --mpi-args is for --engine mpi"),
+    (["-n", "3", "--nproc-per-node", "2", "--", "true"], "gpurig: error: -n 3 disagrees with --nproc-per-node 2"),
+    (["--nproc-per-node", "0", "--", "true"], "gpurig: error: --nproc-per-node must be at least 1, got 0"),
+    (["--engine", "torch", "--nnodes", "2", "--", "true"], "gpurig: error: --nnodes 2 needs --master-addr"),
+    (["--engine", "torch", "--nnodes", "2", "--node-rank", "2", "--master-addr", "a", "--", "true"],
+     "gpurig: error: --node-rank 2 with --nnodes 2: node ranks go from 0 to 1"),
+    (["--nnodes", "2", "--node-rank", "1", "--", "true"], "gpurig: error: --nnodes 2 --node-rank 1: under --engine mpi"),
+    (["--master-port", "70000", "--", "true"], "gpurig: error: --master-port must be a TCP port from 1 to 65535"),
+    (["--hostfile", "/nonexistent/hosts", "--", "true"], "gpurig: error: --hostfile /nonexistent/hosts: cannot read it"),
+    (["-H", "a:2", "--hostfile", "/etc/hostname", "--", "true"], "gpurig: error: --hosts (-H) and --hostfile both"),
+    (["--max-restarts", "-1", "--", "true"], "gpurig: error: --max-restarts must be 0 or more, got -1"),
+    (["--log-dir", "/dev/null/logs", "--", "true"], "gpurig: error: --log-dir /dev/null/logs: cannot create it"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     done = gpurig_run(*args, timeout=30)
@@ -229,3 +242,115 @@ def test_an_unmodified_torchrun_script_runs_on_either_engine(engine, tmp_path):
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [s["rank"] for s in seen] == [0, 1] and all(s["size"] == 2 and s["local_world_size"] == 2 for s in seen)
     assert [s["local_rank"] for s in seen] == [0, 1] and all(s["same_gradient"] for s in seen)
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_pytorchs_ddp_tutorial_script_trains_unmodified(engine):
+    """benchmarks/ddp_tutorial.py runs it 100 times per engine (docs/reliability.md); here once each."""
+    done = gpurig_run("-n", 2, "--engine", engine, "--", "python",
+                      Path(__file__).parents[1] / "examples" / "ddp_tutorial.py", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert all(f"Finished running basic DDP example on rank {r}." in done.stdout for r in (0, 1)), done.stdout
+
+
+ENV_DUMP = ("import json, os; os.write(1, (json.dumps({k: os.environ.get(k) for k in ['RANK', 'WORLD_SIZE', "
+            "'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'GLOO_SOCKET_IFNAME', "
+            "'NCCL_SOCKET_IFNAME']}) + '\\n').encode())")
+
+
+def ranks_seen(stdout: str) -> list[tuple]:
+    envs = [json.loads(line) for line in stdout.splitlines()]
+    return sorted((e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs)
+
+
+@pytest.mark.parametrize("engine,flags", [
+    ("torch", ["--nproc-per-node", "2"]),                      # torchrun's
+    ("mpi", ["--nproc-per-node", "2"]),
+    ("mpi", ["-np", "2", "-H", "localhost:2"]),                # Horovod's
+    ("mpi", ["--hostfile", "HOSTFILE"]),
+])
+def test_torchrun_and_horovod_flags_start_the_same_ranks(engine, flags, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# Horovod's format\nlocalhost slots=2\n")
+    done = gpurig_run(*[str(hostfile) if f == "HOSTFILE" else f for f in flags], "--engine", engine, "--", "python",
+                      "-c", ENV_DUMP)
+    assert done.returncode == 0, done.stderr
+    assert ranks_seen(done.stdout) == [("0", "2", "0", "2"), ("1", "2", "1", "2")]
+
+
+def test_two_torch_nodes_meet_as_torchrun_nodes_do(tmp_path):
+    """``--nnodes 2 --node-rank K`` on each of two "machines" (two launchers here): one job of 4 ranks."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = ("import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); t = torch.ones(1); "
+              "dist.all_reduce(t); os.write(1, f\"{os.environ['RANK']} {os.environ['LOCAL_RANK']} {int(t.item())}\\n\""
+              ".encode()); dist.destroy_process_group()")
+    nodes = [subprocess.Popen([*GPURIG, "run", "--engine", "torch", "--nnodes", "2", "--node-rank", str(k),
+                               "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", port, "--",
+                               "python", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in (0, 1)]
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert [sorted(out.splitlines()) for out, _ in outputs] == [["0 0 4", "1 1 4"], ["2 0 4", "3 1 4"]]
+
+
+def test_iface_names_the_interface_to_gloo_and_nccl():
+    """(Open MPI's runtime refuses loopback for its out-of-band channel: under MPI --iface must name a real NIC.)"""
+    done = gpurig_run("-n", 2, "--engine", "torch", "--iface", "lo", "--", "python", "-c", ENV_DUMP)
+    assert done.returncode == 0, done.stderr
+    envs = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(e["GLOO_SOCKET_IFNAME"], e["NCCL_SOCKET_IFNAME"], e["MASTER_ADDR"]) for e in envs] == [("lo", "lo", "127.0.0.1")] * 2
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_each_ranks_lines_are_tagged_and_logged(engine, tmp_path):
+    script = ("import os, sys; r = os.environ['RANK']; print(f'out {r}'); print(f'err {r}', file=sys.stderr); "
+              "sys.stdout.write(f'unfinished {r}')")
+    done = gpurig_run("-n", 2, "--engine", engine, "--tag-output", "--log-dir", tmp_path, "--", "python", "-c", script)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[rank0]: out 0", "[rank0]: unfinished 0", "[rank1]: out 1",
+                                                "[rank1]: unfinished 1"]
+    assert sorted(line for line in done.stderr.splitlines() if "err" in line) == ["[rank0]: err 0", "[rank1]: err 1"]
+    for rank in (0, 1):  # the log as the rank wrote it, both streams
+        assert sorted((tmp_path / f"rank-{rank}.log").read_text().splitlines()) == sorted(
+            [f"out {rank}", f"err {rank}", f"unfinished {rank}"])
+    untagged = gpurig_run("-n", 2, "--engine", engine, "--", "python", "-c", "print('plain')")
+    assert untagged.stdout.splitlines() == ["plain", "plain"]  # not a terminal: no tags unless asked
+
+
+FAIL_FIRST_TIME = """
+import os, sys, time
+rank, count = os.environ["RANK"], os.environ["GPURIG_RESTART_COUNT"]
+os.write(1, f"{rank} {count} {os.environ['TORCHELASTIC_RESTART_COUNT']}\\n".encode())
+if rank == "1" and int(count) < FAILURES:
+    time.sleep(2)  # mpirun drops a line still on its way when the job ends
+    sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_a_failed_job_starts_again_up_to_max_restarts(engine, marker):
+    """Each attempt's ranks run once (the standby ranks of the next attempt wait until they are needed), and the
+    standby of an attempt never needed is gone when the job ends."""
+    ok = gpurig_run("-n", 2, "--engine", engine, "--max-restarts", 2, "--", "python", "-c",
+                    FAIL_FIRST_TIME.replace("FAILURES", "1") + f"# {marker}", timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(ok.stdout.split("\n")[:-1]) == ["0 0 0", "0 1 1", "1 0 0", "1 1 1"]
+    assert leftovers(marker) == []
+    assert f"gpurig run: rank 1 on host {HOST} exited with code 4; stopped the other 1 rank" in ok.stderr
+    assert ok.stderr.splitlines()[-1] == "gpurig run: restart 1 of 2: starting the 2 ranks again"
+    given_up = gpurig_run("-n", 2, "--engine", engine, "--max-restarts", 1, "--", "python", "-c",
+                          FAIL_FIRST_TIME.replace("FAILURES", "9"), timeout=120)
+    assert given_up.returncode == 4
+    assert given_up.stderr.count("restart 1 of 1") == 1 and "restart 2" not in given_up.stderr
+    assert given_up.stderr.splitlines()[-1].startswith("gpurig run: rank 1 on host")
+
+
+def test_a_train_rank_of_another_launcher_refuses_max_restarts():
+    """Restarting is the launcher's: a rank that torchrun or mpirun started cannot act on the flag."""
+    done = subprocess.run([*GPURIG, "train", "--max-restarts", "1", "--no-predict"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"})
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "gpurig: error: --max-restarts: this rank was started by another launcher, which restarts the job or not "
+        "(gpurig run --max-restarts, torchrun --max-restarts)"]

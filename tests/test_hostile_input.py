@@ -59,7 +59,7 @@ TRAIN_GOOD = {"--epochs": ["1", "3"], "--model": ["mlp", "cnn"], "--engine": ["m
               "--compression": ["none", "int8", "auto", "powersgd:2"], "--lr": ["0.1"], "-n": ["2"],
               "--global-batch": ["64", "128"], "--on-nonfinite": ["skip", "stop"], "--keep-checkpoints": ["2"],
               "--failure-timeout": ["5", "0"], "--stall-timeout": ["30"], "--momentum": ["0", "0.5"],
-              "--bucket-mb": ["1", "0.5"], "--json": [None]}
+              "--bucket-mb": ["1", "0.5"], "--json": [None], "--max-restarts": ["0", "2"]}
 TRAIN_BAD = {"-n": ["0", "-2", "two", "1.5", "", "100000000"], "--epochs": ["0", "-1", "x", ""],
              "--global-batch": ["0", "-5", "x"], "--lr": ["0", "-0.1", "nan", "inf", "x"],
              "--momentum": ["1", "1.5", "-0.1", "nan", "x"], "--model": ["resnet", "", "MLP"], "--data": ["imagenet"],
@@ -67,7 +67,7 @@ TRAIN_BAD = {"-n": ["0", "-2", "two", "1.5", "", "100000000"], "--epochs": ["0",
              "--bucket-mb": ["0", "-1", "nan", "inf", "x"], "--keep-checkpoints": ["0", "-1", "x"],
              "--on-nonfinite": ["retry", ""], "--failure-timeout": ["-1", "nan", "inf", "x", "1e9"],
              "--stall-timeout": ["-1", "nan", "x"], "--iface": ["no-such-iface0", ""], "--hosts": ["a:0", "a:x", ",", "a b"],
-             "--seed": ["x", "1.5"], "--resume": [None], **UNKNOWN}
+             "--seed": ["x", "1.5"], "--resume": [None], "--max-restarts": ["-1", "x"], **UNKNOWN}
 
 
 @EXAMPLES
@@ -77,10 +77,12 @@ def test_train_refuses_bad_flags_in_one_line(argv):
 
 
 RUN_GOOD = {"-n": ["2"], "--engine": ["mpi", "torch"], "--failure-timeout": ["3"], "--stall-timeout": ["0"],
-            "--iface": ["lo"]}
+            "--iface": ["lo"], "--max-restarts": ["0", "2"], "--tag-output": [None], "--master-port": ["29555"]}
 RUN_BAD = {"-n": ["0", "-1", "x", "", "100000000"], "--hosts": ["a:0", "a:x", ",", "a;b"], "--engine": ["nccl", ""],
            "--mpi-args": ["--mca 'x", '"'], "--iface": ["no-such-iface0", ""], "--failure-timeout": ["-3", "nan", "x"],
-           "--stall-timeout": ["inf", "-1"], **UNKNOWN}
+           "--stall-timeout": ["inf", "-1"], "--max-restarts": ["-1", "x", "1.5"], "--nproc-per-node": ["0", "-2", "x"],
+           "--nnodes": ["0", "-1", "x"], "--node-rank": ["-1", "x"], "--master-port": ["0", "70000", "x"],
+           "--hostfile": [os.path.join(NONE_DIR, "hosts")], "--log-dir": ["/dev/null/logs"], **UNKNOWN}
 
 
 @EXAMPLES
@@ -93,6 +95,17 @@ def test_run_refuses_bad_flags_in_one_line(argv):
 @given(commands("run", RUN_GOOD, {"--engine": ["mpi"]}))
 def test_run_without_a_command_is_one_line(argv):
     assert_one_line_usage_error(argv)
+
+
+BAD_CLUSTERS = ["0 nodes x 4 A100", "-1 nodes x 4 A100", "2 nodes x 0 A100", "1 node x 1000000 A100", "99999 A100",
+                "2 nodes x 4 A100, -10GbE", "4 A100, 0 Gbit/s InfiniBand", "4 A100, PCIe 3.0 x0", "4 A100, PCIe 3.0 x1000",
+                "4 A100, 0 GB RAM", "4 A100, 99999999 GB RAM", "4 A100, 10GbE, EDR", "4 A100, 2 V100", "", ","]
+
+
+@pytest.mark.parametrize("description", BAD_CLUSTERS)
+def test_bad_cluster_descriptions_are_one_line(description):
+    """Zero, negative or absurd counts, rates and sizes, or a part named twice (the second would silently win)."""
+    assert_one_line_usage_error(["predict", "--model", "resnet50", "--cluster", description])
 
 
 EMULATE_GOOD = {"--nodes": ["2", "3"], "--rate": ["1gbit", "100mbit"], "--engine": ["mpi", "torch"],

@@ -310,3 +310,49 @@ def test_open_mpi_start_up_race_is_retried_a_few_times(failures, code, tmp_path,
         assert marker.read_text() == "x\nx\n"
     else:
         assert not marker.exists() and "no rank reported how it ended" in err
+
+
+def test_hostfiles_and_the_launchers_flags(tmp_path):
+    from gpurig.launch.layout import layout_from_flags, read_hostfile
+
+    good = tmp_path / "hosts"
+    good.write_text("node1 slots=4  # the first\n\nnode2 slots = 2\n")
+    assert read_hostfile(str(good)) == "node1:4,node2:2"
+    for text, problem in [("node1 slots=0\n", "line 1"), ("node1 slots=x\n", "line 1"), ("a\nb c\n", "line 2"),
+                          ("# nothing\n", "names no host"), ("a\na\n", "named twice")]:
+        good.write_text(text)
+        with pytest.raises(UsageError, match=problem):
+            read_hostfile(str(good))
+    layout = layout_from_flags("torch", nproc_per_node=2, nnodes=3, node_rank=2, master_addr="n1")
+    assert (layout.nprocs, layout.world_size, layout.first_rank, layout.master_port) == (2, 6, 4, 29500)
+    assert layout_from_flags("torch", nprocs=4, nnodes=2, master_addr="n1").nprocs == 2
+    assert layout_from_flags("mpi", hosts="a:1,b:1", nnodes=2).nprocs == 2  # --nnodes agrees with the hosts
+    with pytest.raises(UsageError, match="does not split evenly"):
+        layout_from_flags("torch", nprocs=3, nnodes=2, master_addr="n1")
+    with pytest.raises(UsageError, match="drop --hosts"):
+        layout_from_flags("torch", hosts="a:2", nnodes=2, master_addr="n1")
+
+
+def test_a_restart_count_from_either_launcher():
+    from gpurig.launch.env import restart_count
+
+    assert restart_count({"GPURIG_RESTART_COUNT": "1", "TORCHELASTIC_RESTART_COUNT": "1"}) == 1
+    assert restart_count({"TORCHELASTIC_RESTART_COUNT": "3"}) == 3
+    assert restart_count({"GPURIG_RESTART_COUNT": "x"}) == 0
+
+
+def test_a_parked_rank_waits_warm_until_released(tmp_path):
+    """What a standby rank does: pyrun imports torch and the program's imports, then waits for its file."""
+    script = tmp_path / "prog.py"
+    script.write_text("import sys, json\nprint(json.dumps(sorted(m for m in ('torch', 'json') if m in sys.modules)))\n")
+    go = tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, "-m", "gpurig.launch.pyrun", str(script)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "GPURIG_PARKED": str(go)})
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None  # parked
+        go.touch()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and json.loads(out) == ["json", "torch"]  # warmed before its first line ran

@@ -44,6 +44,21 @@ def test_chaos_runs_end_in_time_named_and_resume_to_the_same_weights(uninterrupt
     assert {o.fault.split("signal=")[1].split()[0] for o in outcomes} == {"SIGKILL", "SIGSTOP"}  # seed 5: one each
 
 
+@pytest.mark.parametrize("engine,signal", [("torch", "SIGKILL"), ("mpi", "SIGSTOP")])
+def test_a_job_that_restarts_ends_as_an_uninterrupted_one(uninterrupted, engine, signal, tmp_path):
+    """--max-restarts: a rank killed or stopped in epoch 2; the job starts again by itself from epoch 1's
+    checkpoint and ends with the uninterrupted run's weights, bit for bit (2 ranks sum the same two numbers)."""
+    steps_per_epoch = 4000 // PLAN.global_batch
+    fault = f"rank=1 step={steps_per_epoch + 3} signal={signal}"
+    done = gpurig(*TRAIN, "-n", 2, "--engine", engine, "--max-restarts", 2, "--checkpoint-dir", tmp_path,
+                  "--failure-timeout", PLAN.failure_timeout, env={"GPURIG_FAULT": fault}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["restarts"] == 1 and [e["epoch"] for e in summary["epochs"]] == [1, 2]
+    assert summary["weights_digest"] == uninterrupted["weights_digest"]
+    assert "restart 1 of 2" in done.stderr and "rank 1 on host" in done.stderr
+
+
 def test_resume_on_another_rank_count(uninterrupted, tmp_path):
     """Data parallelism replicates model and optimizer: 2 ranks' checkpoint after epoch 1, then 1 rank on to epoch 2
     (the same global batch), ends where the uninterrupted 2-rank run did, up to floating-point summation order."""

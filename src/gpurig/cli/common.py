@@ -13,13 +13,20 @@ from gpurig.errors import UsageError
 def add_reliability_flags(p) -> None:
     """``--iface``, ``--failure-timeout``, ``--stall-timeout`` (``gpurig run`` and ``gpurig train``)."""
     p.add_argument("--iface", default=None, metavar="NAME",
-                   help="network interface the job's sockets use: Gloo, NCCL (NCCL_SOCKET_IFNAME), Open MPI, the side "
-                        "channel (default: loopback when every rank runs here)")
+                   help="network interface the job's sockets use: Gloo (GLOO_SOCKET_IFNAME), NCCL (NCCL_SOCKET_IFNAME), "
+                        "Open MPI, the rendezvous and side channel (default: loopback when every rank runs here)")
     p.add_argument("--failure-timeout", default=None, metavar="S",
                    help="report a rank that stopped responding within S seconds (default 10; 0: off)")
     p.add_argument("--stall-timeout", default=None, metavar="S",
                    help="report ranks waiting at a collective that others have not reached after S seconds "
                         "(default 60; 0: off)")
+
+
+def add_restart_flags(p) -> None:
+    """``--max-restarts`` (torchrun's name; ``gpurig run`` and ``gpurig train``)."""
+    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0, metavar="K",
+                   help="when a rank dies or stops responding, end the job as always, then start it again, up to K "
+                        "times (default 0); ranks see GPURIG_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT")
 
 
 def reliability_env(args) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpurig.cli.common import add_reliability_flags, command_after_dashes, reliability_env
+from gpurig.cli.common import add_reliability_flags, add_restart_flags, command_after_dashes, reliability_env
 
 RUN_EPILOG = """\
 examples:
@@ -13,6 +13,11 @@ examples:
   gpurig run --hosts a:4,b:4 -- python train.py      # 8 ranks on two machines (MPI)
   gpurig run -n 2 --mpi-args "--mca btl tcp,self" -- python train.py
   srun -K -N2 --ntasks-per-node=4 gpurig run --engine torch -- python train.py   # under SLURM
+  gpurig run -np 8 -H a:4,b:4 -- python train.py     # Horovod's flags (also --hostfile, 'HOST slots=N' lines)
+  gpurig run --engine torch --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr a -- python train.py
+                                                     # torchrun's: one gpurig run per machine (--node-rank 1 on b)
+  gpurig run -n 2 --max-restarts 3 -- python train.py   # start the job again when a rank dies or stops (3 times)
+  gpurig run -n 2 --log-dir logs -- python train.py  # each rank's output also in logs/rank-R.log
 
 Inside COMMAND, gpurig.init() finds the engine and its rank. Each rank gets
 GPURIG_ENGINE, OMP_NUM_THREADS (cores / ranks on the host, unless set),
@@ -31,8 +36,19 @@ collective that others have not reached are reported after --stall-timeout.
 Ctrl-C stops every rank. Under srun, pass -K (--kill-on-bad-exit) so that SLURM
 stops the other tasks when one fails.
 
-The job's sockets stay on --iface, or on loopback when every rank runs here
-(Open MPI's runtime daemon, prterun, listens on every interface regardless).
+With --max-restarts K the job is then started again, up to K times, on the same
+ranks; each rank sees GPURIG_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (torchrun's)
+and resumes from its own checkpoints (gpurig train does so by itself). While an
+attempt runs, the next one's ranks wait ready, their imports done, so a restart
+costs the program's own start only (Python ranks, every rank on this machine).
+
+At a terminal each line a rank prints begins with [rankR]: (--tag-output forces it,
+--no-tag-output turns it off); --log-dir DIR also keeps each rank's lines in
+DIR/rank-R.log.
+
+The job's sockets stay on --iface (Gloo: GLOO_SOCKET_IFNAME, NCCL: NCCL_SOCKET_IFNAME,
+Open MPI, the rendezvous), or on loopback when every rank runs here (Open MPI's
+runtime daemon, prterun, listens on every interface regardless).
 """
 
 def add_parser(subparsers) -> None:
@@ -40,23 +56,49 @@ def add_parser(subparsers) -> None:
         "run", help="launch your own script on N ranks (like horovodrun / torchrun)",
         description="Launch COMMAND on N ranks, over MPI (mpirun) or torch.distributed.",
         epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-n", "--nprocs", type=int, default=None, metavar="N",
+    p.add_argument("-n", "-np", "--nprocs", type=int, default=None, metavar="N",
                    help="number of ranks (default: all --hosts slots, else one per GPU, else 2)")
-    p.add_argument("--hosts", default=None, metavar="HOST:SLOTS,...",
+    p.add_argument("-H", "--hosts", default=None, metavar="HOST:SLOTS,...",
                    help="machines and their slots, e.g. a:4,b:4 (--engine mpi; torch runs on this machine)")
+    p.add_argument("--hostfile", default=None, metavar="FILE",
+                   help="machines from a file of 'HOST slots=N' lines, as Horovod and Open MPI read them")
     p.add_argument("--engine", default="mpi", choices=["mpi", "torch"],
                    help="mpi (default: mpirun, mpi4py) or torch (torch.distributed: NCCL on GPUs, Gloo on CPU)")
     p.add_argument("--mpi-args", default="", metavar="ARGS",
                    help='extra mpirun arguments, e.g. "--mca btl tcp,self" (one flag alone: --mpi-args=--quiet)')
+    torchrun = p.add_argument_group("torchrun's flags", "the same meaning as in torchrun (static rendezvous)")
+    torchrun.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, metavar="N",
+                          help="ranks per machine (mpi: on each --hosts machine)")
+    torchrun.add_argument("--nnodes", type=int, default=None, metavar="M",
+                          help="machines, each running its own gpurig run (--engine torch; mpi: as many as --hosts)")
+    torchrun.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="K",
+                          help="this machine's number, 0 to M-1 (--engine torch)")
+    torchrun.add_argument("--master-addr", "--master_addr", default=None, metavar="ADDR",
+                          help="node 0's address, where the ranks meet (MASTER_ADDR)")
+    torchrun.add_argument("--master-port", "--master_port", type=int, default=None, metavar="PORT",
+                          help="the port there (MASTER_PORT; default: a free one on one machine, else 29500)")
     add_reliability_flags(p)
+    add_restart_flags(p)
+    p.add_argument("--log-dir", default=None, metavar="DIR",
+                   help="also write each rank's output to DIR/rank-R.log")
+    p.add_argument("--tag-output", default=None, action=argparse.BooleanOptionalAction,
+                   help="begin each line a rank prints with [rankR]: (default: when the output is a terminal)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    import sys
+
     from gpurig import launch
+    from gpurig.launch.layout import layout_from_flags
+    from gpurig.launch.output import output_env
 
     command = command_after_dashes(args.command, "gpurig run -n N -- python script.py")
-    nprocs = args.nprocs if args.nprocs is not None else launch.default_nprocs(args.hosts)
-    return launch.run_job(command, nprocs, engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args,
-                          env=reliability_env(args), iface=args.iface)
+    layout = layout_from_flags(args.engine, args.nprocs, args.hosts, args.hostfile, args.nproc_per_node, args.nnodes,
+                               args.node_rank, args.master_addr, args.master_port, launch.default_nprocs)
+    tag = args.tag_output if args.tag_output is not None else sys.stdout.isatty()
+    env = output_env(reliability_env(args), args.log_dir, tag)
+    return launch.run_job(command, layout.nprocs, engine=args.engine, hosts=layout.hosts, mpi_args=args.mpi_args,
+                          env=env, iface=args.iface, master_addr=layout.master_addr, master_port=layout.master_port,
+                          nnodes=layout.nnodes, node_rank=layout.node_rank, max_restarts=args.max_restarts)

@@ -32,13 +32,15 @@ Checkpoints: checkpoint-epochN.pt after every epoch (with a SHA-256 line that
 loading checks), the last --keep-checkpoints kept, `latest` naming the newest.
 --resume continues from the newest one that is intact, saying which damaged
 ones it passed over. A rank that dies or stops is reported within
---failure-timeout seconds, naming it, its host and its collective.
+--failure-timeout seconds, naming it, its host and its collective; with
+--max-restarts K the job then starts again by itself (up to K times) from the
+newest checkpoint: what is lost is the steps since that epoch began.
 """
 
 
 def add_parser(subparsers) -> None:
     """Register ``gpurig train`` and its flags."""
-    from gpurig.cli.common import add_reliability_flags
+    from gpurig.cli.common import add_reliability_flags, add_restart_flags
 
     p = subparsers.add_parser(
         "train", help="data-, model- or hybrid-parallel training of a reference model on this machine's devices "
@@ -101,6 +103,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the measurements behind the predicted step split (about 10 s on 2 CPU ranks)")
     add_reliability_flags(p)
+    add_restart_flags(p)
     p.add_argument("--json", action="store_true", help="print only the run's summary as JSON")
     p.set_defaults(handler=run)
 
@@ -115,6 +118,7 @@ def _config(args):
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
                        precision=args.precision, accumulate=args.accumulate, logdir=args.logdir,
+                       max_restarts=args.max_restarts,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
                        stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
 
@@ -189,6 +193,15 @@ class _TrainView:
             done = (event["epoch"] - self.start["first_epoch"]) * self.start["steps_per_epoch"] + event["step"]
             self.progress.update(self.task, completed=done, loss=f"{event['loss']:.3f}",
                                  description=f"epoch {event['epoch'] + 1}/{self.start['epochs']}")
+        elif kind == "restart":
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+                self.task = None
+            self.progress.stop()
+            since = (f"from the checkpoint of epoch {event['from_epoch']} (the steps since are run again)"
+                     if event["from_epoch"] else "from the start (no epoch had finished)")
+            self.console.print(f"[bold]restart {event['restart']} of {event['max_restarts']}[/] after "
+                               f"{event['failure']}: resuming {since}")
         elif kind == "epoch":
             self.progress.console.print(
                 f"epoch {event['epoch']}/{self.start['epochs']}  loss {event['loss']:.4f}  "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from gpurig.launch.env import restart_count
 from gpurig.launch.iface import IFACE_VARIABLE, bind_address, interface_address, listener, local_addresses
 
 
@@ -39,6 +40,7 @@ class SideChannel:
     host: str
     port: int
     server: object = field(default=None, repr=False)
+    prefix: str = ""  # under torchrun's agent store, which outlives an attempt: this attempt's keys only
 
     @property
     def endpoint(self) -> str:
@@ -50,8 +52,9 @@ class SideChannel:
 
         >>> store = channel.connect(30); store.set("beat/0", b"...")   # doctest: +SKIP
         """
-        return dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=timeout_s))
+        store = dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        return dist.PrefixStore(self.prefix, store) if self.prefix else store
 
 
 def _serve(host: str, port: int, world_size: int, timeout_s: float) -> "dist.TCPStore":
@@ -70,7 +73,9 @@ def _serve(host: str, port: int, world_size: int, timeout_s: float) -> "dist.TCP
 def rendezvous_store(rank: int, size: int, timeout_s: float, env=None) -> tuple["dist.TCPStore", SideChannel]:
     """The torch engine's rendezvous store at ``MASTER_ADDR:MASTER_PORT``: served by rank 0, bound to that address.
 
-    Under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) the agent serves it and every rank is a client.
+    Under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) the agent serves it and every rank is a client; the agent's
+    store lives on when torchrun restarts the job (``--max-restarts``), so each attempt keeps to keys of its own
+    (without, the restarted ranks read the last attempt's Gloo addresses and wait for dead peers).
 
     >>> store, channel = rendezvous_store(0, 1, 30, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"})   # doctest: +SKIP
     """
@@ -81,6 +86,9 @@ def rendezvous_store(rank: int, size: int, timeout_s: float, env=None) -> tuple[
         store = _serve(host, port, size, timeout_s)
         return store, SideChannel(host, store.port, store)
     store = dist.TCPStore(host, port, size, False, timeout=timeout, wait_for_workers=False)
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        prefix = f"gpurig/attempt_{restart_count(env)}/"
+        return dist.PrefixStore(prefix, store), SideChannel(host, port, prefix=prefix)
     return store, SideChannel(host, port)
 
 

@@ -29,6 +29,8 @@ TORCH_FROM_MPI = {
     "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
 }
 RANK_VARIABLES = ("RANK", *TORCH_FROM_MPI["RANK"], "SLURM_PROCID")
+RESTART_VARIABLES = ("GPURIG_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")  # gpurig's, torchrun's
+MAX_RESTARTS_VARIABLE = "TORCHELASTIC_MAX_RESTARTS"
 
 
 def slurm_count(value: str) -> int:
@@ -58,6 +60,16 @@ def rank_from_env(env=None) -> int | None:
     3
     """
     return _first_int(os.environ if env is None else env, RANK_VARIABLES)
+
+
+def restart_count(env=None) -> int:
+    """How many times the launcher has started this job again (0 in the first attempt), under gpurig or torchrun.
+
+    >>> restart_count({"TORCHELASTIC_RESTART_COUNT": "2"}), restart_count({})
+    (2, 0)
+    """
+    env = os.environ if env is None else env
+    return next((int(env[name]) for name in RESTART_VARIABLES if env.get(name, "").isdigit()), 0)
 
 
 def torch_launch_info(env=None) -> LaunchInfo:

@@ -27,7 +27,11 @@ def follow_jsonl(path: Path, on_event, stop: threading.Event) -> None:
                     if not line.endswith("\n"):
                         break
                     position += len(line)
-                    on_event(json.loads(line))
+                    try:
+                        event = json.loads(line)
+                    except ValueError:  # a rank killed as it wrote, in a job that restarted: its line is lost
+                        continue
+                    on_event(event)
         if finished:
             return
         stop.wait(0.1)

@@ -10,23 +10,28 @@ within seconds and the launcher prints one line naming the first failure.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 
 from gpurig.errors import RankFailed, UsageError
+from gpurig.launch.env import MAX_RESTARTS_VARIABLE, RESTART_VARIABLES
 from gpurig.launch.hosts import is_this_host, parse_hosts
 from gpurig.launch.iface import confine
-from gpurig.launch.local import run_local
-from gpurig.launch.mpirun import mpi_arg_words, run_mpirun
-from gpurig.launch.processes import as_rank_program
+from gpurig.launch.local import run_local, start_local, watch_local
+from gpurig.launch.mpirun import Mpirun, mpi_arg_words, mpirun_job, run_line, run_mpirun
+from gpurig.launch.processes import as_rank_program, stop
 from gpurig.launch.rank_env import local_torch_envs, rank_path, srun_step, srun_torch_env
+from gpurig.launch.standby import PARK_VARIABLE, release
 from gpurig.launch.status import STATUS_DIR_VARIABLE, first_failure
 
 ENGINES = ("mpi", "torch")
+STANDBY_DELAY_S = 8.0  # after an attempt starts, before its standby does (an attempt's own start takes ~5-10 s)
 _GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 
@@ -111,39 +116,212 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
 
 
 def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | None = None,
-            env: dict | None = None, mpi_args: str = "", iface: str | None = None) -> int:
+            env: dict | None = None, mpi_args: str = "", iface: str | None = None, *,
+            master_addr: str | None = None, master_port: int | None = None, nnodes: int = 1, node_rank: int = 0,
+            max_restarts: int = 0, on_restart=None) -> int:
     """Run ``command`` on ``nprocs`` ranks; return 0, or the exit code of the first rank that failed.
 
     ``env`` is the environment the ranks start from (default: this process's);
     gpurig adds its variables to it (see :mod:`gpurig.launch.rank_env`). The
     job's sockets stay on ``iface``, or on loopback when every rank runs here
-    (:func:`gpurig.launch.iface.confine`). Raises
-    :class:`UsageError` for a request that cannot run; when a rank fails, prints
-    one line naming the first failing rank, its host and how it ended.
+    (:func:`gpurig.launch.iface.confine`). With ``--engine torch`` this launcher
+    may start one node's ranks of several (``node_rank`` of ``nnodes``, meeting
+    at ``master_addr:master_port``, as torchrun). Raises :class:`UsageError`
+    for a request that cannot run; when a rank fails, prints one line naming the
+    first failing rank, its host and how it ended.
+
+    When a rank fails, the job is started again, up to ``max_restarts`` times
+    (torchrun's ``--max-restarts``), every rank with ``GPURIG_RESTART_COUNT``
+    and ``TORCHELASTIC_RESTART_COUNT`` set to the attempt; ``on_restart(count,
+    failure)`` is called before each. Ctrl-C is never followed by a restart.
 
     >>> run_job(["true"], 2, engine="torch")
     0
     """
     env = dict(os.environ if env is None else env)
-    mpi_arg_words(mpi_args)  # refused even where unused (--engine torch): it is a mistake either way
+    mpi_arg_words(mpi_args)
+    if engine == "torch" and mpi_args.strip():  # a flag taken and then ignored would be a silent mistake
+        raise UsageError("--mpi-args is for --engine mpi: under --engine torch no mpirun starts the ranks")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {max_restarts}")
     host_list = check_request(command, nprocs, engine, hosts, env)
-    env, mpi_args = confine(env, engine, all(is_this_host(host) for host, _ in host_list), iface, mpi_args)
+    if max_restarts and srun_step(env):
+        raise UsageError("--max-restarts under srun: each task is its own launcher and cannot restart the others; "
+                         "run gpurig run once in the allocation with --hosts, or let SLURM requeue the job")
+    all_here = nnodes == 1 and all(is_this_host(host) for host, _ in host_list)
+    env, mpi_args = confine(env, engine, all_here, iface, mpi_args)
+    if engine == "mpi" and master_addr:  # run_mpirun's default: the first host
+        env["MASTER_ADDR"] = master_addr
+    if engine == "mpi" and master_port:
+        env["MASTER_PORT"] = str(master_port)
+    if engine == "torch" and not master_addr:
+        master_addr = env["MASTER_ADDR"] if iface else "127.0.0.1"
     command = as_rank_program(command, rank_path(env))
+    env[MAX_RESTARTS_VARIABLE] = str(max_restarts)
+    # The next attempt's ranks wait, warm, while this one runs: ranks of a Python program (they can park), all on
+    # this machine (they see the file that releases them).
+    warm = max_restarts > 0 and not srun_step(env) and "gpurig.launch.pyrun" in command and all_here
+    standby, job_over = None, threading.Event()
+
+    def start(attempt: int, parked: bool = False):
+        ready = {**env, **dict.fromkeys(RESTART_VARIABLES, str(attempt))}
+        if engine == "mpi":
+            return _MpiAttempt.start(command, nprocs, host_list, ready, mpi_args, parked)
+        return _LocalAttempt.start(command, nprocs, ready, (master_addr, master_port), (node_rank, nnodes), parked)
+
+    try:
+        for attempt in range(max_restarts + 1):
+            env.update(dict.fromkeys(RESTART_VARIABLES, str(attempt)))
+            if warm:
+                current = standby.take() if standby is not None else start(attempt)
+                current.release()
+                # later, not at once: on a machine with few cores its start would slow this attempt's
+                standby = (_Standby(functools.partial(start, attempt + 1, True), job_over)
+                           if attempt < max_restarts else None)
+                failure, others = current.wait(), nprocs - 1
+            else:
+                failure, others = _run_once(command, nprocs, engine, host_list, env, mpi_args,
+                                            (master_addr, master_port), (node_rank, nnodes))
+            if failure is None:
+                return 0
+            print(summary(failure, others), file=sys.stderr, flush=True)
+            if attempt == max_restarts:
+                return failure.exit_code
+            print(f"gpurig run: restart {attempt + 1} of {max_restarts}: starting the {nprocs} rank"
+                  f"{'s' * (nprocs != 1)} again", file=sys.stderr, flush=True)
+            if on_restart is not None:
+                on_restart(attempt + 1, failure)
+    finally:
+        if standby is not None:
+            standby.discard()
+        job_over.set()
+    return failure.exit_code
+
+
+class _Standby:
+    """The next attempt, started ``STANDBY_DELAY_S`` seconds from now (or when it is needed, if that is sooner).
+
+    It is started on a thread of its own that lives as long as the job: Linux sends a child its parent-death
+    signal when the *thread* that started it ends (``PR_SET_PDEATHSIG``).
+    """
+
+    def __init__(self, start, job_over: threading.Event):
+        self._start, self._attempt, self._wanted = start, None, threading.Event()
+        self._ready, self._job_over = threading.Event(), job_over
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        self._wanted.wait(STANDBY_DELAY_S)
+        try:
+            start = self._start
+            if start is not None and not self._job_over.is_set():
+                self._attempt = start()
+        finally:
+            self._ready.set()
+        self._job_over.wait()
+
+    def take(self):
+        """The attempt, started now if the delay has not passed yet."""
+        self._wanted.set()
+        self._ready.wait()
+        return self._attempt
+
+    def discard(self) -> None:
+        """Never needed: stop it if it started."""
+        self._start = None
+        self._wanted.set()
+        self._ready.wait()
+        if self._attempt is not None:
+            self._attempt.discard()
+
+
+@dataclass
+class _LocalAttempt:
+    """One start of a job's torch ranks here: started at once, or parked (:mod:`gpurig.launch.standby`)."""
+
+    procs: list
+    envs: list
+    status_dir: str
+
+    @classmethod
+    def start(cls, command, nprocs, env, master, node, parked: bool = False) -> "_LocalAttempt":
+        status_dir = tempfile.mkdtemp(prefix="gpurig-run-")
+        base = {**env, STATUS_DIR_VARIABLE: status_dir}
+        if parked:
+            base[PARK_VARIABLE] = os.path.join(status_dir, "go")
+        envs = local_torch_envs(base, nprocs, *master, *node)  # a fresh port each attempt: the last one's may linger
+        return cls(start_local(command, envs), envs, status_dir)
+
+    def release(self) -> None:
+        """Let parked ranks run (nothing for ranks started at once)."""
+        release(os.path.join(self.status_dir, "go"))
+
+    def wait(self):
+        """The attempt's first failure, or None; its status directory is removed."""
+        try:
+            with _termination_as_interrupt():
+                failure = watch_local(self.procs, self.envs)
+            return failure and (first_failure(self.status_dir) or failure)
+        finally:
+            shutil.rmtree(self.status_dir, ignore_errors=True)
+
+    def discard(self) -> None:
+        """Stop ranks that were never needed (they wait before the program began) and remove their directory."""
+        stop(self.procs)
+        shutil.rmtree(self.status_dir, ignore_errors=True)
+
+
+@dataclass
+class _MpiAttempt:
+    """One start of a job's MPI ranks (one mpirun): started at once, or parked (:mod:`gpurig.launch.standby`)."""
+
+    job: Mpirun
+    line: list
+    env: dict
+    status_dir: str
+
+    @classmethod
+    def start(cls, command, nprocs, host_list, env, mpi_args, parked: bool = False) -> "_MpiAttempt":
+        status_dir = tempfile.mkdtemp(prefix="gpurig-run-")
+        base = {**env, STATUS_DIR_VARIABLE: status_dir}
+        if parked:
+            base[PARK_VARIABLE] = os.path.join(status_dir, "go")
+        line, env = mpirun_job(command, nprocs, host_list, base, mpi_args)
+        return cls(Mpirun(line, env), line, env, status_dir)
+
+    def release(self) -> None:
+        """Let parked ranks run (nothing for ranks started at once)."""
+        release(os.path.join(self.status_dir, "go"))
+
+    def wait(self):
+        """The attempt's first failure, or None; its status directory is removed."""
+        try:
+            with _termination_as_interrupt():
+                failure = run_line(self.line, self.env, started=self.job)
+            return failure and (first_failure(self.status_dir) or failure)
+        finally:
+            shutil.rmtree(self.status_dir, ignore_errors=True)
+
+    def discard(self) -> None:
+        """End a job that was never needed (its ranks wait before the program began); remove its directory."""
+        self.job.discard()
+        shutil.rmtree(self.status_dir, ignore_errors=True)
+
+
+def _run_once(command, nprocs, engine, host_list, env, mpi_args, master, node):
+    """One attempt of the job: (the first failure or None, how many other ranks were stopped)."""
     with tempfile.TemporaryDirectory(prefix="gpurig-run-", ignore_cleanup_errors=True) as status_dir, \
             _termination_as_interrupt():
-        env[STATUS_DIR_VARIABLE] = status_dir
+        env = {**env, STATUS_DIR_VARIABLE: status_dir}
         if engine == "mpi":
             failure, others = run_mpirun(command, nprocs, host_list, env, mpi_args), nprocs - 1
         elif srun_step(env):
             failure, others = run_local(command, [srun_torch_env(env)]), 0
-        else:
-            failure, others = run_local(command, local_torch_envs(env, nprocs, env.get("MASTER_ADDR") if iface
-                                                                   else "127.0.0.1")), nprocs - 1
-        if failure is None:
-            return 0
-        failure = first_failure(status_dir) or failure
-    print(summary(failure, others), file=sys.stderr, flush=True)
-    return failure.exit_code
+        else:  # a fresh port each attempt: the last one's store may linger
+            failure, others = run_local(command, local_torch_envs(env, nprocs, *master, *node)), nprocs - 1
+        if failure is not None:
+            failure = first_failure(status_dir) or failure
+    return failure, others
 
 
 def summary(failure: RankFailed, others: int) -> str:

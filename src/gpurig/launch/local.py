@@ -30,10 +30,29 @@ def run_local(command: list[str], rank_envs: list[dict]) -> RankFailed | None:
     >>> str(run_local(["false"], [{**os.environ, "RANK": "0"}])).endswith("exited with code 1")
     True
     """
+    return watch_local(start_local(command, rank_envs), rank_envs)
+
+
+def start_local(command: list[str], rank_envs: list[dict]) -> list[subprocess.Popen]:
+    """Start one wrapped rank of ``command`` per environment here (stopping those started if one cannot start).
+
+    >>> import os
+    >>> [p.wait() for p in start_local(["true"], [dict(os.environ)])]
+    [0]
+    """
     procs: list[subprocess.Popen] = []
     try:
         for env in rank_envs:
             procs.append(subprocess.Popen(wrap(command), env=env))
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
+
+
+def watch_local(procs: list[subprocess.Popen], rank_envs: list[dict]) -> RankFailed | None:
+    """Wait for the ranks :func:`start_local` started; at the first failure stop the others and return it."""
+    try:
         while True:
             codes = [p.poll() for p in procs]
             failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)

@@ -11,6 +11,7 @@ launcher runs it under :mod:`gpurig.launch.pyrun` for that.
 from __future__ import annotations
 
 import functools
+import io
 import os
 import re
 import shlex
@@ -109,6 +110,18 @@ def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
     >>> run_mpirun(["true"], 2, [], dict(os.environ)) is None
     True
     """
+    line, env = mpirun_job(command, nprocs, hosts, env, mpi_args)
+    return run_line(line, env)
+
+
+def mpirun_job(command: list[str], nprocs: int, hosts: list[tuple[str, int]], env: dict,
+               mpi_args: str = "") -> tuple[list[str], dict]:
+    """The mpirun line and its environment for :func:`run_mpirun`.
+
+    >>> import os
+    >>> line, env = mpirun_job(["true"], 2, [], dict(os.environ)); env["MASTER_ADDR"], line[1:3]
+    ('127.0.0.1', ['-np', '2'])
+    """
     ranks_here = min(nprocs, max(slots for _, slots in hosts)) if hosts else nprocs
     env = dict(env)
     # the torch rendezvous a torchrun script expects (the rank wrapper adds RANK and the sizes): the first host
@@ -121,9 +134,14 @@ def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     ours = [name for name in env if name.startswith("GPURIG_") or name == "TORCH_CPP_LOG_LEVEL"]
     exported = list(dict.fromkeys([name for name in EXPORTED if name in env] + ours + given))
-    line = mpirun_command(command, nprocs, hosts, mpi_args, exported)
+    return mpirun_command(command, nprocs, hosts, mpi_args, exported), env
+
+
+def run_line(line: list[str], env: dict, started: "Mpirun | None" = None) -> RankFailed | None:
+    """Run (or, ``started``, finish) one mpirun job, starting it again when Open MPI's own start-up failed."""
     for attempt in range(STARTUP_RETRIES + 1):
-        failure, race = _mpirun_once(line, env)
+        failure, race = (started or Mpirun(line, env)).wait()
+        started = None
         if race is None or failure is None or failure.rank is not None or attempt == STARTUP_RETRIES:
             return failure
         print(f"gpurig run: Open MPI failed to start ({race!r}) before any rank ran; starting the job again",
@@ -132,27 +150,45 @@ def run_mpirun(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
     return failure
 
 
-def _mpirun_once(line: list[str], env: dict) -> tuple[RankFailed | None, str | None]:
-    """Run one mpirun; return its failure (None on success) and the start-up race it printed, if any."""
-    proc = subprocess.Popen(line, env=env, stderr=subprocess.PIPE,
-                            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
-    reports: list[RankFailed] = []
-    out = _Watched(sys.stderr, STARTUP_RACES)
-    relay = threading.Thread(target=relay_stderr, args=(proc.stderr, out, reports), daemon=True)
-    relay.start()
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        try:  # a Ctrl-C typed at the terminal reached mpirun too, and a second signal makes it force its way out
-            proc.wait(timeout=OWN_STOP_S if in_terminal_foreground() else 0)
-        except subprocess.TimeoutExpired:
-            stop([proc], signal.SIGTERM, STOP_GRACE_S)
-        raise
-    finally:
-        relay.join(timeout=5)
-    if code == 0:
-        return None, None
-    return merge_reports(reports) or RankFailed(None, None, code), out.seen
+class Mpirun:
+    """One mpirun, started at once; :meth:`wait` gives its failure (None on success) and the start-up race it
+    printed, if any.
+
+    >>> import os
+    >>> line, env = mpirun_job(["true"], 2, [], dict(os.environ)); Mpirun(line, env).wait()
+    (None, None)
+    """
+
+    def __init__(self, line: list[str], env: dict):
+        self.proc = subprocess.Popen(line, env=env, stderr=subprocess.PIPE,
+                                     preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
+        self.reports: list[RankFailed] = []
+        self.out = _Watched(sys.stderr, STARTUP_RACES)
+        self.relay = threading.Thread(target=relay_stderr, args=(self.proc.stderr, self.out, self.reports),
+                                      daemon=True)
+        self.relay.start()
+
+    def wait(self) -> tuple[RankFailed | None, str | None]:
+        proc = self.proc
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            try:  # a Ctrl-C typed at the terminal reached mpirun too, and a second signal makes it force its way out
+                proc.wait(timeout=OWN_STOP_S if in_terminal_foreground() else 0)
+            except subprocess.TimeoutExpired:
+                stop([proc], signal.SIGTERM, STOP_GRACE_S)
+            raise
+        finally:
+            self.relay.join(timeout=5)
+        if code == 0:
+            return None, None
+        return merge_reports(self.reports) or RankFailed(None, None, code), self.out.seen
+
+    def discard(self) -> None:
+        """End a job whose ranks never began their program (parked): quietly, as nothing of it ran."""
+        self.out.out = io.StringIO()
+        stop([self.proc], signal.SIGKILL)
+        self.relay.join(timeout=5)
 
 
 class _Watched:

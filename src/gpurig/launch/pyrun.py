@@ -10,6 +10,9 @@ non-zero ``sys.exit``:
 - under MPI it makes the exit an MPI_Abort (as ``python -m mpi4py`` does), so the
   job ends instead of hanging in MPI_Finalize while the peers wait in a collective.
 
+When it succeeds after using torch.distributed, the process ends without the
+interpreter's final teardown, in which Gloo's threads can abort it (:func:`_succeed`).
+
 The launcher runs a Python command under this module when the command's
 interpreter is gpurig's own (:func:`gpurig.launch.processes.as_rank_program`);
 other commands run as given.
@@ -17,12 +20,16 @@ other commands run as given.
 
 from __future__ import annotations
 
+import atexit
 import builtins
+import ctypes
+import gc
 import os
 import runpy
 import socket
 import sys
 import sysconfig
+import threading
 import types
 from pathlib import Path
 
@@ -30,6 +37,7 @@ from gpurig.errors import CollectiveFailed, RankFailed
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
 from gpurig.launch.progress import ProgressWriter
+from gpurig.launch.standby import wait_if_parked
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
 
@@ -88,13 +96,14 @@ def main(argv: list[str]) -> None:
     if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
         print("usage: python -m gpurig.launch.pyrun (SCRIPT | -m MODULE | -c CODE | -) [ARG ...]", file=sys.stderr)
         sys.exit(2)
+    wait_if_parked(argv)  # a standby rank of a job that may restart: warm, until the launcher needs it
     try:
         _run(argv)
     except SystemExit as done:
         status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
         if status:
             _failed(status)
-        raise
+            raise
     except KeyboardInterrupt:
         _failed(130)
         raise
@@ -109,6 +118,40 @@ def main(argv: list[str]) -> None:
         error = error.with_traceback(_user_frames(error.__traceback__))
         sys.excepthook(type(error), error, error.__traceback__)
         sys.exit(1)
+    _succeed()
+
+
+def _succeed() -> None:
+    """End a program that succeeded; after torch.distributed, without the interpreter's teardown.
+
+    A Gloo worker thread that drops the last reference to a finished collective
+    needs the GIL for the Python state the work kept; once the interpreter is
+    finalizing, taking the GIL ends the thread through a C++ frame that may not
+    be unwound, and the process aborts ("terminate called without an active
+    exception", SIGABRT) after the program did all its work: 1 job in 8-24 of
+    PyTorch's DDP tutorial script, under torchrun as under gpurig run (issue 29).
+    So what the teardown does for the program is done here, while no thread can
+    be refused the GIL: wait for its threads, run its ``atexit`` functions,
+    collect its garbage (files it left open are flushed), finish MPI, flush the
+    streams; then the process exits at once.
+    """
+    if "torch.distributed" not in sys.modules:
+        return
+    threading._shutdown()  # what the interpreter's exit does first: wait for the program's non-daemon threads
+    atexit._run_exitfuncs()
+    gc.collect()
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    ctypes.CDLL(None).fflush(None)  # C libraries' stdio buffers
+    os._exit(0)
 
 
 if __name__ == "__main__":

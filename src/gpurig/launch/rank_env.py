@@ -93,15 +93,20 @@ def free_port(address: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def local_torch_envs(base: dict, nprocs: int, master_addr: str = "127.0.0.1") -> list[dict]:
-    """One environment per rank for ``nprocs`` torch ranks on this machine, like torchrun's.
+def local_torch_envs(base: dict, nprocs: int, master_addr: str = "127.0.0.1", master_port: int | None = None,
+                     node_rank: int = 0, nnodes: int = 1) -> list[dict]:
+    """One environment per rank for the ``nprocs`` torch ranks of node ``node_rank`` of ``nnodes``, like torchrun's
+    (``master_port`` None: a free port of ``master_addr``, which must be this machine's then).
 
     >>> [e["RANK"] + "/" + e["WORLD_SIZE"] for e in local_torch_envs({}, 2)]
     ['0/2', '1/2']
+    >>> [e["RANK"] + "/" + e["WORLD_SIZE"] for e in local_torch_envs({}, 2, "a", 29500, node_rank=1, nnodes=2)]
+    ['2/4', '3/4']
     """
-    shared = {**common_env(base, "torch", nprocs), "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
-              "MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port(master_addr))}
-    return [{**shared, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(nprocs)]
+    port = master_port if master_port is not None else free_port(master_addr)
+    shared = {**common_env(base, "torch", nprocs), "WORLD_SIZE": str(nprocs * nnodes), "LOCAL_WORLD_SIZE": str(nprocs),
+              "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "GROUP_RANK": str(node_rank)}
+    return [{**shared, "RANK": str(node_rank * nprocs + local), "LOCAL_RANK": str(local)} for local in range(nprocs)]
 
 
 def srun_step(env: dict) -> tuple[int, int] | None:

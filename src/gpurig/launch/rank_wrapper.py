@@ -15,6 +15,9 @@
   collective it was in (from its progress file, :mod:`gpurig.launch.progress`),
   and a status file tells the launcher which rank failed first. A child that
   ended itself because another rank failed has said so already: no line then.
+- With ``GPURIG_TAG_OUTPUT`` or ``GPURIG_LOG_DIR`` (``gpurig run --tag-output``,
+  ``--log-dir``) the child's output passes through the wrapper: each line after
+  ``[rankR]: ``, and into the rank's log file (:mod:`gpurig.launch.output`).
 - The wrapper exits with the child's code, 128 + signal number for a signal.
 """
 
@@ -30,6 +33,7 @@ import threading
 
 from gpurig.errors import RankFailed
 from gpurig.launch.env import rank_from_env, torch_style_env
+from gpurig.launch.output import RankOutput
 from gpurig.launch.processes import GRACE_S, die_with_parent, in_terminal_foreground, say
 from gpurig.launch.progress import PROGRESS_VARIABLE, make_progress_file, read_progress
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
@@ -37,11 +41,14 @@ from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _start(command: list[str], rank: int | None, host: str, progress: str) -> subprocess.Popen | int:
+def _start(command: list[str], rank: int | None, host: str, progress: str,
+           output: RankOutput) -> subprocess.Popen | int:
     try:
         # torchrun's variables too, under mpirun: a torchrun script runs unchanged on either engine
-        env = {**os.environ, **torch_style_env(os.environ), PROGRESS_VARIABLE: progress}
-        return subprocess.Popen(command, preexec_fn=die_with_parent, env=env)
+        env = output.child_env({**os.environ, **torch_style_env(os.environ), PROGRESS_VARIABLE: progress})
+        child = subprocess.Popen(command, preexec_fn=die_with_parent, env=env, **output.popen_kwargs())
+        output.start()
+        return child
     except OSError as error:
         say(f"gpurig: rank {rank} on host {host} could not start {command[0]!r}: {error.strerror}")
         return 127
@@ -67,7 +74,8 @@ def main(argv: list[str]) -> int:
 
 
 def _supervise(command: list[str], rank: int | None, host: str, progress: str) -> int:
-    child = _start(command, rank, host, progress)
+    output = RankOutput(rank)
+    child = _start(command, rank, host, progress, output)
     if isinstance(child, int):
         record_failure(os.environ.get(STATUS_DIR_VARIABLE), RankFailed(rank, host, child))
         return child
@@ -88,6 +96,7 @@ def _supervise(command: list[str], rank: int | None, host: str, progress: str) -
     for signum in FORWARDED:
         signal.signal(signum, forward)
     code = child.wait()
+    output.finish()
     reported, doing, where = read_progress(progress)
     ending = RankFailed(rank, where or host, code, during=doing if code != 0 else None)
     if ending.returncode != 0 and not told_to_stop and not reported:

@@ -46,17 +46,29 @@ def parse_description(text: str) -> ClusterSpec:
     if not parts:
         raise SpecError("empty cluster description: e.g. '2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand'")
     node: dict = {}
-    network, gpudirect = None, False
+    network, gpudirect, named = None, False, set()
+
+    def once(what: str, part: str) -> None:
+        if what in named:
+            raise SpecError(f"the cluster description {text!r} names the {what} twice (again in {part!r}): "
+                            "give each once")
+        named.add(what)
+
     for part in parts:
         low = part.lower()
+        if re.match(r"^[-−]\s*\d", part):  # a fuzzy catalog match would take "-10GbE" for 10GbE
+            raise SpecError(f"in {part!r}: counts and rates must be positive")
         if (match := _PCIE.match(part)) and low.startswith("pcie"):
+            once("PCIe link", part)
             if match["gen"]:
                 node["pcie_gen"] = catalog.pcie_generation(match["gen"]).generation
             if match["lanes"]:
                 node["pcie_lanes"] = int(match["lanes"])
         elif "gpudirect" in low:
+            once("GPUDirect setting", part)
             gpudirect = not low.startswith("no")
         elif match := _RAM.match(part):
+            once("RAM", part)
             node["ram_gb"] = float(match["gb"])
         elif match := _SOCKETS.match(part):
             node["sockets"] = from_mapping(NodeSpec, {"gpus": 0, "sockets": int(match["n"])}, f"in {part!r}").sockets
@@ -64,8 +76,10 @@ def parse_description(text: str) -> ClusterSpec:
             node["pcie_switches"] = from_mapping(NodeSpec, {"gpus": 0, "pcie_switches": int(match["n"])},
                                                  f"in {part!r}").pcie_switches
         elif (found := parse_network(part)) is not None:
+            once("network", part)
             network = found
-        elif "gpu" not in node and (match := _GPUS.match(part)):
+        elif match := _GPUS.match(part):
+            once("GPUs", part)
             try:
                 node["gpu"] = catalog.gpu(match["name"])
             except SpecError as error:
@@ -81,4 +95,7 @@ def parse_description(text: str) -> ClusterSpec:
                             "a network such as '40 Gbit/s InfiniBand', 'no GPUDirect', '64 GB RAM', '2 sockets' or '2 PCIe switches')")
     if "gpu" not in node:
         raise SpecError(f"the cluster description {text!r} names no GPU (e.g. '4 RTX 2080 Ti')")
-    return ClusterSpec(nodes=(NodeSpec(**node),), network=network, gpudirect_rdma=gpudirect, name=text)
+    # through the field checks, as a spec file's [[nodes]] table is: PCIe x0 or 0 GB of RAM refused, not priced
+    node_spec = from_mapping(NodeSpec, {k: v for k, v in node.items() if k != "gpu"}, f"in {text!r}",
+                             given={"gpu": node["gpu"]})
+    return ClusterSpec(nodes=(node_spec,), network=network, gpudirect_rdma=gpudirect, name=text)

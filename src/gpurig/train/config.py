@@ -47,6 +47,7 @@ class TrainConfig:
     iface: str | None = None
     failure_timeout: float | None = None
     stall_timeout: float | None = None
+    max_restarts: int = 0
     events: str | None = None
 
     def feedback_path(self, rank: int, epoch: int) -> Path:
@@ -206,7 +207,7 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
 
 
 def _validate_reliability(config: TrainConfig) -> None:
-    """``--keep-checkpoints``, ``--on-nonfinite``, ``--failure-timeout``, ``--iface``.
+    """``--keep-checkpoints``, ``--max-restarts``, ``--on-nonfinite``, ``--failure-timeout``, ``--iface``.
 
     >>> _validate_reliability(TrainConfig(on_nonfinite="retry"))
     Traceback (most recent call last):
@@ -217,6 +218,8 @@ def _validate_reliability(config: TrainConfig) -> None:
     from gpurig.launch.settings import seconds
     from gpurig.parallel.numerics import ACTIONS
 
+    if config.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {config.max_restarts}")
     if config.keep_checkpoints < 1:
         raise UsageError(f"--keep-checkpoints must be at least 1, got {config.keep_checkpoints}")
     if config.on_nonfinite not in ACTIONS:
@@ -226,3 +229,26 @@ def _validate_reliability(config: TrainConfig) -> None:
             seconds(str(value), flag)
     if config.iface is not None:
         interface_address(config.iface)
+
+
+STARTED_VARIABLE = "GPURIG_TRAIN_STARTED"  # when gpurig train started the job (time.time()), for its restarts
+
+
+def after_restart(config: TrainConfig, env=None) -> TrainConfig:
+    """The configuration a rank trains with: in a job started again (``--max-restarts``, torchrun's too), resuming
+    from this run's newest checkpoint when there is one (one written before the run began is another run's).
+
+    >>> after_restart(TrainConfig(checkpoint_dir="/nonexistent"), {"GPURIG_RESTART_COUNT": "1"}).resume
+    False
+    """
+    import dataclasses
+    import os
+
+    from gpurig.launch.env import restart_count
+
+    env = os.environ if env is None else env
+    newest = checkpoints.saved_epochs(config.checkpoint_dir)[:1]
+    if config.resume or restart_count(env) == 0 or not newest:
+        return config
+    written = checkpoints.epoch_path(config.checkpoint_dir, newest[0]).stat().st_mtime
+    return dataclasses.replace(config, resume=written >= float(env.get(STARTED_VARIABLE, "0")))

@@ -5,7 +5,10 @@
 run, from 1), wherever that lands: in the forward pass, in backward, inside a
 bucket's allreduce. ``SIGKILL`` kills it. Nothing happens without the variable.
 With ``GPURIG_FAULT_LOG=FILE`` the rank writes the time (``time.time()``) it
-fired into FILE first. ``benchmarks/chaos.py`` draws these at random, from a seed.
+fired into FILE first. The fault fires in a job's first attempt only: a job
+restarted after it (``--max-restarts``) runs on; with ``GPURIG_FAULT_LOG`` its
+ranks add the time of their first step there (``resumed TIME``).
+``benchmarks/chaos.py`` and ``benchmarks/restart_chaos.py`` draw these at random, from a seed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+
+from gpurig.launch.env import restart_count
 
 FAULT_VARIABLE = "GPURIG_FAULT"
 LOG_VARIABLE = "GPURIG_FAULT_LOG"
@@ -65,13 +70,20 @@ class Injector:
     """
 
     def __init__(self, rank: int, env=None):
+        env = os.environ if env is None else env
         fault = planned(env)
-        self.fault = fault if fault is not None and fault.rank == rank else None
+        self.restarted = restart_count(env) > 0
+        self.fault = fault if fault is not None and fault.rank == rank and not self.restarted else None
+        self._log = env.get(LOG_VARIABLE) if fault is not None and self.restarted else None
         self._steps = 0
 
     def step(self, steps_done_before: int | None = None) -> None:
         """A step begins (the run's ``steps_done_before + 1``-th, or the next one)."""
         self._steps = self._steps + 1 if steps_done_before is None else steps_done_before + 1
+        if self._log:  # the first step after a restart: how long the fault cost is measured up to here
+            with open(self._log, "a") as f:
+                f.write(f"resumed {time.time()}\n")
+            self._log = None
         if self.fault is None or self._steps != self.fault.step:
             return
         timer = threading.Timer(self.fault.delay, self._fire)

@@ -9,10 +9,15 @@ import dataclasses
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+from gpurig.errors import UsageError
+from gpurig.launch.env import RESTART_VARIABLES
 from gpurig.launch.events import following
-from gpurig.train.config import TrainConfig, validate
+from gpurig.launch.standby import PARKS_ITSELF_VARIABLE
+from gpurig.train import checkpoints
+from gpurig.train.config import STARTED_VARIABLE, TrainConfig, after_restart, validate
 
 
 def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[int, list[dict]]:
@@ -31,9 +36,13 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     from gpurig.launch.settings import job_environment
 
     if in_launched_job():
-        # Started as one rank by gpurig run / gpurig emulate / mpirun / srun: train here, as that rank.
+        # Started as one rank by gpurig run / gpurig emulate / mpirun / srun / torchrun: train here, as that rank
+        # (started again by a launcher's restart: from the newest checkpoint, train_on_this_rank decides).
         config = dataclasses.replace(config, engine=detect_engine())
         validate(config, nprocs=1)
+        if config.max_restarts:  # a flag this rank cannot act on would be a silent mistake
+            raise UsageError("--max-restarts: this rank was started by another launcher, which restarts the job "
+                             "or not (gpurig run --max-restarts, torchrun --max-restarts)")
         from gpurig import comm
         from gpurig.train.loop import run_rank, warnings_from_rank_zero
 
@@ -59,12 +68,27 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             seen.append(event)
             on_event(event)
 
+        restarts, since = [], time.time()
+
+        def restart(count, failure):
+            """Before the job starts again (its ranks resume from the newest checkpoint: after_restart)."""
+            again = after_restart(rank_config, {**env, **dict.fromkeys(RESTART_VARIABLES, str(count))})
+            restarts.append(count)
+            relay({"event": "restart", "restart": count, "max_restarts": config.max_restarts, "failure": str(failure),
+                   "from_epoch": max(checkpoints.saved_epochs(again.checkpoint_dir), default=0) if again.resume else 0})
+
         env = job_environment(failure_timeout=config.failure_timeout, stall_timeout=config.stall_timeout)
+        env[PARKS_ITSELF_VARIABLE] = "1"  # a standby rank waits in the loop, its data loaded (launch.standby.park)
+        env[STARTED_VARIABLE] = str(since)
         with following(events_path, relay):
             code = launch.run_job([sys.executable, "-m", "gpurig.train", str(config_path)], nprocs,
                                   engine=config.engine, hosts=config.hosts, mpi_args=config.mpi_args, env=env,
-                                  iface=config.iface)
+                                  iface=config.iface, max_restarts=config.max_restarts, on_restart=restart)
     stopped = [event for event in seen if event["event"] == "error"]
     if code == 0 and stopped:  # the ranks agreed to stop (see gpurig.train.loop.main): rank 0 said why
         code = stopped[-1]["code"]
+    for event in seen:
+        if event["event"] == "done":
+            event["restarts"] = len(restarts)
     return code, seen
+

@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 
 from gpurig import comm as comm_mod
+from gpurig.launch import standby
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
 from gpurig.parallel import DataParallel, NonFiniteGradientError, optimizer_state_bytes, parameter_bytes, shard
 from gpurig.parallel.mixed_precision import MixedPrecision
 from gpurig.train import checkpoints
 from gpurig.train import data as datasets
-from gpurig.train.config import TrainConfig
+from gpurig.train.config import TrainConfig, after_restart
 from gpurig.train.faults import Injector
 from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks, step_metrics
 from gpurig.train.predicted import calibrate, prediction
@@ -41,9 +42,11 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     >>> summary["test_accuracy"] > 0.8                         # doctest: +SKIP
     True
     """
+    data = datasets.load(config.data)
+    standby.park()  # a standby rank of a job that may restart waits here: imports done, data loaded
+    config = after_restart(config)  # started again: from the newest checkpoint
     comm = comm_mod.init(config.engine)
     events = EventLog(config.events, enabled=comm.rank == 0)
-    data = datasets.load(config.data)
     torch.manual_seed(config.seed)
     model = build_model(config.model).to(comm.device)
     start_epoch, history = 0, []
