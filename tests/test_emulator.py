@@ -1,6 +1,8 @@
 """Emulated nodes: namespaces, a real rate limit, both engines, clean teardown after failures."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -24,8 +26,12 @@ os.write(1, f"RESULT {c.rank} {socket.gethostname()} {t[0].item():.0f} {seconds:
 
 
 def our_namespaces() -> list[str]:
+    """gpurig's namespaces whose emulator has ended: left behind. (A namespace of an emulator still running
+    belongs to another job on this machine, such as a benchmark beside the suite.)"""
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in listing.splitlines() if line.startswith("gpurig")]
+    names = [line.split()[0] for line in listing.splitlines() if line.startswith("gpurig")]
+    owners = {n: re.match(r"gpurig(\d+)", n).group(1) for n in names}
+    return [n for n in names if not os.path.exists(f"/proc/{owners[n]}")]
 
 
 def results(stdout: str) -> list[list[str]]:

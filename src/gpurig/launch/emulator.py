@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from gpurig.errors import UsageError
@@ -166,9 +167,16 @@ class Cluster:
             self._limit(ns, IFACE)  # traffic from node k
 
     def down(self) -> None:
-        """Delete every namespace this cluster made (their links go with them)."""
+        """Delete every namespace this cluster made (their links go with them).
+
+        A rank still exiting keeps its namespace busy for a moment (seen on a loaded machine): each
+        deletion is tried again for up to 5 s rather than left for the next run's orphan sweep.
+        """
         for ns in reversed(self.namespaces):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            for _ in range(20):
+                if subprocess.run(["ip", "netns", "del", ns], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.25)
         self.namespaces.clear()
 
     # -- run a job ---------------------------------------------------------------------
