@@ -2,8 +2,9 @@
 
 One training step, as the source describes it: each rank runs forward and
 backward on its part of the global batch; as soon as the gradients of a bucket
-of parameters are ready, that bucket's allreduce starts on the communicator's
-background thread, while autograd goes on computing earlier layers. At the end
+of parameters are ready, that bucket's allreduce starts (the engine's own
+nonblocking collective, begun on autograd's thread and nudged forward at each
+later gradient), while autograd goes on computing earlier layers. At the end
 of backward every rank waits for its buckets and finds the averaged gradient in
 ``param.grad``, so any torch optimizer then applies the same update everywhere.
 """
@@ -319,6 +320,8 @@ class DataParallel(torch.nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         bucket = self.buckets[self._bucket_of[id(param)]]
         bucket.ready += 1
+        if self._next_bucket:  # buckets begun on this thread move only while it calls the engine (Open MPI)
+            self.comm.progress()
         while self._next_bucket < len(self.buckets) and self._bucket_full(self.buckets[self._next_bucket]):
             self._launch(self.buckets[self._next_bucket])
             self.stats.launched_in_backward += 1
