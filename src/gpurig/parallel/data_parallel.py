@@ -373,7 +373,10 @@ class DataParallel(torch.nn.Module):
                 bucket.state = FeedbackState()
         bucket.launched_at = time.perf_counter()
         name = f"bucket {index}"
-        if plain and not self._pipelined:
+        if plain and not self._pipelined and self._inline(index):
+            self.comm.allreduce(bucket.flat[: bucket.numel], op="sum", name=name)
+            bucket.handle = None
+        elif plain and not self._pipelined:
             bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=name)
         elif plain:  # on the background thread too, so its place among the compressed buckets' is the same everywhere
             bucket.handle = self.comm.run_async(lambda: self.comm.allreduce(bucket.flat[: bucket.numel], "sum", name))
@@ -382,6 +385,15 @@ class DataParallel(torch.nn.Module):
         if plain:
             self.stats.bytes_sent += wire_bytes("none", bucket.shapes, self.comm.size)
         self._next_bucket += 1
+
+    last_bucket_inline = True
+
+    def _inline(self, index: int) -> bool:
+        """Whether bucket ``index`` is allreduced right here, blocking: the last bucket, over an engine whose
+        nonblocking collectives move only inside its calls (MPI). Nothing is left to hide it under, and Open
+        MPI's ``Iallreduce`` took twice its ``Allreduce``'s time at 1–4 MB here (docs/benchmarks.md)."""
+        return (self.last_bucket_inline and index == len(self.buckets) - 1
+                and not getattr(self.comm.engine, "native_async", False))
 
     def _begin_compressed(self, bucket: Bucket, name: str) -> None:
         """Begin this bucket's compressed average, then finish the one before: the link has this one's pieces
@@ -404,7 +416,8 @@ class DataParallel(torch.nn.Module):
         start = time.perf_counter()
         try:
             for bucket in self.buckets:
-                bucket.handle.wait()
+                if bucket.handle is not None:  # None: allreduced in place already (_inline)
+                    bucket.handle.wait()
             if last is not None:
                 last.wait()
         except BaseException:
