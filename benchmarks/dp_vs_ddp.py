@@ -8,7 +8,9 @@ the median step time over blocks, samples/s, and the throughput ratio against
 DDP with the same bucket size, taken round by round (see ``common.paired_ratio``).
 
 Variants: gpurig over Gloo and DDP over Gloo share torch.distributed's default
-process group; gpurig over MPI is the extra row (the last bucket blocking on
+process group (gpurig also without the checks DDP does not make: the
+collective check, ``GPURIG_CHECK=0``, and the numerical guard,
+``nonfinite="ignore"``); gpurig over MPI is the extra row (the last bucket blocking on
 the caller's thread, the earlier ones Open MPI's Iallreduce begun there), with
 three variants of the hand-off for comparison: the earlier buckets handed to a
 Python thread (``common.ThreadHandoff``), every bucket an Iallreduce, and every
@@ -25,6 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gpurig
 from gpurig import models
+from gpurig.comm import Communicator
+from gpurig.comm.torch_engine import TorchEngine
 from common import (ThreadHandoff, batches, both_engines, interleave, median, paired_ratio, slowest_rank, spread,
                     step_benchmark_args, training_block, write_result)
 
@@ -47,6 +51,9 @@ def main():
     variants = {
         "gpurig / gloo": (gpurig.DataParallel(copy.deepcopy(base), gloo), "DDP / gloo"),
         "DDP / gloo": (DDP(copy.deepcopy(base)), "DDP / gloo"),
+        "gpurig / gloo, without its checks": (
+            gpurig.DataParallel(copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False),
+                                nonfinite="ignore"), "DDP / gloo"),
         "gpurig / mpi": (gpurig.DataParallel(copy.deepcopy(base), mpi), "DDP / gloo"),
         "gpurig / mpi, earlier buckets on a thread": (
             gpurig.DataParallel(copy.deepcopy(base), ThreadHandoff(mpi.engine)), "DDP / gloo"),
