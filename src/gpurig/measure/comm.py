@@ -249,8 +249,9 @@ def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
 
     A matrix product of a few milliseconds (on a CPU; a backward pass runs
     such ones back to back) is timed alone, then again and again while
-    allreduces of ``nbytes`` queued on the Communicator's async path (as
-    DataParallel's buckets are) keep the link busy; only products that finished
+    allreduces of ``nbytes`` begun on the Communicator's async path (as
+    DataParallel's buckets are; testing the last one between products also
+    moves them, as DataParallel's gradients do) keep the link busy; only products that finished
     before the last allreduce did count. On a CPU rank the communication thread
     shares the cores (Open MPI polls, the TCP stack copies), so backward runs
     slower while buckets travel; on a GPU, the collective's kernels share the
@@ -310,12 +311,14 @@ def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2, rou
     a barrier, and each of ``rounds`` rounds gives one difference, of which
     the median counts (the cost varies from one posting to the next, with
     where the scheduler puts the threads). The allreduces carry 16 KB, so
-    what they add is not bandwidth: it is waking the thread that runs them.
-    Where the ranks' compute fills every core (CPU ranks), that thread must
-    take a core from a computing thread, and in Open MPI it spins until the
-    other ranks' threads are scheduled too: milliseconds a collective on this
-    2-core machine; where cores are free (a GPU rank's host), next to
-    nothing. The ranks' mean.
+    what they add is not bandwidth: it is beginning them (the engine's
+    nonblocking call, on this thread) and waiting for the other ranks at the
+    end — where a collective is handed to a thread (Gloo's own, or gpurig's
+    for what has no nonblocking form), also waking that thread, which on CPU
+    ranks must take a core from a computing thread and in Open MPI spins
+    until the other ranks are scheduled too: milliseconds a collective on
+    this 2-core machine (benchmarks/handoff.py); where cores are free (a GPU
+    rank's host), next to nothing. The ranks' mean.
 
     >>> posting_seconds(comm, lambda: torch.mm(a, b), lambda: None)     # doctest: +SKIP
     (0.0301, 0.0041)
