@@ -7,7 +7,8 @@ the engine's own nonblocking operation where it has one (MPI ``Iallreduce`` /
 ``Iallgather`` / ``Ialltoall``, torch.distributed's ``async_op``) and finishes
 when its handle is waited on; Open MPI moves such a collective only inside MPI
 calls, so callers that keep computing test their handles now and then
-(:meth:`Communicator.progress`; DataParallel does at every bucket it starts).
+(:meth:`Communicator.progress`; DataParallel does at each gradient that
+arrives after its first bucket has left).
 No Python thread wakes up for it: on CPU ranks such a thread's wake-up cost
 milliseconds per bucket and its work shared the cores with backward
 (docs/benchmarks.md). Only what has no nonblocking form (a compressed
