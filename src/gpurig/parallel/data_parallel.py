@@ -234,6 +234,7 @@ class DataParallel(torch.nn.Module):
         self._sync = True
         self._finalize_queued = False
         self._next_bucket = 0
+        self._inline_s = 0.0   # this step's last bucket, allreduced blocking (_inline)
         self._recent: collections.deque = collections.deque(maxlen=AUTO_CALIBRATION_STEPS)
         self._method_costs: list[dict] | None = None
         self._finished_at = 0.0  # when the last step's gradients were averaged
@@ -376,6 +377,8 @@ class DataParallel(torch.nn.Module):
         if plain and not self._pipelined and self._inline(index):
             self.comm.allreduce(bucket.flat[: bucket.numel], op="sum", name=name)
             bucket.handle = None
+            # nothing hides it: backward's end would have waited this long for it (auto reads it as exposed)
+            self._inline_s += time.perf_counter() - bucket.launched_at
         elif plain and not self._pipelined:
             bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=name)
         elif plain:  # on the background thread too, so its place among the compressed buckets' is the same everywhere
@@ -421,9 +424,10 @@ class DataParallel(torch.nn.Module):
             if last is not None:
                 last.wait()
         except BaseException:
-            self._in_flight = None  # a failed step leaves no half-finished average for the next one
+            self._in_flight, self._inline_s = None, 0.0  # a failed step leaves nothing half-counted for the next
             raise
-        waited = time.perf_counter() - start
+        waited = time.perf_counter() - start + self._inline_s
+        self._inline_s = 0.0
         # The averaged gradients stay in the buckets: each param.grad becomes a view of its
         # bucket (DDP's gradient_as_bucket_view), so there is no copy back and no second copy.
         for bucket in self.buckets:
