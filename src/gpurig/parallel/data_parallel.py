@@ -377,8 +377,11 @@ class DataParallel(torch.nn.Module):
         if plain and not self._pipelined and self._inline(index):
             self.comm.allreduce(bucket.flat[: bucket.numel], op="sum", name=name)
             bucket.handle = None
-            # nothing hides it: backward's end would have waited this long for it (auto reads it as exposed)
-            self._inline_s += time.perf_counter() - bucket.launched_at
+            # nothing hides it: backward's end would have waited this long for it (auto reads it as exposed),
+            # and it had no time to hide under (auto's lead: from here to backward's end)
+            done = time.perf_counter()
+            self._inline_s += done - bucket.launched_at
+            bucket.launched_at = done
         elif plain and not self._pipelined:
             bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=name)
         elif plain:  # on the background thread too, so its place among the compressed buckets' is the same everywhere
