@@ -1,8 +1,12 @@
 """Allreduce bandwidth of gpurig's Communicator vs the raw engine call, nccl-tests style.
 
 For each message size (1 KB to 256 MB, fp32, powers of 4) and each engine, the
-raw call and ``comm.allreduce(t, op="sum")`` alternate call by call (the order
-flipping every iteration) on the same tensor, so noise hits both alike:
+raw call and ``comm.allreduce(t, op="sum")`` are timed as nccl-tests times a
+collective, loops of 16 back-to-back in-place calls on the same tensor after a
+warm-up, the loops taking turns (``common.interleave``: the order rotating
+every round), so noise hits all alike; a third loop times ``comm.allreduce`` with the
+Communicator's check that the ranks call the same collective turned off
+(``comm.guard.check = False``), to show what that check costs:
 
 - MPI: ``MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, [t.numpy(), MPI.FLOAT])``, the
   numpy view made once, outside the timing (the leanest mpi4py call there is);
@@ -10,8 +14,8 @@ flipping every iteration) on the same tensor, so noise hits both alike:
 
 Reported per size: median time of each, algbw = bytes / time, busbw = algbw ×
 2(n−1)/n (nccl-tests' definitions, from gpurig.perf.busbw; for a ring that is what each link carries),
-and gpurig/raw of busbw. Each call is timed on every rank and the slower rank's
-time counts.
+and gpurig/raw of busbw (the median of the loops' ratios). Each loop is timed
+on every rank and the slower rank's time counts.
 
     gpurig run -n 2 -- python benchmarks/allreduce_busbw.py --max-mb 16 --out /tmp/busbw.json
 """
@@ -23,10 +27,12 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from common import both_engines, median, slowest_rank, spread, write_result
+from common import both_engines, interleave, median, slowest_rank, spread, write_result
+from gpurig.measure.comm import loop_shape
 from gpurig.perf.busbw import busbw
 
 KB = 1024
+PER_LOOP = 16  # back-to-back calls per timed loop
 
 
 def sizes(max_bytes: int) -> list[int]:
@@ -43,28 +49,12 @@ def sizes(max_bytes: int) -> list[int]:
 
 
 def iterations(nbytes: int, budget_bytes: float) -> int:
-    """Pairs of calls to time: about ``budget_bytes`` of traffic per size, 10 to 400 of them.
+    """Calls of each variant to time: about ``budget_bytes`` of traffic per size, 10 to 400 of them.
 
     >>> iterations(1024, 2**29), iterations(2**20, 2**29), iterations(256 * 2**20, 2**29)
     (400, 400, 10)
     """
     return max(10, min(400, int(budget_bytes // nbytes)))
-
-
-def timed_pairs(raw, ours, n: int) -> tuple[list[float], list[float]]:
-    """``n`` timings of each function, back to back, alternating which goes first.
-
-    No barrier between calls: the calls themselves keep the ranks in step, and an
-    idle pause before a call (a barrier on the other engine, a sleep) makes the
-    next Gloo call pay for waking its threads, milliseconds on this VM.
-    """
-    times = {raw: [], ours: []}
-    for i in range(n):
-        for fn in ((raw, ours) if i % 2 == 0 else (ours, raw)):
-            start = time.perf_counter()
-            fn()
-            times[fn].append(time.perf_counter() - start)
-    return times[raw], times[ours]
 
 
 def main():
@@ -85,17 +75,37 @@ def main():
             "gloo": (lambda: dist.all_reduce(t), lambda: gloo.allreduce(t, op="sum")),
         }
         n = iterations(nbytes, args.budget_mb * 2**20)
+        loops, _ = loop_shape(n, PER_LOOP)
         for engine, (raw, ours) in calls.items():
-            timed_pairs(raw, ours, 3)  # warm-up
-            raw_t, our_t = timed_pairs(raw, ours, n)
-            raw_t, our_t = slowest_rank(mpi, raw_t), slowest_rank(mpi, our_t)
+            comm = mpi if engine == "mpi" else gloo
+
+            def unchecked():
+                comm.guard.check = False
+                try:
+                    ours()
+                finally:
+                    comm.guard.check = True
+
+            def loop(fn):
+                def run():
+                    for _ in range(PER_LOOP):
+                        fn()
+                return run
+
+            for _ in range(3):  # warm-up
+                raw(), ours(), unchecked()
+            seconds = interleave({"raw": loop(raw), "gpurig": loop(ours), "unchecked": loop(unchecked)},
+                                 rounds=loops, warmup=0)
+            raw_t, our_t, free_t = ([s / PER_LOOP for s in slowest_rank(mpi, seconds[k])]
+                                    for k in ("raw", "gpurig", "unchecked"))
             raw_s, our_s = median(raw_t), median(our_t)
-            rows.append({"engine": engine, "bytes": nbytes, "iterations": n,
+            rows.append({"engine": engine, "bytes": nbytes, "iterations": loops * PER_LOOP,
                          "raw_spread": spread(raw_t), "gpurig_spread": spread(our_t),
-                         "raw_us": 1e6 * raw_s, "gpurig_us": 1e6 * our_s,
+                         "raw_us": 1e6 * raw_s, "gpurig_us": 1e6 * our_s, "unchecked_us": 1e6 * median(free_t),
                          "raw_busbw_gbps": busbw("allreduce", nbytes, raw_s, mpi.size) / 1e9,
                          "gpurig_busbw_gbps": busbw("allreduce", nbytes, our_s, mpi.size) / 1e9,
-                         "ratio": raw_s / our_s})
+                         "ratio": median([r / o for r, o in zip(raw_t, our_t)]),
+                         "unchecked_ratio": median([r / o for r, o in zip(raw_t, free_t)])})
     write_result(mpi, args.out, {"ranks": mpi.size, "dtype": "float32", "rows": rows})
 
 

@@ -177,3 +177,27 @@ def training_block(model: torch.nn.Module, data) -> Callable[[], None]:
             F.cross_entropy(model(x), y).backward()
             opt.step()
     return block
+
+
+class ThreadHandoff(Communicator):
+    """The Communicator as it was before issue 23, for side-by-side comparisons only: every asynchronous
+    collective on an engine without torch's ``async_op`` (MPI) is handed to the background Python thread,
+    and so is the step's signature check.
+
+    >>> old = ThreadHandoff(mpi.engine)       # doctest: +SKIP
+    """
+
+    def _can_start(self, *tensors, begins: str = "start_alltoall") -> bool:
+        if getattr(self.engine, "native_async", False) or self._worker.on_worker_thread():
+            return super()._can_start(*tensors, begins=begins)
+        return False
+
+    def expect(self, signatures) -> None:
+        if getattr(self.engine, "native_async", False):
+            return super().expect(signatures)
+
+        def announce():
+            with self._engine_errors():
+                self.guard.expect(signatures)
+
+        self._run(announce, blocking=False)

@@ -8,8 +8,14 @@ the median step time over blocks, samples/s, and the throughput ratio against
 DDP with the same bucket size, taken round by round (see ``common.paired_ratio``).
 
 Variants: gpurig over Gloo and DDP over Gloo share torch.distributed's default
-process group; gpurig over MPI is the extra row; the same pair again with 1 MB
-buckets, where per-bucket overhead shows.
+process group (gpurig also without the checks DDP does not make: the
+collective check, ``GPURIG_CHECK=0``, and the numerical guard,
+``nonfinite="ignore"``); gpurig over MPI is the extra row (the last bucket blocking on
+the caller's thread, the earlier ones Open MPI's Iallreduce begun there), with
+three variants of the hand-off for comparison: the earlier buckets handed to a
+Python thread (``common.ThreadHandoff``), every bucket an Iallreduce, and every
+bucket handed to the thread (the design before issue 23); the same pair again
+with 1 MB buckets, where per-bucket overhead shows.
 
     gpurig run -n 2 -- python benchmarks/dp_vs_ddp.py --model mlp --out /tmp/dp.json
 """
@@ -21,8 +27,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gpurig
 from gpurig import models
-from common import (batches, both_engines, interleave, median, paired_ratio, slowest_rank, spread,
+from gpurig.comm import Communicator
+from gpurig.comm.torch_engine import TorchEngine
+from common import (ThreadHandoff, batches, both_engines, interleave, median, paired_ratio, slowest_rank, spread,
                     step_benchmark_args, training_block, write_result)
+
+
+class AllAsync(gpurig.DataParallel):
+    """DataParallel with the last bucket asynchronous too, as every bucket was before issue 23 (comparison only)."""
+
+    last_bucket_inline = False
 
 
 def main():
@@ -37,10 +51,23 @@ def main():
     variants = {
         "gpurig / gloo": (gpurig.DataParallel(copy.deepcopy(base), gloo), "DDP / gloo"),
         "DDP / gloo": (DDP(copy.deepcopy(base)), "DDP / gloo"),
+        "gpurig / gloo, without its checks": (
+            gpurig.DataParallel(copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False),
+                                nonfinite="ignore"), "DDP / gloo"),
         "gpurig / mpi": (gpurig.DataParallel(copy.deepcopy(base), mpi), "DDP / gloo"),
+        "gpurig / mpi, earlier buckets on a thread": (
+            gpurig.DataParallel(copy.deepcopy(base), ThreadHandoff(mpi.engine)), "DDP / gloo"),
+        "gpurig / mpi, every bucket Iallreduce": (AllAsync(copy.deepcopy(base), mpi), "DDP / gloo"),
+        "gpurig / mpi, every bucket on a thread (before)": (
+            AllAsync(copy.deepcopy(base), ThreadHandoff(mpi.engine)), "DDP / gloo"),
         "gpurig / gloo, 1 MB buckets": (gpurig.DataParallel(copy.deepcopy(base), gloo, bucket_cap_mb=1),
                                         "DDP / gloo, 1 MB buckets"),
         "DDP / gloo, 1 MB buckets": (DDP(copy.deepcopy(base), bucket_cap_mb=1), "DDP / gloo, 1 MB buckets"),
+        "gpurig / mpi, 1 MB buckets": (gpurig.DataParallel(copy.deepcopy(base), mpi, bucket_cap_mb=1),
+                                       "DDP / gloo, 1 MB buckets"),
+        "gpurig / mpi, 1 MB buckets, earlier ones on a thread": (
+            gpurig.DataParallel(copy.deepcopy(base), ThreadHandoff(mpi.engine), bucket_cap_mb=1),
+            "DDP / gloo, 1 MB buckets"),
     }
     blocks = {name: training_block(model, data) for name, (model, _) in variants.items()}
     seconds = interleave(blocks, args.rounds, args.warmup)

@@ -15,6 +15,7 @@ results/machine.json (cores, versions, load average before and after).
 | dp | dp_vs_ddp.py | gpurig.DataParallel's training throughput vs DDP's, same engine (Gloo) |
 | overlap | overlap.py | how much of the allreduce time backward hides |
 | busbw | allreduce_busbw.py | comm.allreduce vs the raw mpi4py / torch.distributed call |
+| handoff | handoff.py | a collective handed to a Python thread vs begun on the caller's thread |
 | memory | memory.py | peak memory per rank vs DDP and vs no data parallelism |
 | checks | check_overhead.py | what the collective check and the NaN/Inf guard cost, on and off |
 
@@ -158,15 +159,17 @@ def busbw(quick: bool) -> list[Report]:
     r = launch("allreduce_busbw.py", "allreduce_busbw", "--max-mb", 16 if quick else 256)
     report = Report(f"Allreduce (sum, fp32), {r['ranks']} ranks: busbw = bytes / time x 2(n-1)/n",
                     ["engine", "size", "iters", "raw us", "gpurig us", "spread", "raw busbw GB/s",
-                     "gpurig busbw GB/s", "gpurig/raw"],
+                     "gpurig busbw GB/s", "gpurig/raw", "unchecked/raw"],
                     note="raw: mpi4py Allreduce(MPI.IN_PLACE, [numpy view, MPI.FLOAT]) / dist.all_reduce; "
-                         "median of interleaved calls, slower rank; spread: interquartile range / median "
-                         "of the raw call's times")
+                         "loops of 16 back-to-back calls taking turns (nccl-tests' way), per call, slower rank, "
+                         "median; gpurig/raw: median of the loops' ratios; unchecked: comm.allreduce without the "
+                         "check that ranks call the same collective; spread: interquartile range / median "
+                         "of the raw loops")
     for row in r["rows"]:
         report.rows.append([row["engine"], size_label(row["bytes"]), str(row["iterations"]),
                             f"{row['raw_us']:.1f}", f"{row['gpurig_us']:.1f}", f"{row['raw_spread']:.0%}",
                             f"{row['raw_busbw_gbps']:.3f}",
-                            f"{row['gpurig_busbw_gbps']:.3f}", f"{row['ratio']:.2f}"])
+                            f"{row['gpurig_busbw_gbps']:.3f}", f"{row['ratio']:.2f}", f"{row['unchecked_ratio']:.2f}"])
     return [report]
 
 
@@ -214,7 +217,24 @@ def checks(quick: bool) -> list[Report]:
     return [steps, calls]
 
 
-BENCHMARKS = {"dp": dp_vs_ddp, "overlap": overlap, "busbw": busbw, "memory": memory, "checks": checks}
+def handoff(quick: bool) -> list[Report]:
+    r = launch("handoff.py", "handoff", "--rounds", 6 if quick else 15)
+    report = Report(f"Handing a collective to the engine, {r['ranks']} ranks over MPI: a Python thread (before "
+                    "issue 23) vs the engine's nonblocking call begun on the caller's thread",
+                    ["measured", "thread", "caller's thread"],
+                    note="posting: what one 16 KB allreduce posted under a chain of 8 matrix products adds to it "
+                         "(median over rounds, ranks' mean); the rest: medians of single postings")
+    report.rows += [["one posting adds to the chain, us", f"{r['posting_cost_us']['thread']:.1f}",
+                     f"{r['posting_cost_us']['caller']:.1f}"],
+                    ["wake-up (submission to the job starting), us", f"{r['thread_wakeup_us']:.1f}", "-"],
+                    ["CPU the thread spends per collective, us", f"{r['thread_cpu_per_collective_us']:.1f}", "-"],
+                    ["beginning it (with the check exchange), us", "-", f"{r['caller_begin_us']:.1f}"],
+                    ["one progress() (MPI_Test), us", "-", f"{r['caller_progress_us']:.1f}"]]
+    return [report]
+
+
+BENCHMARKS = {"dp": dp_vs_ddp, "overlap": overlap, "busbw": busbw, "handoff": handoff, "memory": memory,
+              "checks": checks}
 
 
 def machine() -> dict:

@@ -131,3 +131,24 @@ def test_profile_loader_refuses_other_files(tmp_path):
     path.write_text("{}")
     with pytest.raises(gpurig.errors.UsageError, match="not a gpurig profile"):
         gpurig.measure.profile.load_profile(path)
+
+
+def test_profile_fits_the_isolated_timings_where_they_were_measured():
+    """Back-to-back loops give ``seconds``; single calls after a barrier (``isolated``, what predict's
+    calibration asks for) give ``isolated_seconds``, and the latency/bandwidth fit uses those when every row has
+    them. Here the two differ by a fixed 1 ms, which must land in the fitted latency of one fit only."""
+    rows = [{"collective": "allreduce", "bytes": b, "seconds": 1e-5 + b / 1e9, "busbw_gbs": 1.0} for b in (1e4, 1e6, 1e7)]
+    plain = gpurig.measure.profile.summarize_engine(rows)["allreduce"]
+    isolated = gpurig.measure.profile.summarize_engine(
+        [{**r, "isolated_seconds": r["seconds"] + 1e-3} for r in rows])["allreduce"]
+    assert plain["alpha_s"] == pytest.approx(1e-5, rel=1e-3)
+    assert isolated["alpha_s"] == pytest.approx(1e-3 + 1e-5, rel=1e-3)
+    assert isolated["beta_s_per_byte"] == pytest.approx(plain["beta_s_per_byte"], rel=1e-3)
+
+
+def test_collectives_are_timed_in_loops_of_back_to_back_calls():
+    """nccl-tests' way: each timed sample is a loop of calls, the two functions' loops taking turns."""
+    calls = []
+    ours, raw = gpurig.measure.comm.timed_loops(lambda: calls.append("a"), lambda: calls.append("b"), loops=4, per_loop=3)
+    assert len(ours) == len(raw) == 4
+    assert "".join(calls) == "aaabbb" "bbbaaa" "aaabbb" "bbbaaa"

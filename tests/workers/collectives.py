@@ -148,6 +148,22 @@ def _():
     assert torch.equal(second.wait(), torch.full((100,), 2 * total_r))
 
 
+@case("async_allreduce_begins_here_and_progress_finishes_it")
+def _():
+    """No Python thread carries it: the engine's nonblocking call is begun on this thread (MPI's Iallreduce,
+    torch's async_op), and progress() moves it to the end."""
+    import time
+
+    t = torch.full((1 << 16,), float(R + 1))
+    handle = comm.allreduce_async(t, op="sum")
+    assert comm._worker.idle(), "handed to the background thread"
+    deadline = time.monotonic() + 30
+    while comm.progress() and time.monotonic() < deadline:
+        pass
+    assert handle.is_completed() and comm.progress() == 0
+    assert torch.equal(handle.wait(), torch.full((1 << 16,), float(sum(range(1, P + 1)))))
+
+
 @case("allgather_bytes")
 def _():
     got = comm.allgather_bytes(b"x" * R)

@@ -15,8 +15,10 @@ examples:
 
 Collectives are reported as nccl-tests does: algbw = bytes / time and busbw =
 algbw x 2(n-1)/n for allreduce, (n-1)/n for allgather, 1 for broadcast and
-point-to-point; 'raw' is the engine's own call (mpi4py Allreduce,
-torch.distributed.all_reduce ...) timed interleaved with gpurig's. alpha
+point-to-point; times are per call of loops of back-to-back in-place calls
+after a warm-up, as nccl-tests times them; 'raw' is the engine's own call
+(mpi4py Allreduce(IN_PLACE), torch.distributed.all_reduce ...) timed the same
+way, loop about with gpurig's; gpurig/raw is the median of their ratios. alpha
 (latency) and beta (seconds per byte) are fitted to time = alpha + bytes x beta.
 The machine profile (JSON, schema in docs/hardware.md) is what gpurig predict
 calibrates from.
@@ -147,13 +149,19 @@ def show(profile: dict, out, plots: list[str]) -> None:
     for engine, collectives in profile.get("comm", {}).get("engines", {}).items():
         table = Table(title=f"{engine}, {profile['comm']['ranks']} ranks: time (µs), algbw and busbw (GB/s); "
                             "raw = the engine's own call", title_justify="left")
-        for header in ("collective", "size", "time", "algbw", "busbw", "raw busbw"):
+        isolated = any("isolated_seconds" in row for e in collectives.values() for row in e["rows"])
+        for header in ("collective", "size", "time", "algbw", "busbw", "raw busbw", "gpurig/raw") + \
+                (("isolated time",) if isolated else ()):
             table.add_column(header, justify="right")
         for name, entry in collectives.items():
             for row in entry["rows"]:
                 raw = f"{row['raw_busbw_gbs']:.3f}" if "raw_busbw_gbs" in row else "-"
-                table.add_row(name, _size(row["bytes"]), f"{1e6 * row['seconds']:.1f}", f"{row['algbw_gbs']:.3f}",
-                              f"{row['busbw_gbs']:.3f}", raw)
+                ratio = f"{row['raw_over_gpurig']:.2f}" if "raw_over_gpurig" in row else "-"
+                cells = [name, _size(row["bytes"]), f"{1e6 * row['seconds']:.1f}", f"{row['algbw_gbs']:.3f}",
+                         f"{row['busbw_gbs']:.3f}", raw, ratio]
+                if isolated:
+                    cells.append(f"{1e6 * row['isolated_seconds']:.1f}" if "isolated_seconds" in row else "-")
+                table.add_row(*cells)
         console.print(table)
         fits = "; ".join(f"{name}: alpha {1e6 * e['alpha_s']:.1f} µs, 1/beta "
                          + (f"{e['fitted_gbs']:.2f} GB/s" if e["fitted_gbs"] else "- (too noisy)")

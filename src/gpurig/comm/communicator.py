@@ -1,13 +1,21 @@
 """The Communicator: what training code calls, whatever engine moves the bytes.
 
 It owns three things the engines should not repeat: checking arguments,
-averaging, and running collectives asynchronously. Engines whose library has
-its own asynchronous operations (torch.distributed: Gloo and NCCL run them on
-their own threads) are called with ``async_op`` directly. For MPI, asynchronous
-collectives run in order on one background thread (as Horovod's background loop
-does), so a bucket's allreduce proceeds while the caller keeps computing; the
-engine's calls release the GIL. A blocking call first waits for the queued ones,
-keeping every rank's sequence of collectives identical.
+averaging, and running collectives asynchronously. A blocking collective runs on
+the caller's thread. An asynchronous one is begun on the caller's thread with
+the engine's own nonblocking operation where it has one (MPI ``Iallreduce`` /
+``Iallgather`` / ``Ialltoall``, torch.distributed's ``async_op``) and finishes
+when its handle is waited on; Open MPI moves such a collective only inside MPI
+calls, so callers that keep computing test their handles now and then
+(:meth:`Communicator.progress`; DataParallel does at each gradient that
+arrives after its first bucket has left).
+No Python thread wakes up for it: on CPU ranks such a thread's wake-up cost
+milliseconds per bucket and its work shared the cores with backward
+(docs/benchmarks.md). Only what has no nonblocking form (a compressed
+average's chain of collectives, :meth:`Communicator.run_async`, MPI's
+reduce-scatter and broadcast) runs in order on one background thread, as
+Horovod's background loop does; a blocking call first waits for the queued
+ones, keeping every rank's sequence of collectives identical.
 
 Every collective passes the :class:`~gpurig.comm.guard.Guard` first: it is
 checked against the other ranks' (a :class:`CollectiveMismatchError` on every
@@ -138,6 +146,7 @@ class Communicator:
         self._lock = threading.Lock()
         self._worker = _Worker(self._lock)
         self._pinned: dict = {}
+        self._started: list[Handle] = []  # begun on the caller's thread, maybe not finished: see progress()
         self.guard = Guard(engine, stage=self._to_engine, check=check)
         self.watch = None  # the failure watch, started by gpurig.init() (gpurig.comm.watch)
 
@@ -226,7 +235,9 @@ class Communicator:
             with self._engine_errors():
                 self.guard.expect(signatures)
 
-        self._run(announce, blocking=False)
+        # One small exchange: on this thread unless queued collectives must go first (a thread hand-off
+        # costs more than it does).
+        self._run(announce, blocking=self._worker.idle() and not self._worker.on_worker_thread())
 
     def run_async(self, job) -> Handle:
         """Run ``job()`` on the background thread, in order with other asynchronous collectives.
@@ -260,15 +271,13 @@ class Communicator:
         Needs an engine with the non-blocking operation (its method ``begins``)
         that reads the tensors in place, and a thread that owns the order of
         collectives: the background thread itself (a ``run_async`` job
-        pipelining its collectives), or any thread of an engine with its own
-        async operations when nothing is queued.
+        pipelining its collectives), or the caller's when nothing is queued.
         """
         if not hasattr(self.engine, begins) or not all(self._engine_reads(t) for t in tensors):
             return False
         if any(not t.is_contiguous() for t in tensors[1:]):  # an ``out`` the engine must write in place
             return False
-        return self._worker.on_worker_thread() or (getattr(self.engine, "native_async", False)
-                                                   and self._worker.idle())
+        return self._worker.on_worker_thread() or self._worker.idle()
 
     def _begin(self, signature: Signature, nbytes: int, work, start, blocking: bool):
         """Run a collective: blocking, queued on the background thread, or begun here without waiting.
@@ -282,7 +291,29 @@ class Communicator:
         with self._engine_errors():
             self.guard.begin(signature, nbytes)
             result, request = start()
-        return Handle(work=request, finish=lambda: self._ended(result), errors=self._engine_errors)
+        return self._track(Handle(work=request, finish=lambda: self._ended(result), errors=self._engine_errors))
+
+    def _track(self, handle: Handle) -> Handle:
+        if not self._worker.on_worker_thread():  # the background thread's jobs wait for their own
+            self._started = [h for h in self._started if h._finish is not None]
+            self._started.append(handle)
+        return handle
+
+    def progress(self) -> int:
+        """Let the collectives begun asynchronously on this thread move; return how many are still in flight.
+
+        Open MPI moves a nonblocking collective only while this rank is inside
+        an MPI call, so code that computes between starting collectives and
+        waiting for them calls this now and then (an ``MPI_Test`` per
+        collective, about a microsecond); Gloo and NCCL move on their own, and
+        this only counts.
+
+        >>> handle = comm.allreduce_async(torch.ones(2**20))   # doctest: +SKIP
+        >>> comm.progress()                                     # doctest: +SKIP
+        1
+        """
+        self._started = [h for h in self._started if h._finish is not None and not h.is_completed()]
+        return len(self._started)
 
     def _engine_reads(self, flat: torch.Tensor) -> bool:
         """Whether the engine takes ``flat`` where it is (NCCL only device memory, MPI without CUDA only host)."""
@@ -346,7 +377,7 @@ class Communicator:
             with self._engine_errors():
                 self.guard.begin(signature, flat.nbytes)
                 work = self.engine.start_allreduce(flat)
-            return Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors)
+            return self._track(Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors))
 
         def work():
             buf = self._to_engine(flat)

@@ -144,11 +144,20 @@ class MPIEngine:
         displs = [sum(counts[:i]) for i in range(len(counts))]
         return [data, (list(counts), displs), datatype]
 
+    def _whole(self, tensor: torch.Tensor):
+        """:meth:`_buf` for a collective whose count is the whole buffer (allreduce, broadcast): a host tensor
+        by its address, 0.3 µs instead of a numpy view's 1.1 µs a call (docs/benchmarks.md). The address does
+        not keep the tensor alive; the caller does (a :class:`Request` holds its tensors)."""
+        if tensor.is_cuda or not tensor.numel():
+            return self._buf(tensor)
+        datatype = MPI.INT16_T if tensor.dtype in _HALF else _NATIVE[tensor.dtype]
+        return [MPI.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), tensor.numel(), datatype]
+
     def _sum_op(self, dtype):
         return self._half_ops.get(dtype, MPI.SUM)
 
     def allreduce_sum(self, tensor: torch.Tensor) -> None:
-        self.comm.Allreduce(MPI.IN_PLACE, self._buf(tensor), op=self._sum_op(tensor.dtype))
+        self.comm.Allreduce(MPI.IN_PLACE, self._whole(tensor), op=self._sum_op(tensor.dtype))
 
     def allgather(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
         out = tensor.new_empty(sum(counts))
@@ -170,7 +179,7 @@ class MPIEngine:
 
     def start_allreduce(self, tensor: torch.Tensor) -> "Request":
         """Begin :meth:`allreduce_sum` in place without waiting; MPI moves it whenever this rank calls MPI."""
-        return Request(self.comm.Iallreduce(MPI.IN_PLACE, self._buf(tensor), op=self._sum_op(tensor.dtype)), tensor)
+        return Request(self.comm.Iallreduce(MPI.IN_PLACE, self._whole(tensor), op=self._sum_op(tensor.dtype)), tensor)
 
     def start_alltoall(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
         """Begin :meth:`alltoall` into ``out`` without waiting; MPI moves it whenever this rank calls MPI."""
@@ -181,7 +190,7 @@ class MPIEngine:
         return Request(self.comm.Iallgather(self._buf(tensor), self._buf(out)), tensor, out)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
-        self.comm.Bcast(self._buf(tensor), root=root)
+        self.comm.Bcast(self._whole(tensor), root=root)
 
     def barrier(self) -> None:
         self.comm.Barrier()

@@ -2,13 +2,13 @@
 
 Run by ``gpurig bench`` as ``python -m gpurig.measure.comm CONFIG.json`` on
 each rank of a job started by :func:`gpurig.launch.run_job`. For each
-collective (allreduce, allgather, broadcast) and size, every iteration calls
-the Communicator and the engine's own call (mpi4py ``Allreduce`` /
+collective (allreduce, allgather, broadcast) and size, as nccl-tests measures:
+after a warm-up, loops of back-to-back calls of the same in-place collective,
+the Communicator's and the engine's own call (mpi4py ``Allreduce(IN_PLACE)`` /
 ``Allgather`` / ``Bcast`` on the same buffers, or ``torch.distributed``'s
-``all_reduce`` / ``all_gather_single`` / ``broadcast``) back to back,
-alternating which goes first, so the noise of a shared machine hits both. An
-iteration lasts as long as its slowest rank; the median over iterations is
-reported. Point-to-point: rank 0 and rank 1 ping-pong through the engine.
+``all_reduce`` / ``all_gather_single`` / ``broadcast``) taking turns loop by
+loop, so the noise of a shared machine hits both. A loop lasts as long as its
+slowest rank; the median over loops is reported. Point-to-point: rank 0 and rank 1 ping-pong through the engine.
 
 Sizes are nccl-tests': for allgather, the gathered output (each rank gives 1/n of it).
 Rank 0 appends one JSON line per measurement to ``CONFIG["events"]``. The
@@ -96,6 +96,35 @@ def timed_pairs(a, b, n: int, before=None) -> tuple[list[float], list[float]]:
     return times[a], times[b]
 
 
+def loop_shape(n: int, most_per_loop: int = 20) -> tuple[int, int]:
+    """``n`` calls as (loops, calls per loop): at least 3 loops, at most ``most_per_loop`` calls in each
+    (nccl-tests times 20 back-to-back iterations by default).
+
+    >>> loop_shape(200), loop_shape(10), loop_shape(3)
+    ((10, 20), (3, 3), (3, 1))
+    """
+    per_loop = max(1, min(most_per_loop, n // 3))
+    return max(3, n // per_loop), per_loop
+
+
+def timed_loops(a, b, loops: int, per_loop: int) -> tuple[list[float], list[float]]:
+    """Seconds per call of ``a`` and of ``b``, each timed as ``per_loop`` back-to-back calls (as nccl-tests
+    times a collective), the two loops taking turns ``loops`` times, which goes first flipping each time.
+
+    >>> ours, raw = timed_loops(lambda: None, lambda: None, loops=3, per_loop=2)
+    >>> len(ours), len(raw)
+    (3, 3)
+    """
+    times: dict = {a: [], b: []}
+    for i in range(loops):
+        for fn in ((a, b) if i % 2 == 0 else (b, a)):
+            start = time.perf_counter()
+            for _ in range(per_loop):
+                fn()
+            times[fn].append((time.perf_counter() - start) / per_loop)
+    return times[a], times[b]
+
+
 def slowest(comm, values: list[float]) -> list[float]:
     """Per iteration, the slowest rank's time."""
     gathered = comm.allgather(torch.tensor(values, dtype=torch.float64)).view(comm.size, -1)
@@ -103,26 +132,40 @@ def slowest(comm, values: list[float]) -> list[float]:
 
 
 def measure_collective(comm, collective: str, nbytes: int, n: int, warmup: int, isolated: bool = False) -> dict:
-    """One size of one collective: gpurig's and the engine's median times, algbw and busbw (GB/s).
+    """One size of one collective, as nccl-tests measures it: gpurig's and the engine's times, algbw and busbw.
 
-    ``isolated``: a barrier before every call, so each one starts on a quiet link with all ranks ready, as a
-    training step's buckets do (back to back, over TCP, a large allreduce often took twice its wire time).
+    The same in-place call on the same buffer, ``warmup`` calls first, then
+    loops of back-to-back calls (:func:`loop_shape` of ``n``), gpurig's and the
+    raw engine call's taking turns; a loop lasts as long as its slowest rank,
+    the median over loops counts. ``isolated`` adds ``isolated_seconds`` and
+    ``raw_isolated_seconds``: single calls each after a barrier, so each one
+    starts on a quiet link with all ranks ready, as a training step's buckets do
+    (what ``predict``'s calibration fits; back to back over TCP, a large
+    allreduce often took twice its wire time).
     """
     count = nbytes // 4
     per_rank = count // comm.size if collective == "allgather" else count
     buf = torch.zeros(max(per_rank, 1))
     out = torch.zeros(max(per_rank, 1) * comm.size)
     ours, raw = gpurig_call(comm, collective, buf), raw_calls(comm, collective, buf, out)
-    before = comm.barrier if isolated else None
-    timed_pairs(ours, raw, warmup, before)
-    ours_t, raw_t = timed_pairs(ours, raw, n, before)
+    for _ in range(warmup):
+        ours()
+        raw()
+    loops, per_loop = loop_shape(n)
+    ours_t, raw_t = timed_loops(ours, raw, loops, per_loop)
     ours_t, raw_t = slowest(comm, ours_t), slowest(comm, raw_t)
     total = max(per_rank, 1) * 4 * (comm.size if collective == "allgather" else 1)
     ours_s, raw_s = statistics.median(ours_t), statistics.median(raw_t)
     paired = statistics.median(r / o for r, o in zip(raw_t, ours_t))
-    return {"collective": collective, "bytes": total, "iterations": n, "seconds": ours_s, "raw_seconds": raw_s,
-            "algbw_gbs": algbw(total, ours_s) / 1e9, "busbw_gbs": busbw(collective, total, ours_s, comm.size) / 1e9,
-            "raw_busbw_gbs": busbw(collective, total, raw_s, comm.size) / 1e9, "raw_over_gpurig": paired}
+    row = {"collective": collective, "bytes": total, "iterations": loops * per_loop, "seconds": ours_s,
+           "raw_seconds": raw_s, "algbw_gbs": algbw(total, ours_s) / 1e9,
+           "busbw_gbs": busbw(collective, total, ours_s, comm.size) / 1e9,
+           "raw_busbw_gbs": busbw(collective, total, raw_s, comm.size) / 1e9, "raw_over_gpurig": paired}
+    if isolated:
+        ours_i, raw_i = timed_pairs(ours, raw, n, comm.barrier)
+        row.update(isolated_seconds=statistics.median(slowest(comm, ours_i)),
+                   raw_isolated_seconds=statistics.median(slowest(comm, raw_i)))
+    return row
 
 
 def measure_p2p(comm, nbytes: int, n: int, warmup: int) -> dict | None:
@@ -206,8 +249,9 @@ def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
 
     A matrix product of a few milliseconds (on a CPU; a backward pass runs
     such ones back to back) is timed alone, then again and again while
-    allreduces of ``nbytes`` queued on the Communicator's async path (as
-    DataParallel's buckets are) keep the link busy; only products that finished
+    allreduces of ``nbytes`` begun on the Communicator's async path (as
+    DataParallel's buckets are; testing the last one between products also
+    moves them, as DataParallel's gradients do) keep the link busy; only products that finished
     before the last allreduce did count. On a CPU rank the communication thread
     shares the cores (Open MPI polls, the TCP stack copies), so backward runs
     slower while buckets travel; on a GPU, the collective's kernels share the
@@ -267,12 +311,14 @@ def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2, rou
     a barrier, and each of ``rounds`` rounds gives one difference, of which
     the median counts (the cost varies from one posting to the next, with
     where the scheduler puts the threads). The allreduces carry 16 KB, so
-    what they add is not bandwidth: it is waking the thread that runs them.
-    Where the ranks' compute fills every core (CPU ranks), that thread must
-    take a core from a computing thread, and in Open MPI it spins until the
-    other ranks' threads are scheduled too: milliseconds a collective on this
-    2-core machine; where cores are free (a GPU rank's host), next to
-    nothing. The ranks' mean.
+    what they add is not bandwidth: it is beginning them (the engine's
+    nonblocking call, on this thread) and waiting for the other ranks at the
+    end — where a collective is handed to a thread (Gloo's own, or gpurig's
+    for what has no nonblocking form), also waking that thread, which on CPU
+    ranks must take a core from a computing thread and in Open MPI spins
+    until the other ranks are scheduled too: milliseconds a collective on
+    this 2-core machine (benchmarks/handoff.py); where cores are free (a GPU
+    rank's host), next to nothing. The ranks' mean.
 
     >>> posting_seconds(comm, lambda: torch.mm(a, b), lambda: None)     # doctest: +SKIP
     (0.0301, 0.0041)

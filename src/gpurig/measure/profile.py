@@ -26,7 +26,9 @@ def summarize_engine(rows: list[dict]) -> dict:
         clean = [{k: v for k, v in r.items() if k not in ("event", "engine", "ranks")} for r in mine]
         entry: dict = {"rows": clean, "busbw_gbs": clean[-1]["busbw_gbs"]}
         if len(mine) >= 2:
-            fit = fit_latency_bandwidth([r["bytes"] for r in mine], [r["seconds"] for r in mine])
+            # single calls after a barrier where they were measured (a step's buckets start so), else back to back
+            key = "isolated_seconds" if all("isolated_seconds" in r for r in mine) else "seconds"
+            fit = fit_latency_bandwidth([r["bytes"] for r in mine], [r[key] for r in mine])
             entry.update(alpha_s=fit.alpha, beta_s_per_byte=fit.beta,  # beta <= 0: noise swamped the sizes
                          fitted_gbs=fit.bytes_per_s / 1e9 if fit.beta > 0 else None)
         out[collective] = entry

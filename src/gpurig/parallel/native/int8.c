@@ -66,12 +66,17 @@ void dynamic_encode_feedback(float *restrict x, float *restrict residual, int ad
         float *restrict rb = residual + b * block;
         uint8_t *restrict cb = codes + b * block;
         float m = scale[b] = corrected_absmax(xb, rb, add_residual, block, smallest);
+        float inv = 1.0f / m;
+        uint32_t prefix[block];  /* first the table indices, in a loop the compiler vectorizes; then the lookups */
         for (long i = 0; i < block; i++) {
-            float a = fabsf(xb[i]) / m;
-            if (a > 1.0f) a = 1.0f;
+            float a = fabsf(xb[i]) * inv;
+            a = a > 1.0f ? 1.0f : a;
             uint32_t bits;
             memcpy(&bits, &a, 4);
-            int position = nearest[bits >> 11];
+            prefix[i] = bits >> 11;
+        }
+        for (long i = 0; i < block; i++) {
+            int position = nearest[prefix[i]];
             int code = xb[i] >= 0.0f ? 128 + position : 126 - position;
             code = code < 0 ? 0 : code > 255 ? 255 : code;
             cb[i] = (uint8_t)code;
