@@ -21,7 +21,6 @@ on every rank and the slower rank's time counts.
 """
 
 import argparse
-import time
 
 import torch
 import torch.distributed as dist

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from gpurig.models import PRESETS
 from gpurig.perf import machine
 from gpurig.perf.machine import GpuEfficiency
 from gpurig.perf.step import layer_costs
@@ -73,7 +74,7 @@ MODELS = {
     "Transformer-XL base": ("transformer-xl-base", "lamb"),
     "Transformer-XL large": ("transformer-xl-large", "adam"),
 }
-TOKEN_MODELS = {"bert-base", "transformer-xl-base", "transformer-xl-large"}
+
 PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 # The fitted constants (the per-layer host cost is measured: these batches are too large to show it).
 FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency) if f.name != "layer_overhead_s")
@@ -134,7 +135,7 @@ def load_cases(path: Path = DATA) -> list[Case]:
                 continue
             if "impossible" in row["table"]:
                 continue
-            if model[0] in TOKEN_MODELS and not row["seq_len"]:
+            if PRESETS[model[0]].tokens and not row["seq_len"]:
                 continue
             published = float(row["throughput"])
             if row["unit"] in ("tokens/s", "tok/s"):   # gpurig counts sequences, as the batch does

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import gpurig, run_cli
+from conftest import gpurig
 from gpurig.errors import UsageError
 from gpurig.train import data
 from gpurig.train.checkpoints import saved_epochs

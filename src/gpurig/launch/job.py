@@ -235,6 +235,16 @@ class _Standby:
             self._attempt.discard()
 
 
+def _attempt_env(env: dict, parked: bool) -> tuple[str, dict]:
+    """A new status directory for one attempt, and the ranks' environment naming it (and, for parked ranks,
+    the file whose appearance releases them)."""
+    status_dir = tempfile.mkdtemp(prefix="gpurig-run-")
+    base = {**env, STATUS_DIR_VARIABLE: status_dir}
+    if parked:
+        base[PARK_VARIABLE] = os.path.join(status_dir, "go")
+    return status_dir, base
+
+
 @dataclass
 class _LocalAttempt:
     """One start of a job's torch ranks here: started at once, or parked (:mod:`gpurig.launch.standby`)."""
@@ -245,10 +255,7 @@ class _LocalAttempt:
 
     @classmethod
     def start(cls, command, nprocs, env, master, node, parked: bool = False) -> "_LocalAttempt":
-        status_dir = tempfile.mkdtemp(prefix="gpurig-run-")
-        base = {**env, STATUS_DIR_VARIABLE: status_dir}
-        if parked:
-            base[PARK_VARIABLE] = os.path.join(status_dir, "go")
+        status_dir, base = _attempt_env(env, parked)
         envs = local_torch_envs(base, nprocs, *master, *node)  # a fresh port each attempt: the last one's may linger
         return cls(start_local(command, envs), envs, status_dir)
 
@@ -282,10 +289,7 @@ class _MpiAttempt:
 
     @classmethod
     def start(cls, command, nprocs, host_list, env, mpi_args, parked: bool = False) -> "_MpiAttempt":
-        status_dir = tempfile.mkdtemp(prefix="gpurig-run-")
-        base = {**env, STATUS_DIR_VARIABLE: status_dir}
-        if parked:
-            base[PARK_VARIABLE] = os.path.join(status_dir, "go")
+        status_dir, base = _attempt_env(env, parked)
         line, env = mpirun_job(command, nprocs, host_list, base, mpi_args)
         return cls(Mpirun(line, env), line, env, status_dir)
 

@@ -184,7 +184,6 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
     ...
     gpurig.errors.UsageError: --parallel model: plan: '8' (column) has 256 output features, which do not split evenly over 3 ranks
     """
-    from gpurig import models
     from gpurig.parallel.layer_plan import PlanError, krizhevsky_plan, resolve_plan
 
     if config.parallel not in PARALLEL:
