@@ -12,6 +12,7 @@ from gpurig.hardware import reference, rules, topology
 from gpurig.hardware.doctor import doctor, fan_checks, node_spec, wiring
 from gpurig.hardware.plan import inputs, plan
 from gpurig.hardware.probe.fans import coolbits, fan_control
+from gpurig.perf import transfer
 from gpurig.perf.collectives import Link, syncs_per_second
 from gpurig.predict import PredictRequest, predict
 from gpurig.spec import catalog
@@ -239,9 +240,22 @@ def test_x4_to_x16_gains_3_2_percent_of_the_guides_step_and_0_with_pinned_prefet
 
 
 def test_hybrid_steps_copy_their_input_as_data_parallel_steps_do():
-    result = predict(PredictRequest(model="alexnet", cluster="2 K20, PCIe 2.0 x16", batch=64, parallel="hybrid"))
-    data = predict(PredictRequest(model="alexnet", cluster="2 K20, PCIe 2.0 x16", batch=64))
+    ask = dict(model="alexnet", cluster="2 K20, PCIe 2.0 x16", batch=64, pinned=False)
+    result = predict(PredictRequest(**ask, parallel="hybrid"))
+    data = predict(PredictRequest(**ask))
     assert result["step"]["data_ms"] == pytest.approx(data["step"]["data_ms"]) and data["step"]["data_ms"] > 0
+
+
+def test_predict_prices_the_copy_as_plan_does_0_with_pinned_prefetch_and_a_blocking_pageable_copy():  # audit #53
+    ask = dict(model="resnet152", cluster="1 x RTX 2080 Ti, PCIe 3.0 x4", batch=32)
+    pinned = predict(PredictRequest(**ask))
+    pageable = predict(PredictRequest(**ask, pinned=False))
+    assert pinned["step"]["data_ms"] == 0.0
+    # 32 x 3 x 224 x 224 float32 values at half of PCIe 3.0 x4's rate (plan quotes the guide's 225 x 225 batch at
+    # the guide's binary "GB/s": the same copy within 8 %)
+    expected = 1e3 * 32 * 3 * 224 * 224 * 4 / (0.5 * transfer.pcie_bytes_per_s("3.0", 4))
+    assert pageable["step"]["data_ms"] == pytest.approx(expected, rel=1e-3)
+    assert pageable["step"]["data_ms"] == pytest.approx(rules.copy_ms("3.0", 4), rel=0.08)
 
 
 # -- 4. both scalings ------------------------------------------------------------------------------------------------
@@ -304,3 +318,17 @@ def test_the_cpu_flags_without_cores_leave_the_thread_rule_unchecked():
     report = plan(inputs(flags={"gpus": [{"model": "2080ti", "count": 4}], "cpu": {"pcie_lanes": 40}}))
     assert "CPU threads" in {s["rule"] for s in report["skipped"]}
 
+
+
+def test_the_disk_sets_the_step_and_is_named_the_bottleneck_even_read_ahead(tmp_path):
+    profile = tmp_path / "profile.json"
+    ask = dict(model="resnet50", cluster="1 GTX 980", batch=32, profile=str(profile))
+    slow, fast = ({"schema": "gpurig-profile/1", "device": "cpu", "cpu": "test", "disk": {"mb_per_s": rate}}
+                  for rate in (20.0, 2000.0))
+    profile.write_text(json.dumps(slow))
+    starved = predict(PredictRequest(**ask))
+    assert starved["bottleneck"] == "data loading"
+    # read ahead, the step is as long as the read: 32 x 3 x 224 x 224 float32 values at 20 MB/s
+    assert starved["step"]["step_ms"] == pytest.approx(32 * 3 * 224 * 224 * 4 / 20e6 * 1e3, rel=0.01)
+    profile.write_text(json.dumps(fast))
+    assert predict(PredictRequest(**ask))["bottleneck"] == "compute"

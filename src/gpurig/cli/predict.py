@@ -57,6 +57,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--network-efficiency", type=float, default=None,
                    help="fraction of the network's rate gradients get (default: 0.9 InfiniBand/RDMA, 0.93 TCP up "
                         "to 10 Gbit/s, 0.6 TCP beyond)")
+    p.add_argument("--pageable", action="store_true",
+                   help="batches in pageable host memory: each copy to the GPU blocks, at about half PCIe's rate "
+                        "(default: pinned memory, copied beside compute)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="read each batch when the step needs it (default: loader workers read ahead)")
     p.add_argument("--plot", default=None, metavar="PNG", help="write speed-up vs GPU count as a PNG plot")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.set_defaults(handler=run)
@@ -69,7 +74,7 @@ def request_from(args):
                           tokens=args.tokens, sample=args.sample, parallel=args.parallel,
                           compression=args.compression, precision=args.precision, engine=args.engine,
                           gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency,
-                          optimizer=args.optimizer)
+                          optimizer=args.optimizer, pinned=not args.pageable, prefetch=not args.no_prefetch)
 
 
 def run(args) -> int:

@@ -53,7 +53,7 @@ def predict(request: PredictRequest) -> dict:
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
         "precision_note": precision_on(hardware.gpu, request.precision).note if hardware.gpu is not None else "",
         "samples_per_s": top * batch / final.step_s,
-        "step": split_of(final), "bottleneck": final.bottleneck() if top > 1 else "compute",
+        "step": split_of(final), "bottleneck": final.bottleneck(),
         "buckets": final.buckets, "layers": final.layers,
         "scaling": curve, "scaling_label": WEAK_LABEL.format(batch=batch),
         "strong_scaling": strong_scaling(request, hardware, batch, counts, single),
@@ -72,7 +72,7 @@ STRONG_LABEL = "strong scaling: a global batch of {batch} split over the GPUs (a
 def _point(n: int, global_batch: int, step: StepPrediction, speedup: float, hardware: Hardware) -> dict:
     return {"gpus": n, "nodes": hardware.topology_for(n).nodes, "global_batch": global_batch,
             "batch_per_gpu": global_batch // n, "step_ms": 1000 * step.step_s, "speedup": speedup,
-            "efficiency": speedup / n, "bottleneck": step.bottleneck() if n > 1 else "compute"}
+            "efficiency": speedup / n, "bottleneck": step.bottleneck()}
 
 
 def strong_scaling(request: PredictRequest, hardware: Hardware, batch: int, counts: list[int],

@@ -8,8 +8,8 @@ import math
 from gpurig.errors import UsageError
 from gpurig.perf import codec as codec_cost
 from gpurig.perf.collectives import Topology
-from gpurig.perf.step import (DataParallelSetup, Device, LayerCost, StepPrediction, layer_costs, predict_step,
-                              transfer_seconds)
+from gpurig.perf.step import (DataParallelSetup, Device, LayerCost, StepPrediction, input_seconds, layer_costs,
+                              predict_step, transfer_seconds)
 from gpurig.predict.hardware import Hardware
 from gpurig.predict.request import PredictRequest
 
@@ -94,7 +94,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
         compute_slowdown=hardware.compute_slowdown, posted_s=hardware.posted_s, bucket_seconds=chain or (),
         input_bytes=input_bytes if device.is_gpu else 0.0,
         host_to_device_bytes_per_s=hardware.host_to_device_bytes_per_s if device.is_gpu else None,
-        load_seconds=load, prefetch=request.prefetch)
+        load_seconds=load, prefetch=request.prefetch, pinned=request.pinned)
     return predict_step(layers, device, setup)
 
 
@@ -151,5 +151,6 @@ def split_step(spec, request: PredictRequest, device: Device, topology: Topology
         # the model mode feeds every rank the whole batch, the hybrid mode its share
         samples = spec.batch * ranks if request.parallel == "model" else spec.batch
         input_bytes = samples * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
-        step.data_s += input_bytes / hardware.host_to_device_bytes_per_s
+        step.data_s += input_seconds(0.0, input_bytes / hardware.host_to_device_bytes_per_s, step.compute_s,
+                                     request.prefetch, request.pinned)
     return step
