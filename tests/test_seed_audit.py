@@ -332,3 +332,12 @@ def test_the_disk_sets_the_step_and_is_named_the_bottleneck_even_read_ahead(tmp_
     assert starved["step"]["step_ms"] == pytest.approx(32 * 3 * 224 * 224 * 4 / 20e6 * 1e3, rel=0.01)
     profile.write_text(json.dumps(fast))
     assert predict(PredictRequest(**ask))["bottleneck"] == "compute"
+
+
+def test_gpus_behind_a_pcie_switch_share_its_uplink_for_their_input_copies():
+    ask = dict(model="alexnet", batch=128, pinned=False, gpus=8)
+    own = predict(PredictRequest(**ask, cluster="1 node x 8 K20, PCIe 3.0 x16, 2 sockets"))
+    shared = predict(PredictRequest(**ask, cluster="1 node x 8 K20, PCIe 3.0 x16, 2 sockets, 2 PCIe switches"))
+    # four GPUs copy through each switch's x16 uplink at once: a quarter of the rate each
+    assert shared["step"]["data_ms"] == pytest.approx(4 * own["step"]["data_ms"], rel=1e-6)
+    assert own["step"]["data_ms"] > 0

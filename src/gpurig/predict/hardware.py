@@ -97,7 +97,7 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     """A cluster spec's machines, every ``[[nodes]]`` table: the ranks fill the machines in the spec's order; the
     links are the slowest the ranks cross (sockets, switches: :mod:`gpurig.hardware.topology`), the device the
     slowest GPU's."""
-    from gpurig.perf.transfer import host_copy_efficiency, pcie_bytes_per_s
+    from gpurig.perf.transfer import host_copy_efficiency
 
     machines = [node for node in spec.nodes if node.gpu is not None and node.gpus for _ in range(node.count)]
     base = machine.spec_topology(spec, network_efficiency=request.network_efficiency)
@@ -127,8 +127,7 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
         def devices_in_use(n):
             return [machine.gpu_device(gpu, request.precision) for gpu in
                     {node.gpu.name: node.gpu for node, _ in placed(n)}.values()]
-    h2d = min(pcie_bytes_per_s(node.pcie_gen or node.gpu.pcie_gen or "3.0", node.pcie_lanes or node.gpu.pcie_lanes or 16)
-              for node in machines) * host_copy_efficiency(request.pinned)
+    h2d = min(_host_copy_rate(node) for node in machines) * host_copy_efficiency(request.pinned)
     disk = _disk_rate(spec, profile)
     if profile is not None and not measured and not profile.get("disk"):
         raise UsageError(f"--profile {request.profile or request.cluster}: measured on a {profile.get('device') or 'CPU'}, "
@@ -138,6 +137,26 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     return Hardware(name, spec.total_gpus, first.gpus, lambda ranks: device_of(first.gpu, ranks), topology_for, h2d,
                     disk, source,
                     gpu=min(models.values(), key=lambda gpu: gpu.memory_gb), devices_in_use=devices_in_use)
+
+
+def _host_copy_rate(node) -> float:
+    """Bytes per second each GPU of ``node`` copies its batch from the host at, all copying at once: its own
+    lanes' rate, or its share of the x16 uplink of the PCIe switch it sits behind.
+
+    >>> from gpurig.spec.describe import parse_description
+    >>> own, shared = (parse_description(d).nodes[0] for d in ("8 K20, PCIe 3.0 x16", "8 K20, PCIe 3.0 x16, 2 PLX"))
+    >>> round(_host_copy_rate(own) / 1e9, 2), round(_host_copy_rate(shared) / 1e9, 2)   # 4 GPUs per switch
+    (15.75, 3.94)
+    """
+    from gpurig.hardware import topology
+    from gpurig.perf.transfer import pcie_bytes_per_s
+
+    gen = node.pcie_gen or node.gpu.pcie_gen or "3.0"
+    rate = pcie_bytes_per_s(gen, node.pcie_lanes or node.gpu.pcie_lanes or 16)
+    if node.pcie_switches:
+        behind = topology.spread(node.gpus, node.pcie_switches)[0]
+        rate = min(rate, pcie_bytes_per_s(gen, topology.SWITCH_UPLINK_LANES) / behind)
+    return rate
 
 
 def _local_link(node, ranks: int):
