@@ -14,11 +14,13 @@ PyTorch's model); each is predicted as a new user would ask
 (``gpurig predict --model M --cluster "1 x GPU" --batch B --precision P``),
 through predict's own step arithmetic.
 
-The model's free constants (:class:`gpurig.perf.machine.GpuEfficiency`) are
-fitted to the single-GPU rows by least squares on the log of predicted over
-published throughput. Cross-validation refits them without one GPU (leave-one-
-GPU-out) or one model (leave-one-model-out) and predicts the rows left out; the
-errors it prints are those, not the in-sample ones. Multi-GPU rows are predicted
+The model's free constants (:class:`gpurig.perf.machine.GpuEfficiency`: the
+efficiencies, and a tensor-core factor per GPU architecture other than Ampere's)
+are fitted to the single-GPU rows by least absolute log error of predicted over
+published throughput. Cross-validation refits every one of them without one GPU
+(leave-one-GPU-out) or one model (leave-one-model-out), starting from the
+all-rows fit with the factors of architectures the fold lacks reset to 1, and
+predicts the rows left out; the errors it prints are those, not the in-sample ones. Multi-GPU rows are predicted
 with the fitted constants and compared as scaling efficiency (throughput on N
 GPUs over N times the same source's one-GPU throughput).
 
@@ -77,7 +79,7 @@ MODELS = {
 
 PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 # The fitted constants (the per-layer host cost is measured: these batches are too large to show it).
-FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency) if f.name != "layer_overhead_s")
+FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency) if f.name not in ("layer_overhead_s", "architecture"))
 # Where the fit starts: the datasheet-minded guesses, with the two effects that have no neutral value switched on.
 START = GpuEfficiency(tensor_gemm=0.8, cuda_gemm=0.9, conv=1.0, conv_cuda=1.0, memory=0.8, unhidden=0.3,
                       flops_per_value=40.0)
@@ -87,7 +89,11 @@ BOUNDS = {"tensor_gemm": (0.05, 1.0), "cuda_gemm": (0.05, 1.0), "conv": (0.2, 1.
           "memory": (0.05, 1.0),
           "unhidden": (0.0, 1.0),
           "flops_per_value": (0.0, 500.0),
-          "cache": (1.0, 4.0)}
+          "cache": (1.0, 4.0),
+          "architecture:": (0.3, 3.0)}
+ARCHITECTURE = "architecture:"
+FOLD_STEPS = (1.15, 1.05, 1.015)   # a fold's search from the all-rows fit: its finer steps
+REFERENCE_ARCHITECTURE = "Ampere"
 
 
 @dataclass
@@ -160,15 +166,23 @@ def _prepared(model: str, batch: int, tokens: int | None):
 def predicted(case: Case, efficiency: GpuEfficiency, gpus: int | None = None) -> float:
     """Samples per second ``gpurig predict`` gives ``case`` on ``gpus`` GPUs (default: the case's) with
     ``efficiency``: the same arithmetic as :func:`gpurig.predict.predict`, with the model described once."""
-    n = gpus or case.gpus
-    request = dataclasses.replace(case.request, gpus=n)
-    spec, layers = _prepared(case.model, case.batch, case.tokens)
+    return _throughput(case.model, case.gpu, gpus or case.gpus, case.precision, case.batch, case.tokens,
+                       case.optimizer, efficiency)
+
+
+@lru_cache(maxsize=1 << 14)
+def _throughput(model: str, gpu: str, n: int, precision: str, batch: int, tokens: int | None, optimizer: str,
+                efficiency: GpuEfficiency) -> float:
+    # several sources publish the same configuration: each is priced once per set of constants
+    request = PredictRequest(model=model, cluster=f"1 node x {n} {gpu}", batch=batch, tokens=tokens,
+                             precision=precision, optimizer=optimizer, gpus=n)
+    spec, layers = _prepared(model, batch, tokens)
     saved, machine.GPU_EFFICIENCY = machine.GPU_EFFICIENCY, efficiency
     try:
         step = step_at(spec, layers, request, _hardware(request.cluster, request.precision), n)
     finally:
         machine.GPU_EFFICIENCY = saved
-    return n * case.batch / step.step_s
+    return n * batch / step.step_s
 
 
 @lru_cache(maxsize=None)
@@ -180,12 +194,34 @@ def log_error(case: Case, efficiency: GpuEfficiency) -> float:
     return math.log(predicted(case, efficiency) / case.published)
 
 
+def parameters(cases: list[Case]) -> list[str]:
+    """The constants a fit to ``cases`` moves: :data:`FIELDS`, and a tensor-core factor per architecture among
+    the cases' GPUs other than Ampere's (the reference ``tensor_gemm`` itself; Ampere has the most rows)."""
+    architectures = sorted({catalog.gpu(c.gpu).architecture for c in cases} - {REFERENCE_ARCHITECTURE})
+    return list(FIELDS) + [ARCHITECTURE + a for a in architectures]
+
+
+def value_of(efficiency: GpuEfficiency, name: str) -> float:
+    if name.startswith(ARCHITECTURE):
+        return efficiency.architecture_scale(name[len(ARCHITECTURE):])
+    return getattr(efficiency, name)
+
+
+def with_value(efficiency: GpuEfficiency, name: str, value: float) -> GpuEfficiency:
+    if name.startswith(ARCHITECTURE):
+        scales = dict(efficiency.architecture)
+        scales[name[len(ARCHITECTURE):]] = value
+        return dataclasses.replace(efficiency, architecture=tuple(sorted(scales.items())))
+    return dataclasses.replace(efficiency, **{name: value})
+
+
 def fit(cases: list[Case], start: GpuEfficiency | None = None,
         steps: tuple[float, ...] = (2.0, 1.4, 1.15, 1.05, 1.015)) -> GpuEfficiency:
     """The constants that minimise the summed absolute log error over ``cases`` (coordinate descent, log steps).
 
     Absolute, not squared: one source's odd row (Lambda's first B200 numbers, say) should not pull every
-    GPU. A constant no case depends on (no convolution among the cases, say) keeps its starting value.
+    GPU. A constant no case depends on (no convolution among the cases, say, or an architecture none of
+    their GPUs has) keeps its starting value.
     """
     best = start or START
 
@@ -197,15 +233,22 @@ def fit(cases: list[Case], start: GpuEfficiency | None = None,
         improved = True
         while improved:
             improved = False
-            for name in FIELDS:
-                low, high = BOUNDS[name]
+            for name in parameters(cases):
+                low, high = BOUNDS.get(name, BOUNDS[ARCHITECTURE])
                 for factor in (step, 1 / step):
-                    value = min(high, max(low, getattr(best, name) * factor))
-                    trial = dataclasses.replace(best, **{name: value})
+                    value = min(high, max(low, value_of(best, name) * factor))
+                    trial = with_value(best, name, value)
+                    if not _physical(trial):
+                        continue
                     trial_loss = loss(trial)
                     if trial_loss < best_loss - 1e-12:
                         best, best_loss, improved = trial, trial_loss, True
     return best
+
+
+def _physical(e: GpuEfficiency) -> bool:
+    """No architecture's tensor cores beyond their peak."""
+    return all(e.tensor_gemm * scale <= 1.0 for _, scale in e.architecture)
 
 
 def cross_validate(cases: list[Case], group, start: GpuEfficiency) -> dict[int, float]:
@@ -217,7 +260,10 @@ def cross_validate(cases: list[Case], group, start: GpuEfficiency) -> dict[int, 
     import os
 
     keys = sorted({group(c) for c in cases})
-    folds = [([c for c in cases if group(c) != key], [c for c in cases if group(c) == key], start) for key in keys]
+    folds = []
+    for key in keys:
+        inside = [c for c in cases if group(c) != key]
+        folds.append((inside, [c for c in cases if group(c) == key], fold_start(start, inside)))
     with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
         results = pool.map(_fold, folds)
     by_case = {(c.model, c.gpu, c.gpus, c.precision, c.batch, c.source, c.published): e
@@ -225,9 +271,21 @@ def cross_validate(cases: list[Case], group, start: GpuEfficiency) -> dict[int, 
     return {id(c): by_case[(c.model, c.gpu, c.gpus, c.precision, c.batch, c.source, c.published)] for c in cases}
 
 
+def fold_start(fitted: GpuEfficiency, inside: list[Case]) -> GpuEfficiency:
+    """Where a fold's fit starts: the all-rows fit, with the factor of every architecture the fold has no GPU
+    of back at 1 (nothing of a left-out GPU reaches the fold through its architecture's factor).
+
+    >>> e = GpuEfficiency(architecture=(("Hopper", 0.6), ("Volta", 0.9)))
+    >>> fold_start(e, [Case("bert-base", "V100 PCIe 16 GB", 1, "fp16", 8, 384, 1.0, "adam", "")]).architecture
+    (('Volta', 0.9),)
+    """
+    present = {catalog.gpu(c.gpu).architecture for c in inside}
+    return dataclasses.replace(fitted, architecture=tuple((a, v) for a, v in fitted.architecture if a in present))
+
+
 def _fold(fold):
     inside, outside, start = fold
-    fitted = fit(inside, start)
+    fitted = fit(inside, start, steps=FOLD_STEPS)
     return [(c, log_error(c, fitted)) for c in outside]
 
 
@@ -255,6 +313,30 @@ def scaling(cases: list[Case], efficiency: GpuEfficiency) -> list[dict]:
                      "published_efficiency": round(published, 3), "predicted_efficiency": round(model, 3),
                      "points": round(100 * (model - published), 1)})
     return rows
+
+
+def source_spread(cases: list[Case]) -> dict:
+    """How far the sources disagree with each other on one GPU, model and precision: the floor under any
+    prediction's error. One number per configuration can be no closer to two published values ``hi`` and ``lo``
+    than sqrt(hi / lo) − 1 to both (the geometric middle)."""
+    groups = defaultdict(list)
+    for c in cases:
+        if c.gpus == 1:
+            groups[(c.gpu, c.model, c.precision)].append(c)
+    rows = []
+    for (gpu, model, precision), group in sorted(groups.items()):
+        if len({c.source.split(";")[0] for c in group}) < 2:
+            continue
+        high, low = max(group, key=lambda c: c.published), min(group, key=lambda c: c.published)
+        rows.append({"gpu": gpu, "model": model, "precision": precision, "spread_pct": round(100 * (high.published
+                     / low.published - 1), 1), "floor_pct": round(100 * (math.sqrt(high.published / low.published)
+                                                                          - 1), 1),
+                     "high": [high.published, high.batch, high.source.split(";")[0]],
+                     "low": [low.published, low.batch, low.source.split(";")[0]]})
+    spreads = [r["spread_pct"] for r in rows]
+    return {"configurations": len(rows), "median_spread_pct": statistics.median(spreads) if rows else 0.0,
+            "worst_spread_pct": max(spreads, default=0.0),
+            "worst_floor_pct": max((r["floor_pct"] for r in rows), default=0.0), "rows": rows}
 
 
 def memory_check(cases: list[Case]) -> dict:
@@ -287,11 +369,12 @@ def main() -> int:
     single = [c for c in cases if c.gpus == 1]
     console.print(f"{len(cases)} published rows predictable ({len(single)} on one GPU) of {DATA.name}")
     fitted = fit(single)
-    console.print("fitted: " + ", ".join(f"{k}={getattr(fitted, k):.4g}" for k in FIELDS))
+    console.print("fitted: " + ", ".join(f"{k}={value_of(fitted, k):.4g}" for k in parameters(single)))
     in_sample = {id(c): log_error(c, fitted) for c in single}
-    # each fold is fitted afresh from START: nothing of the rows it predicts reaches its constants
-    by_gpu = cross_validate(single, lambda c: c.gpu, START)
-    by_model = cross_validate(single, lambda c: c.model, START)
+    # each fold refits every constant without the rows it predicts, starting from the all-rows fit (from START it
+    # took hours on two cores); a left-out GPU's architecture factor is reset (fold_start)
+    by_gpu = cross_validate(single, lambda c: c.gpu, fitted)
+    by_model = cross_validate(single, lambda c: c.model, fitted)
     results = {"fitted": dataclasses.asdict(fitted), "in_sample": summary(list(in_sample.values())),
                "leave_one_gpu_out": summary(list(by_gpu.values())),
                "leave_one_model_out": summary(list(by_model.values()))}
@@ -324,6 +407,11 @@ def main() -> int:
         console.print(f"scaling efficiency, {len(scaled)} multi-GPU rows: median {statistics.median(points):.1f} "
                       f"points off, worst {max(points):.1f}")
         results["scaling"] = {"rows": scaled, "median_points": statistics.median(points), "worst_points": max(points)}
+    spread = results["sources"] = source_spread(cases)
+    console.print(f"the sources themselves: {spread['configurations']} GPU / model / precision triples published by "
+                  f"two or more sources differ by a median {spread['median_spread_pct']:.0f} %, at most "
+                  f"{spread['worst_spread_pct']:.0f} %: no one prediction of the worst is within "
+                  f"{spread['worst_floor_pct']:.0f} % of both")
     results["memory"] = memory_check(single)
     m = results["memory"]
     console.print(f"memory: {m['fit']} of {m['rows']} published single-GPU batches fit gpurig's estimate; published "

@@ -65,6 +65,17 @@ def test_pytorchs_default_fp32_runs_convolutions_in_tf32_on_ampere():
     assert samples_per_s("bert-base", "A100", "fp32", 32, 384) < samples_per_s("bert-base", "A100", "tf32", 32, 384)
 
 
+def test_each_architecture_scales_its_own_tensor_cores_and_nothing_else():
+    halved = machine.GpuEfficiency(architecture=(("Hopper", 0.5),))
+    plain = machine.GpuEfficiency()
+    h100, a100 = catalog.gpu("H100"), catalog.gpu("A100")
+    assert machine.gpu_device(h100, "bf16", halved).gemm.flops_per_s == pytest.approx(
+        0.5 * machine.gpu_device(h100, "bf16", plain).gemm.flops_per_s)
+    assert machine.gpu_device(a100, "bf16", halved).gemm.flops_per_s == machine.gpu_device(a100, "bf16", plain).gemm.flops_per_s
+    # PyTorch's default FP32 matmuls run on the CUDA cores: no tensor-core factor
+    assert machine.gpu_device(h100, "fp32", halved).gemm.flops_per_s == machine.gpu_device(h100, "fp32", plain).gemm.flops_per_s
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_every_precision_is_priced_on_a_gpu_that_has_it(precision):
     h100 = samples_per_s("bert-base", "H100", precision, 32, 384)

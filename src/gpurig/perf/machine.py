@@ -29,22 +29,39 @@ if TYPE_CHECKING:
 class GpuEfficiency:
     """What fraction of its datasheet peaks a GPU reaches in training, when nothing of it is measured.
 
-    Fitted to published training throughputs (``benchmarks/published_validation.py``: 143 single-GPU
-    rows of BERT-base and SSD300 on 21 GPUs; the fit and its cross-validation are in docs/predict.md),
-    never to the held-out ResNet-50 v1.5 and BERT-large results.
+    Fitted to published training throughputs (``benchmarks/published_validation.py``: 238 single-GPU
+    rows of BERT-base, SSD300 and Transformer-XL base and large on 21 GPUs; the fit and its cross-validation are
+    in docs/predict.md), never to the held-out ResNet-50 v1.5 and BERT-large results.
     """
 
-    tensor_gemm: float = 0.445      # of the tensor-core peak, on large GEMMs
-    cuda_gemm: float = 0.857        # of the FP32 CUDA-core peak, on large GEMMs
+    tensor_gemm: float = 0.5625     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
+    cuda_gemm: float = 0.7907       # of the FP32 CUDA-core peak, on large GEMMs
     conv: float = 1.0               # a convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
     conv_cuda: float = 2.25         # the same on CUDA cores, where cuDNN's Winograd kernels cut 3×3 FLOPs by 2.25x
-    memory: float = 0.762           # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.952         # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 33.1   # vector-unit operations per value that work outside GEMMs moves
-    cache: float = 1.0              # memory-bound work on tensors that fit the last cache, against memory's rate
+    memory: float = 0.707           # of peak memory bandwidth, on streaming kernels (norms, activations)
+    unhidden: float = 0.636         # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 41.72  # vector-unit operations per value that work outside GEMMs moves
+    cache: float = 1.119            # memory-bound work on tensors that fit the last cache, against memory's rate
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
+    # Per GPU architecture, its tensor cores' achieved rate against ``tensor_gemm``'s: the kernels a generation
+    # gets (Hopper's wgmma needs libraries newer than the published runs) and how far its boards sustain the
+    # rated clock. Fitted like the rest; an architecture the published rows lack keeps 1.
+    # (Turing's rows are all NGC 20.01's, PyTorch 1.4 with apex AMP: its factor is that software's as much as
+    # the hardware's; Blackwell's is Lambda's first B200 numbers.)
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.379), ("Blackwell", 0.452), ("Hopper", 0.603),
+                                                   ("Turing", 0.391), ("Volta", 0.956))
+
+    def architecture_scale(self, architecture: str) -> float:
+        """The tensor-core factor of ``architecture`` (1 where none was fitted).
+
+        >>> GpuEfficiency(architecture=(("Hopper", 0.8),)).architecture_scale("Hopper")
+        0.8
+        >>> GpuEfficiency().architecture_scale("Pascal")       # no tensor cores, no factor
+        1.0
+        """
+        return dict(self.architecture).get(architecture, 1.0)
 
 
 GPU_EFFICIENCY = GpuEfficiency()
@@ -69,18 +86,20 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
     >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
-    (55.6, (128, 128), 2)
+    (67.2, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (16.7, 69.4)
+    (15.4, 87.8)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
     memory = gpu.memory_bandwidth_gbs * 1e9 * e.memory
     units = getattr(gpu, "compute_units", None)
 
+    tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture)
+
     def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0) -> GemmModel:
-        rate = tflops * 1e12 * (e.tensor_gemm if tensor_cores else e.cuda_gemm) * scale
+        rate = tflops * 1e12 * (tensor if tensor_cores else e.cuda_gemm) * scale
         return GemmModel(KERNEL_OVERHEAD_S, rate, memory, TILES if tensor_cores else OLD_TILE, units, e.unhidden)
 
     linear = gemm(p.linear_tflops, p.linear_tensor_cores)

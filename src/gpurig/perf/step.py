@@ -341,6 +341,20 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     return scale_forward * forward + cold, scale_backward * backward
 
 
+def _each_layer_seconds(layers: list[LayerCost], device: Device) -> list[tuple[float, float]]:
+    """:func:`layer_seconds` of every layer, each distinct layer priced once (a transformer's blocks are
+    the same layers over and over: BERT-base's twelve, Transformer-XL's sixteen or eighteen)."""
+    seen: dict = {}
+    out = []
+    for layer in layers:
+        key = (layer.params, layer.forward_gemms, layer.backward_gemms, layer.forward_bytes, layer.backward_bytes,
+               layer.kind, layer.activation_values)
+        if key not in seen:
+            seen[key] = layer_seconds(layer, device)
+        out.append(seen[key])
+    return out
+
+
 def _grouped(gemm: tuple[int, ...]) -> tuple[int, ...]:
     """A grouped convolution's ``groups`` products of (m, n, k) as one (m, n·groups, k): the same FLOPs and weights.
 
@@ -372,7 +386,7 @@ def transfer_seconds(nbytes: float, topology: Topology, algorithm: str = "best",
 
 def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSetup) -> StepPrediction:
     """Predict one data-parallel training step of ``layers`` (forward order) on ``device`` with ``setup``."""
-    per_layer = [layer_seconds(layer, device) for layer in layers]
+    per_layer = _each_layer_seconds(layers, device)
     forward = sum(f for f, _ in per_layer)
     backward = sum(b for _, b in per_layer)
     params = sum(layer.params for layer in layers)

@@ -3,6 +3,7 @@ parallelism (Krizhevsky's plan), on a given number of ranks."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 from gpurig.errors import UsageError
@@ -20,13 +21,19 @@ def bucket_of_tensors(spec, cap_mb: float, first_mb: float = 1.0) -> tuple[int, 
     >>> bucket_of_tensors(model_spec("mnist-mlp"), cap_mb=4)
     (1, 1, 0, 0, 0, 0)
     """
+    shapes = tuple(tuple(shape) for layer in spec.layers for _, shape in layer.parameter_shapes)
+    return _bucket_of_shapes(shapes, int(cap_mb * 2**20), int(first_mb * 2**20))
+
+
+@functools.lru_cache(maxsize=256)
+def _bucket_of_shapes(shapes: tuple, cap_bytes: int, first_bytes: int) -> tuple[int, ...]:
     import torch
 
     from gpurig.parallel.data_parallel import assign_buckets
 
-    tensors = [torch.empty(shape, device="meta") for layer in spec.layers for _, shape in layer.parameter_shapes]
+    tensors = [torch.empty(shape, device="meta") for shape in shapes]
     bucket_of = [0] * len(tensors)
-    for b, indices in enumerate(assign_buckets(tensors, int(cap_mb * 2**20), int(first_mb * 2**20))):
+    for b, indices in enumerate(assign_buckets(tensors, cap_bytes, first_bytes)):
         for i in indices:
             bucket_of[i] = b
     return tuple(bucket_of)
@@ -49,8 +56,9 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     # bench times each codec's whole chain on the profile's ranks (PowerSGD at its default rank)
     key = kind if kind != "powersgd" or rank == powersgd.DEFAULT_RANK else method
     measured = key in hardware.compressed and ranks == hardware.max_ranks
-    per_bucket = [[s for s, owner in zip(shapes, bucket_of) if owner == b]
-                  for b in range(max(bucket_of, default=0) + 1)]
+    per_bucket = [[] for _ in range(max(bucket_of, default=0) + 1)]
+    for shape, owner in zip(shapes, bucket_of):
+        per_bucket[owner].append(shape)
     for mine in per_bucket:
         # the bytes a ring allreduce would carry to send what this method sends: wire × P / 2(P−1)
         payload.append(wire_bytes(method, mine, ranks) * ranks / (2 * (ranks - 1)) if ranks > 1 else 0.0)
