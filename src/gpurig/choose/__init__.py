@@ -12,6 +12,7 @@ computed a third way: each row's numbers are ``predict``'s and ``plan``'s on the
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 
@@ -171,8 +172,7 @@ def evaluate(o: Option, bought: dict, request: ChooseRequest, book: PriceBook) -
         "tensor_cores": all(g.gpu.tensor_tflops for m in o.build.machines() for g in m.gpus),
         "hours": hours, "samples": samples, "hours_per_m_samples": PER / rate / 3600,
         "memory": {k: memory.get(k) for k in ("total_gb", "usable_gb", "gpu_gb", "fits", "largest_batch")},
-        "fit_advice": [item["what"] for item in predicted["advice"] if item["samples_per_s_gain"] is None
-                       and ("does not fit" in item["why"] or "16-bit activations" in item["why"])],
+        "fit_advice": fit_fixes(o, request, predicted),
         "gpu_prices": bought["gpu_prices"], "gpu_usd": bought["gpu_usd"], "parts_usd": bought["parts_usd"],
         "build_usd": build_usd,
         "parts": [[{"kind": p.kind, "name": p.name, **price.as_dict()} for p, price in zip(machine, prices)]
@@ -189,6 +189,30 @@ def evaluate(o: Option, bought: dict, request: ChooseRequest, book: PriceBook) -
     return row
 
 
+def fit_fixes(o: Option, request: ChooseRequest, predicted: dict) -> list[str]:
+    """What would make an option that does not fit fit, each checked by ``predict``: the largest per-GPU batch that
+    fits, the 16-bit precision predict advises (predicted again at it), else model parallelism or more memory.
+
+    >>> request = ChooseRequest(model="bert-large", tokens=512, batch=32)
+    >>> o = option("1 x RTX 4090")
+    >>> fit_fixes(o, request, predict(predict_request(o, request)))
+    ['per-GPU batch ...', '--precision bf16']
+    """
+    memory = predicted["memory"]
+    if memory.get("fits", True):
+        return []
+    fixes = [f"per-GPU batch {memory['largest_batch']}"] if memory["largest_batch"] else []
+    sixteen = next((item["what"].split()[1] for item in predicted["advice"] if item["what"].startswith("--precision")),
+                   None)
+    if sixteen is not None:
+        mixed = predict(dataclasses.replace(predict_request(o, request), precision=sixteen))["memory"]
+        if mixed["fits"]:
+            fixes.append(f"--precision {sixteen}")
+        elif mixed["largest_batch"] and not fixes:
+            fixes.append(f"--precision {sixteen} and per-GPU batch {mixed['largest_batch']}")
+    return fixes or ["model parallelism or a GPU with more memory"]
+
+
 def reasons(o: Option, row: dict, request: ChooseRequest) -> list[str]:
     """The guide's reasons beside a row: does it fit, tensor cores, memory bandwidth, scaling and the link, plan's
     warnings, and a missing price.
@@ -201,7 +225,7 @@ def reasons(o: Option, row: dict, request: ChooseRequest) -> list[str]:
     memory = row["memory"]
     if not memory["fits"]:
         fix = " or ".join(row.get("fit_advice") or []) or "model parallelism or a GPU with more memory"
-        out.append(f"does not fit: {memory['total_gb']:.1f} of {memory['usable_gb']:.1f} GB; {fix} would")
+        out.append(f"does not fit: {memory['total_gb']:.2f} of {memory['usable_gb']:.2f} GB; {fix} would fit")
     machine = o.build.machines()[0]
     gpu = min((g.gpu for m in o.build.machines() for g in m.gpus), key=lambda g: g.memory_gb)
     cores = f"tensor cores {gpu.tensor_tflops:g} TF" if gpu.tensor_tflops else "no tensor cores"
@@ -292,10 +316,10 @@ def notes(rows: list[dict], book: PriceBook) -> list[str]:
 
 
 def _nothing_fits(request: ChooseRequest, rows: list[dict]) -> str:
-    """One line: no option fits; the closest one and the smallest change that makes it fit (predict's advice)."""
+    """One line: no option fits; the closest one and the smallest change that makes it fit (checked by predict)."""
     closest = min(rows, key=lambda r: r["memory"]["total_gb"] / (r["memory"]["usable_gb"] or 1e-9))
     memory = closest["memory"]
-    fix = " or ".join(closest["fit_advice"]) or "model parallelism"
+    fix = " or ".join(closest["fit_advice"])
     what = f"{closest['model']} at {closest['batch_per_gpu']} per GPU ({request.precision})"
     return (f"{what} fits none of the {len(rows)} options: the closest, {closest['option']}, needs "
             f"{memory['total_gb']:.1f} GB of {memory['usable_gb']:.1f} usable; {fix} would make it fit")

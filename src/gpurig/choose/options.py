@@ -11,6 +11,7 @@ from gpurig.errors import UsageError
 from gpurig.hardware.plan import inputs
 from gpurig.spec import catalog
 from gpurig.spec.build import Build
+from gpurig.spec.cluster import load_spec
 from gpurig.spec.prices import gpu_prices
 
 RECENT_ARCHITECTURES = 2   # the default candidates: the newest NVIDIA architectures with a purchase price
@@ -52,6 +53,8 @@ def option(cluster: str, label: str | None = None) -> Option:
 
     >>> option("4 x GTX Titan X").build.gpu_count
     4
+    >>> option("examples/cluster-3+1-titan.toml").label
+    '3 + 1 GTX Titan (cluster-3+1-titan.toml)'
     >>> option("runs/bench/profile.json")
     Traceback (most recent call last):
     ...
@@ -62,6 +65,9 @@ def option(cluster: str, label: str | None = None) -> Option:
                          "'2 x RTX 4090' or a cluster spec (.toml)")
     is_file = cluster.endswith(".toml") or Path(cluster).is_file()
     build = inputs(spec_file=cluster) if is_file else inputs(description=cluster)
+    if label is None and is_file:
+        name = load_spec(cluster).name
+        label = f"{name} ({Path(cluster).name})" if name else cluster
     return Option(label or cluster, cluster, build)
 
 

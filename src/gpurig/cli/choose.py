@@ -121,7 +121,14 @@ def _usd(value, stale: bool = False) -> str:
 
 
 def _money(value) -> str:
-    return "—" if value is None else f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    """Cost per million samples: whole dollars from 100, cents from 1, three digits below.
+
+    >>> _money(1234.5), _money(4.256), _money(0.01342), _money(None)
+    ('1,234', '4.26', '0.0134', '—')
+    """
+    if value is None:
+        return "—"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}" if value >= 1 else f"{value:.3g}"
 
 
 def show(result: dict) -> None:
@@ -145,7 +152,7 @@ def show(result: dict) -> None:
                ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
                ("hours" if by_epochs else "M samples",
                 lambda r: f"{r['hours']:,.1f}" if by_epochs else f"{r['samples'] / 1e6:,.0f}"),
-               ("GB/GPU", lambda r: f"{r['memory']['total_gb']:.1f}" + (" ok" if r["memory"]["fits"] else " [bold red]✗[/]")),
+               ("GB/GPU", lambda r: f"{r['memory']['total_gb']:.2g}" + (" ok" if r["memory"]["fits"] else " [bold red]✗[/]")),
                ("build $", lambda r: _usd(r["build_usd"], any(p.get("stale") for p in r["gpu_prices"]))),
                ("$/M", lambda r: _money(r["usd_per_m_samples"]) + (" rent" if r["cost_how"] == "rent" else ""))]
     if wide:
