@@ -176,6 +176,15 @@ def test_what_makes_it_fit_is_predicted():
     assert ("--precision bf16" in err) == mixed["fits"]
 
 
+def test_sharded_optimizer_state_is_offered_when_predict_says_it_fits():
+    code, out, err = run_cli(["choose", "--model", "bert-large", "--tokens", "512", "--batch", "8", "--optimizer", "adam",
+                              "--candidates", "RTX 4070", "--gpus", "4"])
+    advice = predict(PredictRequest(model="bert-large", cluster="4 x RTX 4070", batch=8, tokens=512,
+                                    optimizer="adam"))["advice"]
+    sharded = next(item for item in advice if item["what"].startswith("sharded optimizer state"))
+    assert code == 2 and sharded["fits"] and "sharded optimizer state (ZeRO-1)" in err
+
+
 def test_json_schema_table_at_80_columns_and_plot(tmp_path):
     png = tmp_path / "choose.png"
     argv = ["choose", "--model", "mnist-mlp", "--candidates", "GTX 980, GTX Titan X", "--max-gpus", "2",

@@ -12,7 +12,6 @@ computed a third way: each row's numbers are ``predict``'s and ``plan``'s on the
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import math
 
@@ -172,7 +171,7 @@ def evaluate(o: Option, bought: dict, request: ChooseRequest, book: PriceBook) -
         "tensor_cores": all(g.gpu.tensor_tflops for m in o.build.machines() for g in m.gpus),
         "hours": hours, "samples": samples, "hours_per_m_samples": PER / rate / 3600,
         "memory": {k: memory.get(k) for k in ("total_gb", "usable_gb", "gpu_gb", "fits", "largest_batch")},
-        "fit_advice": fit_fixes(o, request, predicted),
+        "fit_advice": fit_fixes(predicted),
         "gpu_prices": bought["gpu_prices"], "gpu_usd": bought["gpu_usd"], "parts_usd": bought["parts_usd"],
         "build_usd": build_usd,
         "parts": [[{"kind": p.kind, "name": p.name, **price.as_dict()} for p, price in zip(machine, prices)]
@@ -189,27 +188,18 @@ def evaluate(o: Option, bought: dict, request: ChooseRequest, book: PriceBook) -
     return row
 
 
-def fit_fixes(o: Option, request: ChooseRequest, predicted: dict) -> list[str]:
-    """What would make an option that does not fit fit, each checked by ``predict``: the largest per-GPU batch that
-    fits, the 16-bit precision predict advises (predicted again at it), else model parallelism or more memory.
+def fit_fixes(predicted: dict) -> list[str]:
+    """What would make an option that does not fit fit: the items of ``predict``'s advice that say they fit
+    (a smaller per-GPU batch, 16-bit activations, sharded optimizer state), else model parallelism or more memory.
 
-    >>> request = ChooseRequest(model="bert-large", tokens=512, batch=32)
-    >>> o = option("1 x RTX 4090")
-    >>> fit_fixes(o, request, predict(predict_request(o, request)))
-    ['per-GPU batch ...', '--precision bf16']
+    >>> fit_fixes(predict(PredictRequest(model="bert-large", cluster="4 x RTX 4070", batch=8, tokens=512,
+    ...                                  optimizer="adam")))
+    ['per-GPU batch 6', '--precision bf16', 'sharded optimizer state (ZeRO-1)']
     """
-    memory = predicted["memory"]
-    if memory.get("fits", True):
+    if predicted["memory"].get("fits", True):
         return []
-    fixes = [f"per-GPU batch {memory['largest_batch']}"] if memory["largest_batch"] else []
-    sixteen = next((item["what"].split()[1] for item in predicted["advice"] if item["what"].startswith("--precision")),
-                   None)
-    if sixteen is not None:
-        mixed = predict(dataclasses.replace(predict_request(o, request), precision=sixteen))["memory"]
-        if mixed["fits"]:
-            fixes.append(f"--precision {sixteen}")
-        elif mixed["largest_batch"] and not fixes:
-            fixes.append(f"--precision {sixteen} and per-GPU batch {mixed['largest_batch']}")
+    fixes = [item["what"].replace(" (mixed precision)", "").replace(", torch's ZeroRedundancyOptimizer", "")
+             for item in predicted["advice"] if item.get("fits")]
     return fixes or ["model parallelism or a GPU with more memory"]
 
 
