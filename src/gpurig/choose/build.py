@@ -77,6 +77,8 @@ def machine_parts(machine: Build, book: PriceBook) -> tuple[Build, tuple[Part, .
     pairs = sorted(((c, b) for c in catalog if c.kind == "cpu" for b in catalog
                     if b.kind == "board" and b.platform == c.platform),
                    key=lambda pair: cost(*pair, bases[pair[0].platform]))
+    # a board with fewer slots than GPUs is no build at all: tried only when no board has enough
+    pairs = [pair for pair in pairs if pair[1].gpu_slots >= machine.gpu_count] or pairs
     scored = []
     for cpu, board in pairs:
         candidate = _with_platform(machine, cpu, board)

@@ -136,6 +136,7 @@ def show(result: dict) -> None:
     reasons, the cloud comparison and the notes."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
     work = result["work"]
@@ -159,12 +160,16 @@ def show(result: dict) -> None:
         columns[6:6] = [("GPUs $", lambda r: _usd(r["gpu_usd"])), ("energy $", lambda r: _usd(r["energy_usd"])),
                         ("kWh/M", lambda r: f"{r['kwh_per_m_samples']:.2f}"),
                         ("speed-up", lambda r: f"{r['speedup']:.2f}x"), ("plan", lambda r: r["plan_overall"])]
-    table = Table(title="best first; * Pareto front (none cheaper and faster); ! price > 1 year old",
-                  title_justify="left")
-    for header, _ in columns:
-        table.add_column(header, justify="left" if header == "option" else "right", no_wrap=True)
-    for row in result["rows"]:
-        table.add_row(*(value(row) for _, value in columns))
+    table = Table(title="* Pareto front; ! price > 1 year old", title_justify="left")
+    cells = [[value(row) for _, value in columns] for row in result["rows"]]
+    for i, (header, _) in enumerate(columns):
+        if header == "option":   # a long cluster name wraps; the numbers stay whole
+            table.add_column(header, overflow="fold", min_width=12)
+        else:
+            widest = max([len(header)] + [len(Text.from_markup(line[i]).plain) for line in cells])
+            table.add_column(header, justify="right", no_wrap=True, min_width=widest)
+    for line in cells:
+        table.add_row(*line)
     console.print(table)
     console.print("why (the guide's reasons, predict's and plan's numbers):")
     for row in result["rows"]:
