@@ -192,7 +192,7 @@ def _show_cloud(console, rows: list[dict]) -> None:
         if row["cloud_usd_per_hour"] is None:
             continue
         even = row["break_even_hours"]
-        table.add_row(short(row["option"]), f"{row['cloud_usd_per_hour']:.2f}", _usd(row["rent_usd"]),
+        table.add_row(short(row["option"]), f"{row['cloud_usd_per_hour']:.2f}", _money(row["rent_usd"]),
                       _usd(row["own_usd"]), "—" if even is None else "never" if even == float("inf") else f"{even:,.0f}")
     if table.row_count:
         console.print(table)
@@ -223,9 +223,12 @@ def plot(result: dict, path: str) -> None:
                  label="dominated")
     axes.plot([x_of(r) for r in front], [r["usd_per_m_samples"] for r in front], "o-", color="tab:blue",
               label="Pareto front")
-    for r in front:
-        axes.annotate(short(r["option"]), (x_of(r), r["usd_per_m_samples"]), fontsize=7, xytext=(4, 4),
-                      textcoords="offset points")
+    for i, r in enumerate(front):   # labels alternate above and below, so neighbours on the front do not overlap
+        axes.annotate(short(r["option"]), (x_of(r), r["usd_per_m_samples"]), fontsize=7,
+                      xytext=(4, 5 if i % 2 == 0 else -11), textcoords="offset points")
+    costs = [r["usd_per_m_samples"] for r in rows]
+    if costs and min(costs) > 0 and max(costs) / min(costs) > 20:
+        axes.set_yscale("log")
     axes.set_xlabel("hours to finish" if by_epochs else "hours per million samples")
     axes.set_ylabel("USD per million samples")
     axes.set_title(f"gpurig choose: {result['model']}, {result['precision']}, ranked by {result['objective']}",
