@@ -150,9 +150,15 @@ def test_cloud_rent_and_break_even():
     (["--candidates", "GTX 980", "--price", "GTX 980=cheap"], "--price"),
     (["--candidates", "GTX 980", "--prices", "nowhere.csv"], "no such file"),
     (["--cluster", "runs/bench/profile.json"], "cannot be bought"),
+    (["--candidates", ", "], "names no GPU"),
+    (["--candidates", "GTX 980", "--hours", "inf"], "--hours must be positive"),
+    (["--candidates", "GTX 980", "--max-gpus", "0"], "--max-gpus must be 1 to 64"),
+    (["--candidates", "GTX 980", "--prices", "PRICES"], "date 'June'"),
 ])
-def test_bad_input_is_one_line(args, message):
-    code, out, err = run_cli(["choose", "--model", "mnist-mlp", *args])
+def test_bad_input_is_one_line(args, message, tmp_path):
+    prices = tmp_path / "prices.csv"
+    prices.write_text("name,usd,date\nGTX 980,100,June\n")
+    code, out, err = run_cli(["choose", "--model", "mnist-mlp", *[prices if a == "PRICES" else a for a in args]])
     assert code == 2 and message in err and "Traceback" not in err + out, err
     assert len(err.strip().splitlines()) == 1
 

@@ -18,7 +18,7 @@ import math
 from gpurig.choose.build import PricedBuild, build_with_parts, energy, plan_report
 from gpurig.choose.options import Option, gpu_options, option
 from gpurig.choose.prices import Price, PriceBook, price_book
-from gpurig.choose.request import DEFAULT_HOURS, DEFAULT_MAX_GPUS, OBJECTIVES, ChooseRequest, check, counts
+from gpurig.choose.request import DEFAULT_HOURS, DEFAULT_MAX_GPUS, OBJECTIVES, ChooseRequest, check
 from gpurig.errors import UsageError
 from gpurig.hardware import rules
 from gpurig.perf.precision import MIXED
@@ -77,13 +77,12 @@ def _most_the_budget_buys(request: ChooseRequest, book: PriceBook, options: list
     already an option: one big GPU against several small ones at the same money."""
     have = {o.cluster for o in options}
     out = []
-    for name in dict.fromkeys(g for o in options if o.label.split(" × ")[-1:] for g in o.gpu_models()):
+    for name in dict.fromkeys(o.gpu for o in options if o.gpu is not None):
         for n in range(request.max_gpus or DEFAULT_MAX_GPUS, 0, -1):
-            cluster = f"{n} x {name}"
-            candidate = option(cluster, f"{n} × {name}")
+            candidate = option(f"{n} x {name}", f"{n} × {name}", name)
             cost = purchase(candidate, book)["build_usd"]
             if cost is not None and cost <= request.budget:
-                if cluster not in have and n not in counts(request):
+                if candidate.cluster not in have:
                     out.append(candidate)
                 break
     return out

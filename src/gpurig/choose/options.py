@@ -24,6 +24,7 @@ class Option:
     label: str
     cluster: str
     build: Build
+    gpu: str | None = None     # the candidate GPU, for the options made of one (None: a cluster as given)
 
     @property
     def gpus(self) -> int:
@@ -47,7 +48,7 @@ class Option:
         return out
 
 
-def option(cluster: str, label: str | None = None) -> Option:
+def option(cluster: str, label: str | None = None, gpu: str | None = None) -> Option:
     """The option a cluster names: a one-line description or a cluster spec file (not a measured profile: a
     profile is this machine, which has no price).
 
@@ -68,7 +69,7 @@ def option(cluster: str, label: str | None = None) -> Option:
     if label is None and is_file:
         name = load_spec(cluster).name
         label = f"{name} ({Path(cluster).name})" if name else cluster
-    return Option(label or cluster, cluster, build)
+    return Option(label or cluster, cluster, build, gpu)
 
 
 def default_candidates(cloud: bool) -> list[str]:
@@ -107,7 +108,7 @@ def gpu_options(request: ChooseRequest) -> list[Option]:
     for name in names:
         gpu = catalog.gpu(name)
         for n in counts(request):
-            out.append(option(f"{n} x {gpu.name}", f"{n} × {gpu.name}"))
+            out.append(option(f"{n} x {gpu.name}", f"{n} × {gpu.name}", gpu.name))
     return out
 
 

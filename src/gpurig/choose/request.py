@@ -60,10 +60,13 @@ def check(request: ChooseRequest) -> None:
     if (request.epochs is None) != (request.dataset_size is None):
         raise UsageError("--epochs needs --dataset-size (samples per epoch)" if request.epochs is not None else
                          "--dataset-size needs --epochs")
-    for flag, value in (("--hours", request.hours), ("--epochs", request.epochs),
-                        ("--dataset-size", request.dataset_size), ("--budget", request.budget)):
-        if value is not None and not value > 0:
-            raise UsageError(f"{flag} must be positive, got {value:g}")
+    for flag, value, top in (("--hours", request.hours, 1e6), ("--epochs", request.epochs, 1e6),
+                             ("--dataset-size", request.dataset_size, 1e13), ("--budget", request.budget, 1e10)):
+        if value is not None and not 0 < value <= top:
+            raise UsageError(f"{flag} must be positive, at most {top:g}, got {value:g}")
+    if request.epochs is not None and request.epochs * request.dataset_size < 1:
+        raise UsageError(f"--epochs {request.epochs:g} of --dataset-size {request.dataset_size} is less than one "
+                         "sample of work")
     if not 0 <= request.price_per_kwh <= 100:
         raise UsageError(f"--price-per-kwh must be 0 to 100, got {request.price_per_kwh:g}")
 

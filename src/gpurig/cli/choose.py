@@ -76,7 +76,10 @@ def request_from(args):
     """
     from gpurig.choose import ChooseRequest
     from gpurig.choose.options import parse_candidates
+    from gpurig.errors import UsageError
 
+    if args.candidates is not None and not parse_candidates(args.candidates):
+        raise UsageError(f"--candidates {args.candidates!r} names no GPU: e.g. --candidates \"RTX 4090, RTX 5090\"")
     return ChooseRequest(model=args.model, batch=args.batch, tokens=args.tokens, precision=args.precision,
                          optimizer=args.optimizer, budget=args.budget, gpus=args.gpus, max_gpus=args.max_gpus,
                          hours=args.hours, epochs=args.epochs, dataset_size=args.dataset_size,
