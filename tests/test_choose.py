@@ -140,6 +140,12 @@ def test_cloud_rent_and_break_even():
     code, out, err = run_cli(["choose", "--model", "mnist-mlp", "--candidates", "GTX 980", "--gpus", "1", "--cloud",
                               "--price", "GTX 980=0.5/h"])
     assert code == 0 and "break-even h" in out and f"{row['break_even_hours']:,.0f}" in out
+    # the catalog's cloud prices carry their dates: an old one is flagged
+    l4 = choose(ChooseRequest(model="mnist-mlp", candidates=("L4",), gpus=2, cloud=True), today=TODAY)
+    row = l4["rows"][0]
+    assert row["cost_how"] == "rent" and row["build_usd"] is None and row["cloud_prices"][0]["stale"]
+    assert any(note.startswith("cloud prices older than a year") for note in l4["notes"])
+    assert any(note.startswith("no purchase price for L4") for note in l4["notes"])
 
 
 @pytest.mark.parametrize("args,message", [

@@ -115,11 +115,19 @@ def _affordable(row: dict, budget: float) -> bool:
 
 
 def _cloud_rate(o: Option, book: PriceBook) -> float | None:
-    """USD per hour to rent the option's GPUs, None when a GPU has no cloud price."""
+    """USD per hour to rent the option's GPUs, None when a GPU has no cloud price.
+
+    >>> _cloud_rate(option("2 x L4"), price_book((), None))
+    1.61
+    """
     prices = {name: book.cloud(name) for name in o.gpu_models()}
     if any(price is None for price in prices.values()):
         return None
     return sum(n * prices[name].usd for name, n in o.gpu_models().items())
+
+
+def _cloud_prices(o: Option, book: PriceBook) -> list[dict]:
+    return [{"gpu": name, **price.as_dict()} for name in o.gpu_models() if (price := book.cloud(name)) is not None]
 
 
 def _work(request: ChooseRequest) -> dict:
@@ -178,7 +186,8 @@ def evaluate(o: Option, bought: dict, request: ChooseRequest, book: PriceBook) -
         "psu_w": report["psu_w"], "plan_overall": report["overall"], "plan_concerns": report["concerns"],
         "plan_energy": report["energy"], "draw_w": used["draw_w"], "energy_kwh": used["kwh"],
         "energy_usd": used["usd"], "own_usd": own,
-        "cloud_usd_per_hour": rate_usd, "rent_usd": rent, "break_even_hours": break_even,
+        "cloud_usd_per_hour": rate_usd, "cloud_prices": _cloud_prices(o, book) if request.cloud else [],
+        "rent_usd": rent, "break_even_hours": break_even,
         "cost_usd": cost, "cost_how": None if cost is None else "rent" if cost == rent and cost != own else "buy",
         "usd_per_m_samples": None if cost is None else cost / samples * PER,
         "kwh_per_m_samples": used["kwh"] / samples * PER,
@@ -293,6 +302,10 @@ def notes(rows: list[dict], book: PriceBook) -> list[str]:
     if stale:
         out.append(f"prices older than a year (!): {', '.join(stale.values())}: give --price 'NAME=USD' or "
                    "--prices FILE (sources: --json, spec/data/prices.csv)")
+    hourly = {p["gpu"]: f"{p['gpu']} ${p['usd']:g}/h of {p['date']}" for row in rows
+              for p in row.get("cloud_prices", []) if p["stale"]}
+    if hourly:
+        out.append(f"cloud prices older than a year (!): {', '.join(hourly.values())}: give --price 'NAME=USD/h'")
     if missing:
         out.append(f"no purchase price for {', '.join(missing)}: give --price 'NAME=USD'")
     stale_parts = sorted({p["date"] for row in rows for machine in row["parts"] for p in machine if p["stale"]})

@@ -195,7 +195,8 @@ def _show_cloud(console, rows: list[dict]) -> None:
         if row["cloud_usd_per_hour"] is None:
             continue
         even = row["break_even_hours"]
-        table.add_row(short(row["option"]), f"{row['cloud_usd_per_hour']:.2f}", _money(row["rent_usd"]),
+        stale = "!" if any(p["stale"] for p in row["cloud_prices"]) else ""
+        table.add_row(short(row["option"]), f"{row['cloud_usd_per_hour']:.2f}{stale}", _money(row["rent_usd"]),
                       _usd(row["own_usd"]), "—" if even is None else "never" if even == float("inf") else f"{even:,.0f}")
     if table.row_count:
         console.print(table)
