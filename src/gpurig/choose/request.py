@@ -81,3 +81,15 @@ def counts(request: ChooseRequest) -> list[int]:
         return [request.gpus]
     top = request.max_gpus or DEFAULT_MAX_GPUS
     return sorted({*[2**i for i in range(7) if 2**i <= top], top})
+
+
+def work_of(request: ChooseRequest) -> dict:
+    """The work each option is priced for: a number of hours, or epochs over a data set (``--json``'s ``work``).
+
+    >>> work_of(ChooseRequest(model="m")), work_of(ChooseRequest(model="m", epochs=2, dataset_size=10))["samples"]
+    ({'mode': 'hours', 'hours': 336.0}, 20)
+    """
+    if request.epochs is not None:
+        return {"mode": "epochs", "epochs": request.epochs, "dataset_size": request.dataset_size,
+                "samples": request.epochs * request.dataset_size}
+    return {"mode": "hours", "hours": request.hours or DEFAULT_HOURS}
