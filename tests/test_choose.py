@@ -138,6 +138,11 @@ def test_cloud_rent_and_break_even():
     code, out, err = run_cli(["choose", "--model", "mnist-mlp", "--candidates", "GTX 980", "--gpus", "1", "--cloud",
                               "--price", "GTX 980=0.5/h"])
     assert code == 0 and "break-even h" in out and f"{row['break_even_hours']:,.0f}" in out
+    # renting cheaper than the electricity alone: buying never pays (null in JSON, which stays strict)
+    code, out, err = run_cli(["choose", "--model", "mnist-mlp", "--candidates", "GTX 980", "--gpus", "1", "--cloud",
+                              "--price", "GTX 980=0.01/h", "--json"])
+    row = json.loads(out)["rows"][0]
+    assert code == 0 and row["break_even_hours"] is None and row["break_even_never"]
     # the catalog's cloud prices carry their dates: an old one is flagged
     l4 = choose(ChooseRequest(model="mnist-mlp", candidates=("L4",), gpus=2, cloud=True), today=TODAY)
     row = l4["rows"][0]

@@ -11,8 +11,6 @@ True
 
 from __future__ import annotations
 
-import math
-
 from gpurig.choose.build import PricedBuild, build_with_parts, energy, plan_report
 from gpurig.choose.options import Option
 from gpurig.choose.prices import PriceBook
@@ -85,10 +83,13 @@ def evaluate(o: Option, bought: dict, request: ChooseRequest, book: PriceBook) -
     own = None if build_usd is None else build_usd + used["usd"]
     rate_usd = _cloud_rate(o, book) if request.cloud else None
     rent = None if rate_usd is None else rate_usd * hours
-    break_even = None
+    break_even, never = None, False
     if rate_usd is not None and build_usd is not None:
         saved_per_hour = rate_usd - used["usd"] / hours
-        break_even = build_usd / saved_per_hour if saved_per_hour > 0 else math.inf
+        if saved_per_hour > 0:
+            break_even = build_usd / saved_per_hour
+        else:   # the electricity alone costs more than the rent: buying never pays
+            never = True
     costs = [c for c in (own, rent) if c is not None]
     cost = min(costs) if costs else None
     memory = predicted["memory"]
@@ -111,7 +112,7 @@ def evaluate(o: Option, bought: dict, request: ChooseRequest, book: PriceBook) -
         "plan_energy": report["energy"], "draw_w": used["draw_w"], "energy_kwh": used["kwh"],
         "energy_usd": used["usd"], "own_usd": own,
         "cloud_usd_per_hour": rate_usd, "cloud_prices": _cloud_prices(o, book) if request.cloud else [],
-        "rent_usd": rent, "break_even_hours": break_even,
+        "rent_usd": rent, "break_even_hours": break_even, "break_even_never": never,
         "cost_usd": cost, "cost_how": None if cost is None else "rent" if cost == rent and cost != own else "buy",
         "usd_per_m_samples": None if cost is None else cost / samples * PER,
         "kwh_per_m_samples": used["kwh"] / samples * PER,

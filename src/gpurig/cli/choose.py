@@ -96,16 +96,12 @@ def run(args) -> int:
     if args.plot:
         plot(result, args.plot)
     if args.json:
-        print(json.dumps(result, indent=2, default=_json_number))
+        print(json.dumps(result, indent=2, allow_nan=False))
         return 0
     show(result)
     if args.plot:
         print(f"plot: {args.plot}")
     return 0
-
-
-def _json_number(value):
-    return None if value != value else str(value)
 
 
 def short(name: str) -> str:
@@ -197,7 +193,7 @@ def _show_cloud(console, rows: list[dict]) -> None:
         even = row["break_even_hours"]
         stale = "!" if any(p["stale"] for p in row["cloud_prices"]) else ""
         table.add_row(short(row["option"]), f"{row['cloud_usd_per_hour']:.2f}{stale}", _money(row["rent_usd"]),
-                      _usd(row["own_usd"]), "—" if even is None else "never" if even == float("inf") else f"{even:,.0f}")
+                      _usd(row["own_usd"]), "never" if row["break_even_never"] else "—" if even is None else f"{even:,.0f}")
     if table.row_count:
         console.print(table)
         console.print("break-even: the hours of use after which buying (and paying its electricity) costs less "
