@@ -20,6 +20,7 @@ LAYERS = [
     ("cli", {"gpurig.cli"}),
     ("api", {"gpurig"}),                          # the library API: gpurig.init, gpurig.DataParallel, ...
     ("train", {"gpurig.train"}),
+    ("choose", {"gpurig.choose"}),               # calls predict and plan (hardware)
     ("predict", {"gpurig.predict"}),
     ("measure", {"gpurig.measure"}),
     ("hardware", {"gpurig.hardware"}),

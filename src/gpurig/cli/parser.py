@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from gpurig import __version__
-from gpurig.cli import bench, doctor, emulate, plan, predict, run, train
+from gpurig.cli import bench, choose, doctor, emulate, plan, predict, run, train
 from gpurig.errors import UsageError
 
 class _Parser(argparse.ArgumentParser):
@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 SUBCOMMANDS = [train.add_parser, run.add_parser, emulate.add_parser, plan.add_parser, doctor.add_parser,
-               bench.add_parser, predict.add_parser]
+               bench.add_parser, predict.add_parser, choose.add_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  gpurig plan --gpu 4x2080ti        # check a build against the hardware guide\n"
                "  gpurig doctor                     # what this machine is, and what is wrong with it\n"
                "  gpurig bench --quick              # measure links, GEMMs, loading, disk\n"
+               "  gpurig choose --model resnet50    # which GPUs to buy (or rent) for a model\n"
                "  gpurig <command> --help           # each command's flags",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"gpurig {__version__}")

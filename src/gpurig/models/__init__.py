@@ -21,6 +21,7 @@ unknown name is refused in one line with the closest ones.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -163,6 +164,18 @@ def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample:
                          f"1×1 feature maps), got {batch}")
     if sample is not None:
         raise UsageError(f"{found.name} takes {found.describes}; an input shape is only for module:factory models")
+    return _preset_spec(found.name, batch, tokens)
+
+
+@functools.lru_cache(maxsize=256)
+def _preset_spec(name: str, batch: int, tokens: int | None) -> ModelSpec:
+    """A preset described once per (batch, tokens): a :class:`ModelSpec` is frozen, and ``predict`` asks for the
+    same one many times (its scaling curves, its advice, ``gpurig choose``'s every candidate).
+
+    >>> _preset_spec("mnist-mlp", 64, None) is _preset_spec("mnist-mlp", 64, None)
+    True
+    """
+    found = PRESETS[name]
     return describe(found.build(), found.example(tokens), batch, name=found.name)
 
 

@@ -38,13 +38,19 @@ FRAGMENTATION = 0.05
 CONTEXT_BYTES = 0.5 * 2**30
 
 
-def step_memory(spec, optimizer: str, mixed: bool, ranks: int) -> dict[str, int]:
+def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard_optimizer: bool = False) -> dict[str, int]:
     """Bytes one rank holds for a training step of ``spec`` (a described model at its batch), by kind.
+
+    ``shard_optimizer``: each of the ``ranks`` keeps its share of the optimizer state (ZeRO stage 1, PyTorch's
+    ``ZeroRedundancyOptimizer``); the weights and gradients stay whole on every rank.
 
     >>> from gpurig.models import model_spec
     >>> bert = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", mixed=True, ranks=8)
     >>> round(bert["optimizer"] / bert["weights"]), bert["amp_copies"] * 2 == bert["weights"]
     (2, True)
+    >>> sharded = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", True, 8, shard_optimizer=True)
+    >>> sharded["optimizer"] * 8 == bert["optimizer"]
+    True
     """
     params = spec.parameters
     if spec.saved_bytes:
@@ -56,7 +62,7 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int) -> dict[str, int]
     return {
         "weights": params * DTYPE_BYTES,
         "gradients": params * DTYPE_BYTES,
-        "optimizer": params * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
+        "optimizer": params * DTYPE_BYTES * OPTIMIZER_STATES[optimizer] // (ranks if shard_optimizer else 1),
         "amp_copies": params * 2 if mixed else 0,
         "buckets": params * DTYPE_BYTES if ranks > 1 else 0,
         "activations": round(activations * (2 if mixed else DTYPE_BYTES)),

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpurig.perf.footprint import largest_batch, step_memory, usable_bytes
+from gpurig.perf.footprint import OPTIMIZER_STATES, largest_batch, step_memory, usable_bytes
 from gpurig.perf.precision import MIXED
 from gpurig.predict.hardware import Hardware
 from gpurig.predict.request import PredictRequest
 
 
-def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dict:
+def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int, shard_optimizer: bool = False) -> dict:
     """What one GPU holds for the step (:mod:`gpurig.perf.footprint`), whether it fits, the largest batch that does.
 
     >>> from gpurig.predict import predict
@@ -18,7 +18,8 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     >>> m["fits"], m["largest_batch"] < 32
     (False, True)
     """
-    parts = step_memory(spec, request.optimizer, request.precision in MIXED, ranks if request.parallel == "data" else 1)
+    parts = step_memory(spec, request.optimizer, request.precision in MIXED, ranks if request.parallel == "data" else 1,
+                        shard_optimizer=shard_optimizer)
     total = sum(parts.values())
     gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
@@ -31,19 +32,34 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
 
 
 def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, needed: dict) -> list[dict]:
-    """When the step does not fit one GPU's memory: the changes that would make it fit, first."""
+    """When the step does not fit one GPU's memory: the changes that would make it fit, first; each item says
+    whether it alone ``fits``.
+
+    >>> from gpurig.predict import predict
+    >>> advice = predict(PredictRequest(model="bert-large", cluster="4 x RTX 4070", batch=8, tokens=512,
+    ...                                 optimizer="adam"))["advice"]
+    >>> [(item["what"].split(" (")[0], item["fits"]) for item in advice if "fits" in item]
+    [('per-GPU batch 6', True), ('--precision bf16', True), ('sharded optimizer state', True)]
+    """
     if needed.get("fits", True):
         return []
     why = f"{needed['total_gb']:.1f} GB per GPU needed, {needed['usable_gb']:.1f} GB usable: it does not fit"
     items = []
     if needed["largest_batch"]:
-        items.append({"what": f"per-GPU batch {needed['largest_batch']}", "why": why, "samples_per_s_gain": None})
+        items.append({"what": f"per-GPU batch {needed['largest_batch']}", "why": why, "samples_per_s_gain": None,
+                      "fits": True})
     if request.precision not in MIXED:
         sixteen = "bf16" if hardware.gpu is not None and hardware.gpu.bf16_tflops else "fp16"
         mixed = memory(spec, replace(request, precision=sixteen), hardware, ranks)
         items.append({"what": f"--precision {sixteen} (mixed precision)", "why": f"16-bit activations: "
                       f"{mixed['total_gb']:.1f} GB, largest batch {mixed['largest_batch']}",
-                      "samples_per_s_gain": None})
+                      "samples_per_s_gain": None, "fits": mixed["fits"]})
+    if ranks > 1 and request.parallel == "data" and OPTIMIZER_STATES[request.optimizer]:
+        sharded = memory(spec, request, hardware, ranks, shard_optimizer=True)
+        items.append({"what": "sharded optimizer state (ZeRO-1, torch's ZeroRedundancyOptimizer)",
+                      "why": f"each of the {ranks} GPUs keeps 1/{ranks} of the {request.optimizer} state: "
+                             f"{sharded['total_gb']:.1f} GB, largest batch {sharded['largest_batch']}",
+                      "samples_per_s_gain": None, "fits": sharded["fits"]})
     if not items:
         items.append({"what": "model parallelism or a GPU with more memory", "why": why, "samples_per_s_gain": None})
     return items
