@@ -1,0 +1,471 @@
+"""Sharded optimizer state and gradients: ZeRO stages 1 and 2 for ``DataParallel(shard=...)``.
+
+DeepSpeed's ZeRO (Rajbhandari et al., 2020) without a new engine: every bucket
+of :class:`~gpurig.parallel.DataParallel` is cut into ``size`` equal shards, and
+rank r owns shard r of every bucket.
+
+- Backward: each bucket's gradients are **reduce-scattered** (averaged), not
+  allreduced: rank r receives the average of its shard only.
+- ``optimizer.step()``: the optimizer updates rank r's shard of the parameters
+  only, so it keeps state (Adam's two moments, SGD's momentum) for 1/N of them.
+- After the step each bucket's parameters are **allgathered**, so every rank
+  holds the whole model for the next forward.
+
+A ring reduce-scatter and a ring allgather each put (P−1)/P of the bucket on
+the wire: together the 2(P−1)/P of the ring allreduce they replace, so sharding
+costs no extra bytes, only a second collective per bucket.
+
+``shard="optimizer"`` (ZeRO stage 1) keeps the whole model's gradient buffers
+(as DDP does); ``shard="gradients"`` (stage 2) keeps only this rank's shard of
+the averaged gradients: a bucket's full buffer lives from its launch until its
+reduce-scatter ends. With ``--accumulate`` the micro-batches' gradients add up
+in ``param.grad`` (whole) until the last one.
+
+Compression composes where a reduce-scatter of encoded data is well defined:
+the element-wise codecs (:data:`SHARDED_CODECS`) send each rank's chunks
+encoded, with error feedback, and the owner decodes and averages them; the
+parameters are allgathered exact. PowerSGD averages low-rank factors of whole
+matrices, which do not cut into shards; ``auto`` may pick it: both are refused.
+
+>>> comm = gpurig.init()
+>>> model = gpurig.DataParallel(torch.nn.Linear(4, 2), shard="optimizer")
+>>> optimizer = ZeroRedundancyOptimizer(torch.optim.Adam(model.parameters(), lr=0.1), model)
+>>> model(torch.ones(8, 4)).sum().backward(); optimizer.step()
+>>> sorted(optimizer.state_dict()["state"][0])          # saved whole: resumes on any rank count
+['exp_avg', 'exp_avg_sq', 'step']
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from gpurig.comm.signature import Signature
+from gpurig.parallel import codecs, numerics
+from gpurig.parallel.compression import CompressedAverage, collectives, wire_bytes
+
+SHARD_MODES = ("none", "optimizer", "gradients")
+SHARDED_CODECS = ("fp16", "bf16", "int8", "int8-dynamic")  # element-wise: a reduce-scatter of encoded chunks
+
+
+def check_shard(shard: str, compression: str) -> str:
+    """``shard`` if DataParallel can shard with ``compression``; ValueError in one line saying why not.
+
+    >>> check_shard("gradients", "int8")
+    'gradients'
+    >>> check_shard("optimizer", "powersgd")
+    Traceback (most recent call last):
+    ...
+    ValueError: compression 'powersgd' cannot be sharded (its low-rank factors do not cut into shards): use none, fp16, bf16, int8 or int8-dynamic
+    """
+    if shard not in SHARD_MODES:
+        raise ValueError(f"shard must be one of {', '.join(SHARD_MODES)}, got {shard!r}")
+    if shard == "none" or compression == "none" or compression in SHARDED_CODECS:
+        return shard
+    why = "it picks per bucket, PowerSGD too" if compression.startswith("auto") else \
+        "its low-rank factors do not cut into shards"
+    raise ValueError(f"compression {compression!r} cannot be sharded ({why}): use none, "
+                     f"{', '.join(SHARDED_CODECS[:-1])} or {SHARDED_CODECS[-1]}")
+
+
+def shard_bounds(length: int, ranks: int, rank: int) -> tuple[int, int]:
+    """Where rank ``rank``'s shard of a bucket of ``length`` values (a multiple of ``ranks``) starts and ends.
+
+    >>> shard_bounds(12, 3, 1)
+    (4, 8)
+    """
+    per = length // ranks
+    return rank * per, (rank + 1) * per
+
+
+@dataclass
+class Segment:
+    """A run of this rank's shard holding parameters of one optimizer group, back to back: what the optimizer updates.
+
+    ``tensor`` is a view of the bucket's flat parameters (the module's parameters
+    are views of the same buffer), ``grad`` a view of this rank's averaged
+    gradient shard; ``pieces`` say which part of which parameter each stretch is:
+    (parameter, first element, end element).
+    """
+
+    bucket: int
+    start: int  # in the bucket's flat buffer
+    end: int
+    group: int
+    tensor: torch.Tensor | None = None
+    grad: torch.Tensor | None = None
+    pieces: list = field(default_factory=list)
+
+
+class CompressedReduceScatter(CompressedAverage):
+    """The first half of a compressed average: encoded chunks to their owners, decoded, averaged; no allgather.
+
+    After :meth:`finish` rank r's chunk of ``x`` holds the average (what the
+    other ranks' encoded chunks and its own exact one give); the rest of ``x`` is
+    left as it was.
+
+    >>> pending = CompressedReduceScatter(comm, bucket, codecs.get("int8"), FeedbackState())   # doctest: +SKIP
+    >>> sent = pending.finish()                                                                # doctest: +SKIP
+    """
+
+    def finish(self) -> int:
+        """Wait for the encoded chunks, add them to this rank's own and average; return the bytes this rank sent."""
+        ranks, me, work = self.comm.size, self.comm.rank, self.work
+        scratch = self.state.buffer("decoded", self.pieces[0][1] - self.pieces[0][0], device=work.device)
+        for k in range(len(self.pieces)):
+            received = self.scattered[k].wait()
+            mine = self._part(work, me, k)
+            for r in range(ranks):
+                if r != me:
+                    codecs.decode_add(self.codec, self._views(k, received[r]), mine, scratch[: mine.numel()])
+            mine.div_(ranks)
+        if work is not self.x:
+            self.x[me * self.chunk: (me + 1) * self.chunk].copy_(work[me * self.chunk: (me + 1) * self.chunk])
+        return (ranks - 1) * sum(codecs.payload_bytes(self.codec, end - start) for start, end in self.pieces)
+
+
+class ShardedBuckets:
+    """The sharded side of a DataParallel's buckets: flat parameters, this rank's gradient shards, the collectives.
+
+    DataParallel calls :meth:`launch` for each bucket during backward and
+    :meth:`finish` at its end; :class:`ZeroRedundancyOptimizer` calls
+    :meth:`gather_parameters` after each step. On wrapping, each bucket's
+    parameters move into one flat buffer (the module's parameters become views
+    of it, as DDP's gradients are views of their bucket), so the allgather lands
+    in them with no copy.
+
+    >>> sharded = ShardedBuckets(model.buckets, comm, "gradients", model.stats)   # doctest: +SKIP
+    """
+
+    def __init__(self, buckets: list, comm, stage: str, stats):
+        self.buckets, self.comm, self.stage, self.stats = buckets, comm, stage, stats
+        self.optimizer = None  # the ZeroRedundancyOptimizer, once wrapped
+        self.flat_params: list[torch.Tensor] = []
+        self.grad_shards: list[torch.Tensor] = []
+        self.bounds: list[tuple[int, int]] = []
+        size = comm.size
+        with torch.no_grad():
+            for bucket in buckets:
+                length = -(-len(bucket.flat) // size) * size
+                if length != len(bucket.flat):
+                    bucket.flat = bucket.flat.new_zeros(length)
+                flat = bucket.flat.new_zeros(length)
+                for p, offset in zip(bucket.params, bucket.offsets):
+                    flat[offset: offset + p.numel()].copy_(p.detach().reshape(-1))
+                    p.data = flat[offset: offset + p.numel()].view_as(p)
+                lo, hi = shard_bounds(length, size, comm.rank)
+                self.flat_params.append(flat)
+                self.bounds.append((lo, hi))
+                if stage == "gradients":
+                    self.grad_shards.append(bucket.flat.new_zeros(hi - lo))
+                    bucket.flat = bucket.flat.new_zeros(0)  # the full buffer exists only while a bucket travels
+                else:
+                    self.grad_shards.append(bucket.flat[lo:hi])
+        self.lengths = [len(f) for f in self.flat_params]
+
+    # -- backward: reduce-scatter --------------------------------------------------------------
+    def signatures(self, methods: list[str]) -> list[Signature]:
+        """The reduce-scatters a step's backward submits, in order (DataParallel announces them to the guard)."""
+        order = []
+        for i, (length, method, bucket) in enumerate(zip(self.lengths, methods, self.buckets)):
+            name = f"bucket {i}"
+            if method == "none":
+                dtype = bucket.params[0].dtype
+                order.append(Signature.of("reduce_scatter", torch.empty(length, dtype=dtype, device="meta"), name, "sum"))
+            else:
+                order += collectives(length, self.comm.size, method, name)[0]
+        return order
+
+    def launch(self, bucket, index: int, inline: bool) -> None:
+        """Copy the bucket's gradients into its full buffer and start its reduce-scatter; ``param.grad`` is let go.
+
+        ``inline``: reduce-scatter it here, blocking (DataParallel's last bucket over MPI).
+        """
+        size, name = self.comm.size, f"bucket {index}"
+        plain = bucket.method == "none"
+        flat = bucket.flat if self.stage == "optimizer" else bucket.flat.new_empty(self.lengths[index])
+        if self.stage == "gradients":
+            bucket.flat = flat
+        scale = 1.0 / size if plain else 1.0
+        with torch.no_grad():
+            end = 0
+            for p, start in zip(bucket.params, bucket.offsets):
+                piece = flat[start: start + p.numel()]
+                if p.grad is None:
+                    piece.zero_()
+                else:
+                    torch.mul(p.grad.reshape(-1), scale, out=piece)
+                end = start + p.numel()
+                p.grad = None  # the whole gradient is not kept: this rank's shard of the average is
+            flat[end:].zero_()
+        out = self.grad_shards[index]
+        if plain:
+            if inline:
+                out.copy_(self.comm.reduce_scatter(flat, op="sum", name=name))
+                bucket.handle = None
+            else:
+                bucket.handle = self.comm.reduce_scatter_async(flat, op="sum", name=name, out=out)
+            self.stats.bytes_sent += wire_bytes("none", bucket.shapes, size) // 2
+        else:
+            codec = codecs.get(bucket.method)
+            # begun and finished on the communication thread, so every rank submits its pieces in the same order
+            bucket.handle = self.comm.run_async(
+                lambda: CompressedReduceScatter(self.comm, flat, codec, bucket.state, name).finish())
+
+    def finish(self) -> None:
+        """After backward's waits: this rank's averaged gradient shards reach the optimizer's segments."""
+        if self.optimizer is None:
+            raise RuntimeError("DataParallel(shard=...) leaves each rank only its shard of the gradients: wrap the "
+                               "optimizer first, optimizer = gpurig.ZeroRedundancyOptimizer(optimizer, model)")
+        for index, bucket in enumerate(self.buckets):
+            if bucket.method != "none" and bucket.handle is not None:  # compressed: the average is in our chunk
+                self.stats.bytes_sent += bucket.handle.wait()
+                if self.stage == "gradients":
+                    lo, hi = self.bounds[index]
+                    self.grad_shards[index].copy_(bucket.flat[lo:hi])
+            if self.stage == "gradients":
+                bucket.flat = bucket.flat.new_zeros(0)
+        for segment in self.optimizer.segments:
+            segment.tensor.grad = segment.grad
+
+    def all_finite(self, names: dict) -> tuple[bool, tuple[str, str] | None]:
+        """Whether every rank's gradient shards are finite (one tiny allreduce); if not, the first bad parameter
+        (name, "NaN" or "Inf") found on the lowest rank that has one."""
+        mine = numerics.all_finite(self.grad_shards)
+        flag = torch.tensor([0.0 if mine else 1.0])
+        if self.comm.size > 1:
+            self.comm.allreduce(flag, op="sum", name="sharded gradients finite")
+        if flag.item() == 0.0:
+            return True, None
+        bad = None
+        if not mine and self.optimizer is not None:
+            bad = numerics.first_nonfinite([(names.get(id(p), "?"), s.grad[a - s.start: b - s.start]) for s in
+                                            self.optimizer.segments for p, a, b, in _in_buffer(s)])
+        found = [json.loads(raw) for raw in self.comm.allgather_bytes(json.dumps(bad).encode())] \
+            if self.comm.size > 1 else [bad]
+        found = [f for f in found if f]
+        return False, (tuple(found[0]) if found else None)
+
+    def drop_gradients(self) -> None:
+        """A skipped step: the optimizer sees no gradient, so it leaves the weights and its state alone."""
+        if self.optimizer is not None:
+            for segment in self.optimizer.segments:
+                segment.tensor.grad = None
+
+    # -- after the step: allgather ----------------------------------------------------------------
+    def gather_parameters(self) -> None:
+        """Every rank's updated shard of every bucket to every rank: afterwards all hold the same whole model."""
+        size = self.comm.size
+        if size == 1:
+            return
+        sends = [flat[lo:hi].clone() for flat, (lo, hi) in zip(self.flat_params, self.bounds)]
+        rows = [[len(s)] * size for s in sends]
+        names = [f"bucket {i} parameters" for i in range(len(sends))]
+        self.comm.expect([Signature.of("allgather", s, n, f"rows {r}") for s, n, r in zip(sends, names, rows)])
+        handles = [self.comm.allgather_async(s, sizes=r, name=n, out=flat)
+                   for s, r, n, flat in zip(sends, rows, names, self.flat_params)]
+        for handle, bucket in zip(handles, self.buckets):
+            handle.wait()
+            self.stats.bytes_sent += wire_bytes("none", bucket.shapes, size) // 2
+
+    def segments(self, group_of: dict) -> list[Segment]:
+        """This rank's shard of every bucket cut into :class:`Segment` s: runs of parameters of one group
+        (``group_of``: id(parameter) -> group index; parameters in no group are not updated here)."""
+        out: list[Segment] = []
+        for b, bucket in enumerate(self.buckets):
+            lo, hi = self.bounds[b]
+            last_group = None
+            for p, offset in zip(bucket.params, bucket.offsets):
+                start, end = max(offset, lo), min(offset + p.numel(), hi)
+                group = group_of.get(id(p))
+                if start >= end or group is None:
+                    last_group = None
+                    continue
+                if last_group == group and out[-1].end == start:
+                    seg = out[-1]
+                    seg.end = end
+                else:
+                    seg = Segment(b, start, end, group)
+                    out.append(seg)
+                seg.pieces.append((p, start - offset, end - offset))
+                last_group = group
+        for seg in out:
+            lo, _ = self.bounds[seg.bucket]
+            seg.tensor = self.flat_params[seg.bucket][seg.start: seg.end]
+            seg.grad = self.grad_shards[seg.bucket][seg.start - lo: seg.end - lo]
+        return out
+
+    def where(self, param: torch.Tensor) -> tuple[int, int]:
+        """(bucket, offset) of a parameter in the flat buffers."""
+        for b, bucket in enumerate(self.buckets):
+            for p, offset in zip(bucket.params, bucket.offsets):
+                if p is param:
+                    return b, offset
+        raise KeyError("parameter not in any bucket")
+
+
+def _in_buffer(segment: Segment):
+    """Each piece of a segment as (parameter, start, end) in the bucket's flat buffer."""
+    offset = segment.start
+    for p, a, b in segment.pieces:
+        yield p, offset, offset + (b - a)
+        offset += b - a
+
+
+class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+    """A torch optimizer that updates only this rank's shard of a sharded DataParallel's parameters.
+
+    Wrap the optimizer you would use anyway, built on ``model.parameters()``;
+    then write ``optimizer.step()``, ``zero_grad()``, LR schedulers as usual. The
+    wrapped optimizer's parameter groups then hold this rank's shard, in runs
+    (``param_groups`` and ``state`` are its own); its state is per element, so
+    SGD, Adam, AdamW, RMSprop or Adagrad give the same updates as unsharded.
+    :meth:`step` updates the shard, then allgathers the parameters.
+    :meth:`state_dict` (every rank calls it) returns the whole state in the plain
+    optimizer's format, and :meth:`load_state_dict` takes one: checkpoints load
+    into any rank count, sharded or not. PyTorch's own
+    ``ZeroRedundancyOptimizer`` shards whole parameters among ranks; this one
+    cuts the flat buckets exactly, as DeepSpeed does.
+
+    >>> model = gpurig.DataParallel(torch.nn.Linear(4, 2), shard="gradients")
+    >>> optimizer = ZeroRedundancyOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model)
+    >>> model(torch.ones(8, 4)).sum().backward(); optimizer.step(); optimizer.zero_grad()
+    >>> [len(g["params"]) for g in optimizer.param_groups]   # one run of this rank's shard: weight and bias
+    [1]
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model):
+        sharded = getattr(model, "zero", None)
+        if sharded is None:
+            raise ValueError("ZeroRedundancyOptimizer needs a model wrapped as DataParallel(shard='optimizer') or "
+                             "DataParallel(shard='gradients')")
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            raise ValueError("the optimizer is sharded already")
+        if any(optimizer.state.values()):
+            raise ValueError("wrap the optimizer before its first step (its state would be lost)")
+        in_buckets = {id(p) for bucket in sharded.buckets for p in bucket.params}
+        self.optim, self.sharded = optimizer, sharded
+        self.whole_groups = [list(group["params"]) for group in optimizer.param_groups]
+        group_of = {}
+        for g, params in enumerate(self.whole_groups):
+            for p in params:
+                if id(p) not in in_buckets:
+                    raise ValueError(f"the optimizer holds a parameter of shape {list(p.shape)} that the model does "
+                                     "not shard (not one of its parameters, or not requiring grad)")
+                group_of[id(p)] = g
+        self.segments = sharded.segments(group_of)
+        for g, group in enumerate(optimizer.param_groups):
+            group["params"] = [s.tensor for s in self.segments if s.group == g]
+        self.optim.state.clear()
+        sharded.optimizer = self
+        self.defaults = optimizer.defaults
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The wrapped optimizer's groups (their hyperparameters, this rank's segments): LR schedulers change them."""
+        return self.optim.param_groups
+
+    @property
+    def state(self):
+        """The wrapped optimizer's state: this rank's shard's only."""
+        return self.optim.state
+
+    def __repr__(self) -> str:
+        return f"ZeroRedundancyOptimizer({self.optim!r})"
+
+    def step(self, closure=None):
+        """The wrapped optimizer's step on this rank's shard, then every rank's updated shard to every rank."""
+        loss = self.optim.step(closure)
+        self.sharded.gather_parameters()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the shard's gradients and any the whole parameters accumulated (inside ``no_sync``)."""
+        self.optim.zero_grad(set_to_none=set_to_none)
+        for params in self.whole_groups:
+            for p in params:
+                p.grad = None
+
+    # -- checkpoints: the whole state, in the plain optimizer's format ---------------------------------
+    def state_dict(self) -> dict:
+        """The whole optimizer state, as the unsharded optimizer's ``state_dict()`` would give it (every rank
+        calls it: one allgather per bucket and per state tensor)."""
+        comm, sharded = self.sharded.comm, self.sharded
+        kinds = {}
+        for segment in self.segments:
+            for key, value in self.optim.state.get(segment.tensor, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == segment.tensor.numel():
+                    kinds[key] = ["element", str(value.dtype).removeprefix("torch.")]
+                elif isinstance(value, torch.Tensor):
+                    kinds[key] = ["scalar", str(value.dtype).removeprefix("torch."), value.item()]
+                else:
+                    kinds[key] = ["constant", value]
+        everyone = [json.loads(raw) for raw in comm.allgather_bytes(json.dumps(kinds).encode(), name="optimizer keys")] \
+            if comm.size > 1 else [kinds]
+        merged: dict = {}
+        for theirs in everyone:
+            for key, kind in theirs.items():
+                merged.setdefault(key, kind)
+        whole: dict = {}
+        for key in sorted(k for k, kind in merged.items() if kind[0] == "element"):
+            dtype = getattr(torch, merged[key][1])
+            for b, flat in enumerate(sharded.flat_params):
+                lo, hi = sharded.bounds[b]
+                mine = torch.zeros(hi - lo, dtype=dtype, device=flat.device)
+                for segment in self.segments:
+                    value = self.optim.state.get(segment.tensor, {}).get(key)
+                    if segment.bucket == b and value is not None:
+                        mine[segment.start - lo: segment.end - lo] = value
+                whole[key, b] = comm.allgather(mine, sizes=[hi - lo] * comm.size,
+                                               name=f"bucket {b} optimizer {key}") if comm.size > 1 else mine
+        state, groups, index = {}, [], 0
+        for g, params in enumerate(self.whole_groups):
+            indices = []
+            for p in params:
+                if merged:
+                    b, offset = sharded.where(p)
+                    entry = {}
+                    for key, kind in merged.items():
+                        if kind[0] == "element":
+                            entry[key] = whole[key, b][offset: offset + p.numel()].view_as(p).clone()
+                        elif kind[0] == "scalar":
+                            entry[key] = torch.tensor(kind[2], dtype=getattr(torch, kind[1]))
+                        else:
+                            entry[key] = kind[1]
+                    state[index] = entry
+                indices.append(index)
+                index += 1
+            groups.append({**{k: v for k, v in self.optim.param_groups[g].items() if k != "params"},
+                           "params": indices})
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Take a whole optimizer state (this class's :meth:`state_dict`, or a plain optimizer's over the same
+        parameters) and keep this rank's shard of it."""
+        groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in groups] != [len(params) for params in self.whole_groups]:
+            raise ValueError(f"the optimizer state holds groups of {[len(g['params']) for g in groups]} parameters, "
+                             f"this optimizer {[len(params) for params in self.whole_groups]}")
+        saved_index = {}
+        for group, saved, params in zip(self.optim.param_groups, groups, self.whole_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+            saved_index.update({id(p): i for p, i in zip(params, saved["params"])})
+        self.optim.state.clear()
+        for segment in self.segments:
+            entries = [state_dict["state"].get(saved_index[id(p)]) for p, _, _ in segment.pieces]
+            if any(e is None for e in entries):
+                continue
+            built = {}
+            for key, value in entries[0].items():
+                p = segment.pieces[0][0]
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == p.shape:
+                    built[key] = torch.cat([e[key].reshape(-1)[a:b] for e, (_, a, b) in zip(entries, segment.pieces)]) \
+                        .to(segment.tensor.device)
+                elif isinstance(value, torch.Tensor):
+                    built[key] = value.clone()
+                else:
+                    built[key] = value
+            self.optim.state[segment.tensor] = built
