@@ -16,3 +16,56 @@ def test_zero_equals_unsharded(engine, nprocs, tmp_path):
 
 def test_zero_on_one_rank(tmp_path):
     assert_all_ok(run_cases("zero.py", "mpi", 1, tmp_path), CASES)
+
+
+def test_train_shard_checkpoint_resumes_on_another_rank_count(tmp_path):
+    """gpurig train --shard: 2 ranks sharded write a whole checkpoint; 3 ranks resume from it sharded (stage 2) and
+    unsharded, and reach the same weights and momentum (1e-5)."""
+    import json
+    import shutil
+
+    import torch
+
+    from conftest import gpurig
+    from gpurig.train.checkpoints import epoch_path, load
+
+    first, sharded, plain = tmp_path / "first", tmp_path / "sharded", tmp_path / "plain"
+    common = ["--epochs", 1, "--no-predict", "--json", "--global-batch", 480]  # 8 steps an epoch
+    done = gpurig("train", "-n", 2, "--shard", "optimizer", *common, "--checkpoint-dir", first, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["shard"] == "optimizer" and summary["compression"] == "none"
+    halves, whole = summary["optimizer_state_bytes_per_rank"], 4 * sum(
+        t.numel() for t in load(epoch_path(first, 1))["model"].values())
+    assert all(b <= 1.1 * whole / 2 for b in halves) and sum(halves) >= whole, (halves, whole)
+    saved = load(epoch_path(first, 1))
+    for i, (name, weight) in enumerate(saved["model"].items()):  # the plain optimizer's format, whole
+        assert saved["optimizer"]["state"][i]["momentum_buffer"].shape == weight.shape, name
+    shutil.copytree(first, sharded)
+    shutil.copytree(first, plain)
+    common[1] = 2
+    for directory, shard in ((sharded, "gradients"), (plain, "none")):
+        done = gpurig("train", "-n", 3, "--shard", shard, "--compression", "none", "--resume", *common,
+                      "--checkpoint-dir", directory, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, b = load(epoch_path(sharded, 2)), load(epoch_path(plain, 2))
+    assert a["ranks"] == 3 and a["history"][-1]["loss"] == pytest.approx(b["history"][-1]["loss"], abs=1e-5)
+    for name in a["model"]:
+        assert torch.allclose(a["model"][name], b["model"][name], rtol=1e-5, atol=1e-6), name
+    for i, state in b["optimizer"]["state"].items():
+        assert torch.allclose(a["optimizer"]["state"][i]["momentum_buffer"], state["momentum_buffer"],
+                              rtol=1e-5, atol=1e-6), i
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--shard", "stage3"], "unknown --shard 'stage3'; choose one of: none, optimizer, gradients"),
+    (["--shard", "gradients", "--compression", "powersgd"], "'powersgd' cannot be sharded"),
+    (["--shard", "optimizer", "--compression", "auto"], "'auto' cannot be sharded"),
+    (["--shard", "optimizer", "--parallel", "model"], "use --parallel data"),
+])
+def test_train_shard_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
+    from conftest import run_cli
+
+    code, out, err = run_cli(["train", *args, "--checkpoint-dir", tmp_path / "none"])
+    assert code == 2 and message in err and "Traceback" not in err + out, err
+    assert len([line for line in err.splitlines() if line.startswith("gpurig")]) == 1

@@ -38,6 +38,7 @@ matrices, which do not cut into shards; ``auto`` may pick it: both are refused.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -260,6 +261,7 @@ class ShardedBuckets:
         size = self.comm.size
         if size == 1:
             return
+        began = time.perf_counter()
         sends = [flat[lo:hi].clone() for flat, (lo, hi) in zip(self.flat_params, self.bounds)]
         rows = [[len(s)] * size for s in sends]
         names = [f"bucket {i} parameters" for i in range(len(sends))]
@@ -269,6 +271,9 @@ class ShardedBuckets:
         for handle, bucket in zip(handles, self.buckets):
             handle.wait()
             self.stats.bytes_sent += wire_bytes("none", bucket.shapes, size) // 2
+        waited = time.perf_counter() - began  # nothing hides it (yet): the step's exposed communication
+        self.stats.exposed_s += waited
+        self.stats.last_exposed_s += waited
 
     def segments(self, group_of: dict) -> list[Segment]:
         """This rank's shard of every bucket cut into :class:`Segment` s: runs of parameters of one group
