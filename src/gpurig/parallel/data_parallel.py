@@ -368,7 +368,8 @@ class DataParallel(torch.nn.Module):
         # Uncompressed, dividing by the rank count while copying in saves a pass (DDP does the same).
         index = self._next_bucket
         if index == 0:  # one check of the whole step's collectives against the other ranks' (gpurig.comm.guard)
-            self.comm.expect(self._signatures() if self.zero is None else self.zero.signatures(self.methods))
+            self.comm.expect(self._signatures() if self.zero is None
+                             else self.zero.signatures(self.methods, check_finite=self.nonfinite != "ignore"))
         if self.zero is not None:
             self.zero.launch(bucket, index, inline=bucket.method == "none" and self._inline(index))
             self._next_bucket += 1

@@ -167,8 +167,10 @@ class ShardedBuckets:
         self.lengths = [len(f) for f in self.flat_params]
 
     # -- backward: reduce-scatter --------------------------------------------------------------
-    def signatures(self, methods: list[str]) -> list[Signature]:
-        """The reduce-scatters a step's backward submits, in order (DataParallel announces them to the guard)."""
+    def signatures(self, methods: list[str], check_finite: bool) -> list[Signature]:
+        """The collectives of a step, in order: backward's reduce-scatters, the agreement on finite gradients
+        (``check_finite``), the parameters' allgathers. DataParallel announces them to the guard at once; when
+        another collective comes between (fp16's overflow vote), the rest are checked one by one."""
         order = []
         for i, (length, method, bucket) in enumerate(zip(self.lengths, methods, self.buckets)):
             name = f"bucket {i}"
@@ -177,6 +179,11 @@ class ShardedBuckets:
                 order.append(Signature.of("reduce_scatter", torch.empty(length, dtype=dtype, device="meta"), name, "sum"))
             else:
                 order += collectives(length, self.comm.size, method, name)[0]
+        if check_finite:
+            order.append(Signature.of("allreduce", torch.zeros(1), FINITE, "sum"))
+        for i, (lo, hi) in enumerate(self.bounds):
+            shard = torch.empty(hi - lo, dtype=self.flat_params[i].dtype, device="meta")
+            order.append(Signature.of("allgather", shard, _gather_name(i), f"rows {[hi - lo] * self.comm.size}"))
         return order
 
     def launch(self, bucket, index: int, inline: bool) -> None:
@@ -237,7 +244,7 @@ class ShardedBuckets:
         mine = numerics.all_finite(self.grad_shards)
         flag = torch.tensor([0.0 if mine else 1.0])
         if self.comm.size > 1:
-            self.comm.allreduce(flag, op="sum", name="sharded gradients finite")
+            self.comm.allreduce(flag, op="sum", name=FINITE)
         if flag.item() == 0.0:
             return True, None
         bad = None
@@ -264,13 +271,13 @@ class ShardedBuckets:
         began = time.perf_counter()
         sends = [flat[lo:hi].clone() for flat, (lo, hi) in zip(self.flat_params, self.bounds)]
         rows = [[len(s)] * size for s in sends]
-        names = [f"bucket {i} parameters" for i in range(len(sends))]
-        self.comm.expect([Signature.of("allgather", s, n, f"rows {r}") for s, n, r in zip(sends, names, rows)])
+        names = [_gather_name(i) for i in range(len(sends))]
+        # every bucket on the wire at once, straight into the flat parameters (MPI_Iallgather, Gloo's async_op)
         handles = [self.comm.allgather_async(s, sizes=r, name=n, out=flat)
                    for s, r, n, flat in zip(sends, rows, names, self.flat_params)]
-        for handle, bucket in zip(handles, self.buckets):
+        for handle in handles:
             handle.wait()
-            self.stats.bytes_sent += wire_bytes("none", bucket.shapes, size) // 2
+        self.stats.bytes_sent += sum(wire_bytes("none", bucket.shapes, size) // 2 for bucket in self.buckets)
         waited = time.perf_counter() - began  # nothing hides it (yet): the step's exposed communication
         self.stats.exposed_s += waited
         self.stats.last_exposed_s += waited
@@ -309,6 +316,13 @@ class ShardedBuckets:
                 if p is param:
                     return b, offset
         raise KeyError("parameter not in any bucket")
+
+
+FINITE = "sharded gradients finite"
+
+
+def _gather_name(index: int) -> str:
+    return f"bucket {index} parameters"
 
 
 def _in_buffer(segment: Segment):
