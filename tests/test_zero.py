@@ -69,3 +69,40 @@ def test_train_shard_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     code, out, err = run_cli(["train", *args, "--checkpoint-dir", tmp_path / "none"])
     assert code == 2 and message in err and "Traceback" not in err + out, err
     assert len([line for line in err.splitlines() if line.startswith("gpurig")]) == 1
+
+
+def test_predict_prices_sharding_and_suggests_it_when_a_model_does_not_fit():
+    """gpurig predict --shard: optimizer state (and stage 2's gradients) / N, the update on 1/N, the same bytes on
+    the wire with the allgather exposed after the step; advice offers --shard when the step does not fit."""
+    from gpurig.predict import PredictRequest, predict
+
+    def run(shard):
+        return predict(PredictRequest(model="bert-large", cluster="4 x RTX 2080 Ti", batch=32, tokens=512,
+                                      optimizer="adam", shard=shard))
+
+    plain, stage1, stage2 = run("none"), run("optimizer"), run("gradients")
+    parts = [r["memory"]["parts_gb"] for r in (plain, stage1, stage2)]
+    assert parts[1]["optimizer"] == pytest.approx(parts[0]["optimizer"] / 4, rel=1e-3)
+    assert parts[1]["gradients"] == parts[0]["gradients"] and parts[1]["buckets"] == parts[0]["buckets"]
+    assert parts[2]["gradients"] == pytest.approx(parts[0]["gradients"] / 4, rel=1e-3)
+    assert parts[2]["buckets"] < parts[0]["buckets"] / 4
+    assert plain["memory"]["largest_batch"] < stage1["memory"]["largest_batch"] < stage2["memory"]["largest_batch"]
+    steps = [r["step"] for r in (plain, stage1, stage2)]
+    assert steps[1]["comm_total_ms"] == pytest.approx(steps[0]["comm_total_ms"])  # same bytes on a ring
+    assert steps[1]["optimizer_ms"] < steps[0]["optimizer_ms"]
+    assert steps[1]["comm_ms"] >= steps[1]["comm_total_ms"] / 2  # the allgather after the step: nothing hides it
+    suggested = [a["what"] for a in plain["advice"]]
+    assert not plain["memory"]["fits"] and any(w.startswith("--shard gradients") for w in suggested), suggested
+    assert not any(a["what"].startswith("--shard") for a in stage2["advice"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--shard", "stage3"], "--shard must be one of none, optimizer, gradients"),
+    (["--shard", "optimizer", "--parallel", "model"], "use --parallel data"),
+    (["--shard", "optimizer", "--compression", "powersgd"], "cannot be sharded"),
+])
+def test_predict_shard_bad_input_is_one_line_and_exit_2(args, message):
+    from conftest import run_cli
+
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "2 x RTX 3090", *args])
+    assert code == 2 and message in err and "Traceback" not in err + out, err

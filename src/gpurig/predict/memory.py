@@ -18,7 +18,8 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     >>> m["fits"], m["largest_batch"] < 32
     (False, True)
     """
-    parts = step_memory(spec, request.optimizer, request.precision in MIXED, ranks if request.parallel == "data" else 1)
+    parts = step_memory(spec, request.optimizer, request.precision in MIXED, ranks if request.parallel == "data" else 1,
+                        shard=request.shard)
     total = sum(parts.values())
     gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
@@ -38,6 +39,15 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
     items = []
     if needed["largest_batch"]:
         items.append({"what": f"per-GPU batch {needed['largest_batch']}", "why": why, "samples_per_s_gain": None})
+    if ranks > 1 and request.parallel == "data" and request.shard != "gradients":
+        for shard, what in (("optimizer", "optimizer state"), ("gradients", "optimizer state and gradients")):
+            if shard == request.shard:
+                continue
+            sharded = memory(spec, replace(request, shard=shard), hardware, ranks)
+            items.append({"what": f"--shard {shard} (ZeRO: {what} split over the {ranks} GPUs)",
+                          "why": f"{sharded['total_gb']:.1f} GB per GPU, largest batch {sharded['largest_batch']}; "
+                                 "the same bytes on the wire (a reduce-scatter and an allgather instead of the "
+                                 "allreduce)", "samples_per_s_gain": None})
     if request.precision not in MIXED:
         sixteen = "bf16" if hardware.gpu is not None and hardware.gpu.bf16_tflops else "fp16"
         mixed = memory(spec, replace(request, precision=sixteen), hardware, ranks)
