@@ -229,4 +229,21 @@ def _():
         raise AssertionError("no error")
 
 
+@case("ranks_that_disagree_on_sharding_are_told_not_hung")
+def _():
+    if P == 1:
+        return
+    shard = "optimizer" if R == 0 else "none"  # rank 0 reduce-scatters where the others allreduce
+    dp = gpurig.DataParallel(mlp(0), bucket_cap_mb=BUCKET_MB, shard=shard)
+    opt = adam(dp.parameters())
+    if shard != "none":
+        opt = gpurig.ZeroRedundancyOptimizer(opt, dp)
+    try:
+        F.cross_entropy(dp(torch.ones(4, 20)), torch.zeros(4, dtype=torch.long)).backward()
+    except gpurig.CollectiveMismatchError as error:
+        assert "reduce_scatter" in str(error) and "allreduce" in str(error), error
+    else:
+        raise AssertionError("no error")
+
+
 write(R)
