@@ -176,18 +176,19 @@ def _():
     assert [g["lr"] for g in opt.param_groups] == [0.02 * 0.5 ** STEPS, 0.005 * 0.5 ** STEPS]
 
 
-@case("int8_compression_sharded_trains_alike")
-def _():
-    batches = data(STEPS)
+for shard, codec in (("optimizer", "fp16"), ("gradients", "int8")):
+    @case(f"{codec}_compression_{shard}_trains_alike")
+    def _(shard=shard, codec=codec):
+        batches = data(STEPS)
 
-    def sgd(params):  # linear in the gradients: their int8 error shows as it is (Adam would amplify tiny ones)
-        return torch.optim.SGD(params, lr=0.1)
+        def sgd(params):  # linear in the gradients: their codec error shows as it is (Adam would amplify tiny ones)
+            return torch.optim.SGD(params, lr=0.1)
 
-    sharded, _ = parallel(batches, "gradients", make=sgd, compression="int8")
-    plain, _ = parallel(batches, "none", make=sgd)
-    assert_same_everywhere(sharded.module)
-    if P > 1:  # lossy, with error feedback: close to the exact run, not equal
-        assert_close(sharded.module, plain.module, rtol=0.01, atol=1e-3)
+        sharded, _ = parallel(batches, shard, make=sgd, compression=codec)
+        plain, _ = parallel(batches, "none", make=sgd)
+        assert_same_everywhere(sharded.module)
+        if P > 1:  # lossy, with error feedback: close to the exact run, not equal
+            assert_close(sharded.module, plain.module, rtol=0.01, atol=1e-3)
 
 
 @case("nan_on_one_rank_is_skipped_on_every_rank")
