@@ -377,7 +377,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.segments = sharded.segments(group_of)
         for g, group in enumerate(optimizer.param_groups):
             group["params"] = [s.tensor for s in self.segments if s.group == g]
-        self.optim.state.clear()
         sharded.optimizer = self
         self.defaults = optimizer.defaults
         self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
@@ -400,6 +399,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         loss = self.optim.step(closure)
         self.sharded.gather_parameters()
         return loss
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Not possible after wrapping: the shards are cut once; add the group to the optimizer before wrapping it."""
+        raise NotImplementedError("add the parameter group to the optimizer before wrapping it in "
+                                  "ZeroRedundancyOptimizer (its shards are cut once)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the shard's gradients and any the whole parameters accumulated (inside ``no_sync``)."""
