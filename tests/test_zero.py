@@ -106,3 +106,18 @@ def test_predict_shard_bad_input_is_one_line_and_exit_2(args, message):
 
     code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "2 x RTX 3090", *args])
     assert code == 2 and message in err and "Traceback" not in err + out, err
+
+
+@pytest.mark.parametrize("engine,signal", [("mpi", "SIGSTOP")])  # (killed ranks, Gloo: tests/test_resilience.py)
+def test_a_dead_or_stopped_rank_ends_a_sharded_job_naming_it(engine, signal, tmp_path):
+    """A rank killed or stopped mid-step (inside a reduce-scatter or an allgather, wherever it lands) ends the
+    sharded job on every rank within the failure timeout, naming the rank; the last checkpoint stays intact."""
+    from conftest import gpurig
+    from gpurig.train.checkpoints import damaged
+
+    done = gpurig("train", "-n", 2, "--engine", engine, "--shard", "gradients", "--epochs", 2, "--global-batch", 480,
+                  "--no-predict", "--failure-timeout", 3, "--checkpoint-dir", tmp_path,
+                  env={"GPURIG_FAULT": f"rank=1 step=11 signal={signal} delay=0.01"}, timeout=120)
+    assert done.returncode != 0 and "rank 1 on host" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert damaged(tmp_path) == {} and (tmp_path / "checkpoint-epoch1.pt").is_file()
