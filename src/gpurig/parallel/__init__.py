@@ -9,7 +9,7 @@ from gpurig.parallel.numerics import NonFiniteGradientError, NonFiniteGradientWa
 from gpurig.parallel.split_model import ModelParallel, parallelize
 from gpurig.parallel.layer_plan import PlanError, krizhevsky_plan, resolve_plan
 from gpurig.parallel.sharding import BatchSizeWarning, shard, tile_advice
-from gpurig.parallel.zero import ZeroRedundancyOptimizer
+from gpurig.parallel.zero_optimizer import ZeroRedundancyOptimizer
 
 __all__ = ["DataParallel", "ModelMismatchError", "assign_buckets", "BatchSizeWarning", "shard", "tile_advice",
            "ColumnParallelLinear", "RowParallelLinear", "ModelParallel", "parallelize", "PlanError",

@@ -208,7 +208,7 @@ class DataParallel(torch.nn.Module):
 
     ``shard="optimizer"`` (ZeRO stage 1) or ``"gradients"`` (stage 2) reduce-scatters
     each bucket instead, so each rank gets the average of its 1/N shard only, and
-    needs its optimizer wrapped in :class:`~gpurig.parallel.zero.ZeroRedundancyOptimizer`,
+    needs its optimizer wrapped in :class:`~gpurig.parallel.zero_optimizer.ZeroRedundancyOptimizer`,
     which updates that shard with 1/N of the optimizer state and allgathers the
     parameters after each step (:mod:`gpurig.parallel.zero`).
 
