@@ -450,8 +450,8 @@ class DataParallel(torch.nn.Module):
         # The averaged gradients stay in the buckets: each param.grad becomes a view of its
         # bucket (DDP's gradient_as_bucket_view), so there is no copy back and no second copy.
         for bucket in self.buckets:
-            for p, offset in zip(bucket.params, bucket.offsets):
-                if self.zero is None:
+            if self.zero is None:
+                for p, offset in zip(bucket.params, bucket.offsets):
                     p.grad = bucket.flat[offset: offset + p.numel()].view_as(p)
             bucket.ready = 0
             bucket.handle = None

@@ -242,16 +242,15 @@ class ShardedBuckets:
     def all_finite(self, names: dict) -> tuple[bool, tuple[str, str] | None]:
         """Whether every rank's gradient shards are finite (one tiny allreduce); if not, the first bad parameter
         (name, "NaN" or "Inf") found on the lowest rank that has one."""
-        mine = numerics.all_finite(self.grad_shards)
-        flag = torch.tensor([0.0 if mine else 1.0])
+        bad = None
+        if not numerics.all_finite(self.grad_shards):  # None after all: the sums overflowed, the values are finite
+            bad = numerics.first_nonfinite([(names.get(id(p), "?"), s.grad[a - s.start: b - s.start]) for s in
+                                            self.optimizer.segments for p, a, b, in _in_buffer(s)])
+        flag = torch.tensor([0.0 if bad is None else 1.0])
         if self.comm.size > 1:
             self.comm.allreduce(flag, op="sum", name=FINITE)
         if flag.item() == 0.0:
             return True, None
-        bad = None
-        if not mine and self.optimizer is not None:
-            bad = numerics.first_nonfinite([(names.get(id(p), "?"), s.grad[a - s.start: b - s.start]) for s in
-                                            self.optimizer.segments for p, a, b, in _in_buffer(s)])
         found = [json.loads(raw) for raw in self.comm.allgather_bytes(json.dumps(bad).encode())] \
             if self.comm.size > 1 else [bad]
         found = [f for f in found if f]
