@@ -36,6 +36,7 @@ _LAZY = {
     "PlanError": "gpurig.parallel",
     "parameter_bytes": "gpurig.parallel",
     "MixedPrecision": "gpurig.parallel",
+    "ZeroRedundancyOptimizer": "gpurig.parallel",
 }
 
 

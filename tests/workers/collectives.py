@@ -63,6 +63,20 @@ for dtype in DTYPES:
             comm.broadcast(t, root=root)
             assert torch.equal(t, value(root, n, dtype))
 
+    @case(f"reduce_scatter_async_equal_into_out[{dtype}]")
+    def _():  # equal pieces, sum: the engine's own nonblocking reduce-scatter, into the caller's buffer
+        t = value(R, 1000 * P, dtype)
+        out = torch.empty(1000, dtype=dtype)
+        handle = comm.reduce_scatter_async(t, out=out)
+        comm.progress()
+        assert handle.wait() is out and torch.equal(out, torch.tensor_split(total(1000 * P, dtype), P)[R])
+
+    @case(f"reduce_scatter_async_uneven[{dtype}]")
+    def _():
+        t = value(R, 3 * P + 1, dtype)
+        got = comm.reduce_scatter_async(t, name="uneven").wait()
+        assert torch.equal(got, torch.tensor_split(total(3 * P + 1, dtype), P)[R]), got
+
     @case(f"broadcast_async[{dtype}]")
     def _():
         t = value(R, 17, dtype)

@@ -123,16 +123,15 @@ def evaluate(o: Option, bought: dict, request: ChooseRequest, book: PriceBook) -
 
 def fit_fixes(predicted: dict) -> list[str]:
     """What would make an option that does not fit fit: the items of ``predict``'s advice that say they fit
-    (a smaller per-GPU batch, 16-bit activations, sharded optimizer state), else model parallelism or more memory.
+    (a smaller per-GPU batch, 16-bit activations, sharded optimizer state and gradients), else model parallelism or more memory.
 
     >>> fit_fixes(predict(PredictRequest(model="bert-large", cluster="4 x RTX 4070", batch=8, tokens=512,
     ...                                  optimizer="adam")))
-    ['per-GPU batch 6', '--precision bf16', 'sharded optimizer state (ZeRO-1)']
+    ['per-GPU batch 6', '--precision bf16', '--shard optimizer', '--shard gradients']
     """
     if predicted["memory"].get("fits", True):
         return []
-    fixes = [item["what"].replace(" (mixed precision)", "").replace(", torch's ZeroRedundancyOptimizer", "")
-             for item in predicted["advice"] if item.get("fits")]
+    fixes = [item["what"].split(" (")[0] for item in predicted["advice"] if item.get("fits")]
     return fixes or ["model parallelism or a GPU with more memory"]
 
 

@@ -51,6 +51,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--optimizer", default="momentum",
                    help="the update each step runs over the parameters: sgd, momentum (default, SGD with momentum), "
                         "adam or lamb")
+    p.add_argument("--shard", default="none",
+                   help="ZeRO, as gpurig train --shard: none (default), optimizer (the optimizer state split over the "
+                        "GPUs) or gradients (the gradients too); priced as a reduce-scatter under backward and an "
+                        "allgather after the step, the same bytes as the allreduce")
     p.add_argument("--gpus", type=int, default=None, help="predict up to this many GPUs (default: all)")
     p.add_argument("--engine", default="mpi", help="with a profile: whose link measurements (mpi, torch)")
     p.add_argument("--algorithm", default="best", help="allreduce: best (default), ring, tree, hierarchical, naive")
@@ -74,7 +78,8 @@ def request_from(args):
                           tokens=args.tokens, sample=args.sample, parallel=args.parallel,
                           compression=args.compression, precision=args.precision, engine=args.engine,
                           gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency,
-                          optimizer=args.optimizer, pinned=not args.pageable, prefetch=not args.no_prefetch)
+                          optimizer=args.optimizer, shard=args.shard, pinned=not args.pageable,
+                          prefetch=not args.no_prefetch)
 
 
 def run(args) -> int:
@@ -103,7 +108,8 @@ def show(result: dict) -> None:
     console.print(f"[bold]gpurig predict[/]: {result['model']} ({result['parameters'] / 1e6:.1f} M parameters), "
                   f"{result['batch_per_gpu']} samples per GPU, on {result['gpus']} GPU(s) in {result['nodes']} "
                   f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
-                  f"{result['precision']}, compression {result['compression']}")
+                  f"{result['precision']}, compression {result['compression']}"
+                  + (f", --shard {result['shard']}" if result.get("shard", "none") != "none" else ""))
     if result.get("precision_note"):
         console.print(f"precision: {result['precision_note']}")
     columns = [("samples/s", None), ("step", "step_ms"), ("compute", "compute_ms"), ("comm", "comm_ms"),

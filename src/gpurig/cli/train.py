@@ -20,6 +20,7 @@ examples:
   gpurig train --on-nonfinite skip          # skip steps whose averaged gradients hold NaN or Inf
   gpurig train --precision bf16             # automatic mixed precision (fp16: with a loss scaler)
   gpurig train --global-batch 512 --accumulate 4   # 4 micro-batches of 128 per step, one allreduce
+  gpurig train --shard optimizer            # ZeRO: each rank keeps 1/N of the optimizer state (gradients: also 1/N of those)
   gpurig train --model my_pkg.models:build --data my_pkg.data:load   # your own model and data
   gpurig train --logdir runs/tb             # metrics to TensorBoard too (always: runs/train/metrics.jsonl)
 
@@ -70,11 +71,17 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for initial weights and data order")
     p.add_argument("--bucket-mb", type=float, default=None,
                    help="gradient bucket size in MB (default 25; 4 when gradients are compressed)")
-    p.add_argument("--compression", default="auto",
-                   help="gradient compression: auto (default: measure the first steps, then per bucket compress "
+    p.add_argument("--compression", default=None,
+                   help="gradient compression: auto (default without --shard: measure the first steps, then per bucket compress "
                         "only where the network is the bottleneck, with fp16, int8 or powersgd; auto:fp16,int8 to "
                         "choose among those only), none, fp16, bf16, int8, int8-dynamic (8 bits: 4x fewer bytes), "
-                        "powersgd or powersgd:R (rank-R factors, default 4); all with error feedback")
+                        "powersgd or powersgd:R (rank-R factors, default 4); all with error feedback; "
+                        "with --shard: none (its default), fp16, bf16, int8 or int8-dynamic")
+    p.add_argument("--shard", default="none",
+                   help="ZeRO: none (default), optimizer (stage 1: gradients reduce-scattered, each rank updates "
+                        "its 1/N of the parameters with its 1/N of the optimizer state, parameters allgathered) or "
+                        "gradients (stage 2: each rank also keeps only its 1/N of the averaged gradients); "
+                        "the same updates and bytes on the wire as unsharded; checkpoints hold the whole state")
     p.add_argument("--parallel", default="data",
                    help="data (default: each rank its part of the batch, gradients averaged), model (the fully "
                         "connected layers split over the ranks, column then row, every rank the whole batch) or "
@@ -114,7 +121,8 @@ def _config(args):
     return TrainConfig(model=args.model, data=args.data, epochs=args.epochs, global_batch=args.global_batch,
                        lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
-                       compression=args.compression, parallel=args.parallel, predict=args.predict,
+                       compression=args.compression or ("auto" if args.shard == "none" else "none"),
+                       shard=args.shard, parallel=args.parallel, predict=args.predict,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
                        precision=args.precision, accumulate=args.accumulate, logdir=args.logdir,
@@ -183,7 +191,8 @@ class _TrainView:
             held = ", ".join(f"{b / 2**20:.1f}" for b in event["parameter_bytes_per_rank"])
             self.console.print(
                 f"[bold]gpurig train[/]: {event['model']} ({_count(event['parameters'])} parameters), "
-                f"{event['ranks']} ranks over {event['engine']}, {event['parallel']} parallel, global batch "
+                f"{event['ranks']} ranks over {event['engine']}, {event['parallel']} parallel"
+                f"{_shard_words(event.get('shard', 'none'))}, global batch "
                 f"{event['global_batch']} ({per_rank} per rank), epochs {event['first_epoch'] + 1}..{event['epochs']}\n"
                 f"parameters held per rank: {held} MB (whole model {event['parameter_bytes_whole'] / 2**20:.1f} MB)")
             self.progress.start()
@@ -231,6 +240,9 @@ class _TrainView:
             table.add_row(*(values.get(k, "") for k, _ in self.COLUMNS))
         self.console.print(table)
         self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")
+        if done.get("shard", "none") != "none":
+            held = ", ".join(f"{b / 2**20:.2f}" for b in done["optimizer_state_bytes_per_rank"])
+            self.console.print(f"optimizer state held per rank (--shard {done['shard']}): {held} MB")
         chose = choice_line(done)
         if chose:
             self.console.print(chose)
@@ -239,6 +251,16 @@ class _TrainView:
                                f"({predicted['profile']}), compression {predicted['compression']}")
         elif predicted:
             self.console.print(f"no prediction: {predicted['error']}")
+
+
+def _shard_words(shard: str) -> str:
+    """How the start line says ``--shard``.
+
+    >>> _shard_words("gradients"), _shard_words("none")
+    (' (ZeRO: optimizer state and gradients sharded)', '')
+    """
+    return {"optimizer": " (ZeRO: optimizer state sharded)",
+            "gradients": " (ZeRO: optimizer state and gradients sharded)"}.get(shard, "")
 
 
 def _count(n: int) -> str:

@@ -451,11 +451,19 @@ class Communicator:
         """
         return self._reduce_scatter(tensor, op, blocking=True, name=name)
 
-    def reduce_scatter_async(self, tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> Handle:
-        """Start :meth:`reduce_scatter`."""
-        return self._reduce_scatter(tensor, op, blocking=False, name=name)
+    def reduce_scatter_async(self, tensor: torch.Tensor, op: str = "sum", name: str | None = None,
+                             out: torch.Tensor | None = None) -> Handle:
+        """Start :meth:`reduce_scatter`; ``out`` (this rank's piece) may receive it. With equal pieces, ``op="sum"``
+        and an engine that has it, the engine's own nonblocking reduce-scatter runs (``MPI_Ireduce_scatter_block``,
+        Gloo's or NCCL's ``async_op``); otherwise the background thread runs the blocking one.
 
-    def _reduce_scatter(self, tensor, op, blocking, name=None):
+        >>> handle = comm.reduce_scatter_async(torch.ones(4), out=torch.empty(2))   # doctest: +SKIP
+        >>> handle.wait()                                                          # doctest: +SKIP
+        tensor([2., 2.])
+        """
+        return self._reduce_scatter(tensor, op, blocking=False, name=name, out=out)
+
+    def _reduce_scatter(self, tensor, op, blocking, name=None, out=None):
         self._check(tensor, "reduce_scatter")
         if op not in OPS:
             raise ValueError(f"reduce_scatter op must be one of {OPS}, got {op!r}")
@@ -463,18 +471,29 @@ class Communicator:
             raise ValueError("reduce_scatter needs a tensor with at least one dimension")
         if op == "average" and not tensor.is_floating_point():
             raise TypeError(f"average needs a floating-point tensor, got {tensor.dtype}; use op='sum'")
+        rows = split_sizes(tensor.shape[0], self.size)
+        if out is not None and (out.numel() != rows[self.rank] * math.prod(tensor.shape[1:]) or out.dtype != tensor.dtype):
+            raise ValueError(f"reduce_scatter out {tuple(out.shape)} {out.dtype} does not hold this rank's "
+                             f"{rows[self.rank]} rows of {tuple(tensor.shape)} {tensor.dtype}")
 
         def work():
-            rows = split_sizes(tensor.shape[0], self.size)
             row = math.prod(tensor.shape[1:])
             flat = self._to_engine(tensor.reshape(-1).contiguous())
-            out = self.engine.reduce_scatter_sum(flat, [r * row for r in rows])
+            piece = self.engine.reduce_scatter_sum(flat, [r * row for r in rows])
             if op == "average":
-                out.div_(self.size)
-            return out.to(tensor.device).view(rows[self.rank], *tensor.shape[1:])
+                piece.div_(self.size)
+            piece = piece.to(tensor.device).view(rows[self.rank], *tensor.shape[1:])
+            return piece if out is None else out.copy_(piece.view(out.shape))
+
+        def start():
+            flat = tensor.reshape(-1).contiguous()
+            target = out if out is not None else flat.new_empty(rows[self.rank], *tensor.shape[1:])
+            return target, self.engine.start_reduce_scatter(flat, target.view(-1))
 
         signature = Signature.of("reduce_scatter", tensor, name, op)
-        return self._run(lambda: self._guarded(signature, tensor.nbytes, work), blocking)
+        can_start = (not blocking and op == "sum" and len(set(rows)) == 1 and tensor.numel() > 0
+                     and self._can_start(tensor, *([] if out is None else [out]), begins="start_reduce_scatter"))
+        return self._begin(signature, tensor.nbytes, work, start if can_start else None, blocking)
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0, name: str | None = None) -> torch.Tensor:
         """Overwrite ``tensor`` on every rank with rank ``root``'s, in place; returns it.

@@ -185,6 +185,11 @@ class MPIEngine:
         """Begin :meth:`alltoall` into ``out`` without waiting; MPI moves it whenever this rank calls MPI."""
         return Request(self.comm.Ialltoall(self._buf(tensor), self._buf(out)), tensor, out)
 
+    def start_reduce_scatter(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
+        """Begin a reduce-scatter (sum) of equal pieces into ``out`` (this rank's piece) without waiting."""
+        return Request(self.comm.Ireduce_scatter_block(self._buf(tensor), self._buf(out), op=self._sum_op(tensor.dtype)),
+                       tensor, out)
+
     def start_allgather(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
         """Begin an allgather of equal pieces into ``out`` without waiting."""
         return Request(self.comm.Iallgather(self._buf(tensor), self._buf(out)), tensor, out)

@@ -106,6 +106,10 @@ class TorchEngine:
         """Begin :meth:`alltoall` into ``out``; returns the backend's ``Work`` (Gloo moves it on its own threads)."""
         return dist.all_to_all_single(out, tensor, async_op=True)
 
+    def start_reduce_scatter(self, tensor: torch.Tensor, out: torch.Tensor):
+        """Begin a reduce-scatter (sum) of equal pieces into ``out`` (this rank's piece); returns the backend's ``Work``."""
+        return _reduce_scatter(out, tensor, async_op=True)
+
     def start_allgather(self, tensor: torch.Tensor, out: torch.Tensor):
         """Begin an allgather of equal pieces into ``out``; returns the backend's ``Work``."""
         return _all_gather(out, tensor, async_op=True)

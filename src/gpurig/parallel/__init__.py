@@ -1,5 +1,5 @@
 """Parallel training: data parallelism (buckets, overlap, averaging), batch sharding, model and hybrid parallelism,
-mixed precision whose skipped steps the ranks agree on."""
+mixed precision whose skipped steps the ranks agree on, sharded optimizer state and gradients (ZeRO)."""
 
 from gpurig.parallel.data_parallel import DataParallel, ModelMismatchError, assign_buckets
 from gpurig.parallel.memory import optimizer_state_bytes, parameter_bytes
@@ -9,8 +9,9 @@ from gpurig.parallel.numerics import NonFiniteGradientError, NonFiniteGradientWa
 from gpurig.parallel.split_model import ModelParallel, parallelize
 from gpurig.parallel.layer_plan import PlanError, krizhevsky_plan, resolve_plan
 from gpurig.parallel.sharding import BatchSizeWarning, shard, tile_advice
+from gpurig.parallel.zero_optimizer import ZeroRedundancyOptimizer
 
 __all__ = ["DataParallel", "ModelMismatchError", "assign_buckets", "BatchSizeWarning", "shard", "tile_advice",
            "ColumnParallelLinear", "RowParallelLinear", "ModelParallel", "parallelize", "PlanError",
            "krizhevsky_plan", "resolve_plan", "parameter_bytes", "optimizer_state_bytes",
-           "NonFiniteGradientError", "NonFiniteGradientWarning", "MixedPrecision"]
+           "NonFiniteGradientError", "NonFiniteGradientWarning", "MixedPrecision", "ZeroRedundancyOptimizer"]

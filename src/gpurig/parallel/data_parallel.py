@@ -24,7 +24,7 @@ import torch
 
 from gpurig import comm as comm_mod
 from gpurig.comm.signature import Signature
-from gpurig.parallel import auto, codecs, numerics, powersgd
+from gpurig.parallel import auto, codecs, numerics, powersgd, zero
 from gpurig.parallel.compression import (POWERSGD, CompressedAverage, FeedbackState, begin_average, collectives,
                                          padded_bucket_length, parse_method, switch_method, timed_average,
                                          wire_bytes)
@@ -206,6 +206,12 @@ class DataParallel(torch.nn.Module):
     looks again every few hundred steps (:mod:`gpurig.parallel.auto`);
     ``"auto:fp16,int8"`` picks among those methods (and none) only.
 
+    ``shard="optimizer"`` (ZeRO stage 1) or ``"gradients"`` (stage 2) reduce-scatters
+    each bucket instead, so each rank gets the average of its 1/N shard only, and
+    needs its optimizer wrapped in :class:`~gpurig.parallel.zero_optimizer.ZeroRedundancyOptimizer`,
+    which updates that shard with 1/N of the optimizer state and allgathers the
+    parameters after each step (:mod:`gpurig.parallel.zero`).
+
     ``nonfinite`` is what a NaN or Inf in the averaged gradients does
     (:mod:`gpurig.parallel.numerics`): ``"stop"`` (default) raises
     :class:`NonFiniteGradientError` from ``backward()`` naming the parameter;
@@ -215,7 +221,7 @@ class DataParallel(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
                  bucket_cap_mb: float | None = None, broadcast_buffers: bool = True,
-                 compression: str = "none", nonfinite: str = "stop"):
+                 compression: str = "none", nonfinite: str = "stop", shard: str = "none"):
         super().__init__()
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
@@ -224,6 +230,7 @@ class DataParallel(torch.nn.Module):
         self._candidates = auto.parse(compression)  # ValueError naming the choices
         if self._candidates is None:
             parse_method(compression)  # ValueError naming the choices
+        self.shard = zero.check_shard(shard, compression)  # ValueError naming what cannot be sharded
         self.compression = compression
         self.auto = self._candidates is not None
         self.auto_choice: dict | None = None
@@ -254,6 +261,8 @@ class DataParallel(torch.nn.Module):
             raise ValueError(f"compression {compression!r} needs float32 parameters")
         self._bucket_cap_mb = bucket_cap_mb
         self._build_buckets()
+        # ZeRO: reduce-scatter, this rank's shard of the gradients, parameters allgathered after the step
+        self.zero = zero.ShardedBuckets(self.buckets, self.comm, self.shard, self.stats) if self.shard != "none" else None
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
 
     @property
@@ -314,7 +323,7 @@ class DataParallel(torch.nn.Module):
             self._sync = previous
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        if not self._sync or self.comm.size == 1:
+        if not self._sync or (self.comm.size == 1 and self.zero is None):
             return
         if not self._finalize_queued:
             self._finalize_queued = True
@@ -359,7 +368,12 @@ class DataParallel(torch.nn.Module):
         # Uncompressed, dividing by the rank count while copying in saves a pass (DDP does the same).
         index = self._next_bucket
         if index == 0:  # one check of the whole step's collectives against the other ranks' (gpurig.comm.guard)
-            self.comm.expect(self._signatures())
+            self.comm.expect(self._signatures() if self.zero is None
+                             else self.zero.signatures(self.methods, check_finite=self.nonfinite != "ignore"))
+        if self.zero is not None:
+            self.zero.launch(bucket, index, inline=bucket.method == "none" and self._inline(index))
+            self._next_bucket += 1
+            return
         plain = bucket.method == "none"
         scale = 1.0 / self.comm.size if plain else 1.0
         with torch.no_grad():
@@ -431,11 +445,14 @@ class DataParallel(torch.nn.Module):
             raise
         waited = time.perf_counter() - start + self._inline_s
         self._inline_s = 0.0
+        if self.zero is not None:  # this rank's shard of the average goes to the optimizer's segments
+            self.zero.finish()
         # The averaged gradients stay in the buckets: each param.grad becomes a view of its
         # bucket (DDP's gradient_as_bucket_view), so there is no copy back and no second copy.
         for bucket in self.buckets:
-            for p, offset in zip(bucket.params, bucket.offsets):
-                p.grad = bucket.flat[offset: offset + p.numel()].view_as(p)
+            if self.zero is None:
+                for p, offset in zip(bucket.params, bucket.offsets):
+                    p.grad = bucket.flat[offset: offset + p.numel()].view_as(p)
             bucket.ready = 0
             bucket.handle = None
         self._next_bucket = 0
@@ -458,10 +475,15 @@ class DataParallel(torch.nn.Module):
     # -- the numerical guard ---------------------------------------------------
     def _guard_numerics(self) -> None:
         """One sum per bucket; on NaN or Inf, stop (raise) or skip (drop the gradients), naming the parameter."""
-        self.finite = numerics.all_finite([b.flat[: b.numel] for b in self.buckets])
+        if self.zero is not None:  # each rank holds its shard: they agree with one tiny allreduce
+            self.finite, bad = self.zero.all_finite(self._names)
+            bad = bad or ("a parameter", "NaN or Inf")
+        else:
+            self.finite = numerics.all_finite([b.flat[: b.numel] for b in self.buckets])
+            bad = None if self.finite else \
+                numerics.first_nonfinite([(self._names.get(id(p), "?"), p.grad) for p in self._params])
         if self.finite:
             return
-        bad = numerics.first_nonfinite([(self._names.get(id(p), "?"), p.grad) for p in self._params])
         if bad is None:  # the sums overflowed, the values are finite
             self.finite = True
             return
@@ -473,6 +495,8 @@ class DataParallel(torch.nn.Module):
                 step=self.stats.steps, parameter=name, kind=what)
         for p in self._params:  # no gradient, no update: any torch optimizer's step() leaves the weights alone
             p.grad = None
+        if self.zero is not None:
+            self.zero.drop_gradients()
         self.drop_nonfinite_feedback()
         self.stats.skipped_steps += 1
         warnings.warn(f"{text}; step skipped", numerics.NonFiniteGradientWarning, stacklevel=2)

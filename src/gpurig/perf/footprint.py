@@ -8,6 +8,10 @@ PyTorch's allocator, so outside ``torch.cuda.max_memory_allocated``):
 - under mixed precision, the weights' 16-bit copies that autocast keeps for the step;
 - with several ranks, the gradient buckets DataParallel (and DDP) average: one
   more gradient copy;
+- with ``shard`` (ZeRO, ``gpurig train --shard``): the optimizer's state for 1/N
+  of the parameters; with ``"gradients"`` (stage 2) also only 1/N of the
+  gradients, plus the one bucket in flight (its full buffer lives from its
+  launch until its reduce-scatter ends) instead of a second whole copy;
 - the activations backward needs: the tensors autograd saved in forward, counted
   as the model was described (:class:`gpurig.models.trace.SavedActivations`), plus
   the largest of them once more, for its gradient while backward starts; half the
@@ -38,21 +42,26 @@ FRAGMENTATION = 0.05
 CONTEXT_BYTES = 0.5 * 2**30
 
 
-def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard_optimizer: bool = False) -> dict[str, int]:
+BUCKET_BYTES = 25 * 2**20  # DataParallel's (and DDP's) gradient bucket
+
+
+def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "none") -> dict[str, int]:
     """Bytes one rank holds for a training step of ``spec`` (a described model at its batch), by kind.
 
-    ``shard_optimizer``: each of the ``ranks`` keeps its share of the optimizer state (ZeRO stage 1, PyTorch's
-    ``ZeroRedundancyOptimizer``); the weights and gradients stay whole on every rank.
+    ``shard``: ``"optimizer"``, each of the ``ranks`` keeps its share of the optimizer state (ZeRO stage 1,
+    PyTorch's ``ZeroRedundancyOptimizer``); ``"gradients"``, of the gradients too (stage 2).
 
     >>> from gpurig.models import model_spec
     >>> bert = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", mixed=True, ranks=8)
     >>> round(bert["optimizer"] / bert["weights"]), bert["amp_copies"] * 2 == bert["weights"]
     (2, True)
-    >>> sharded = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", True, 8, shard_optimizer=True)
-    >>> sharded["optimizer"] * 8 == bert["optimizer"]
-    True
+    >>> zero2 = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", True, 8, shard="gradients")
+    >>> round(zero2["optimizer"] / bert["optimizer"], 3), round(zero2["gradients"] / bert["gradients"], 3)
+    (0.125, 0.125)
     """
     params = spec.parameters
+    shards = ranks if shard != "none" else 1
+    stage2 = shard == "gradients" and ranks > 1
     if spec.saved_bytes:
         activations = (spec.saved_bytes + spec.largest_saved_bytes) / DTYPE_BYTES
     else:
@@ -61,10 +70,10 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard_optimizer: 
         activations += sum(layer.output_elements for layer in spec.layers if layer.kind == "embedding")
     return {
         "weights": params * DTYPE_BYTES,
-        "gradients": params * DTYPE_BYTES,
-        "optimizer": params * DTYPE_BYTES * OPTIMIZER_STATES[optimizer] // (ranks if shard_optimizer else 1),
+        "gradients": math.ceil(params / ranks) * DTYPE_BYTES if stage2 else params * DTYPE_BYTES,
+        "optimizer": math.ceil(params / shards) * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
         "amp_copies": params * 2 if mixed else 0,
-        "buckets": params * DTYPE_BYTES if ranks > 1 else 0,
+        "buckets": (min(params * DTYPE_BYTES, BUCKET_BYTES) if stage2 else params * DTYPE_BYTES) if ranks > 1 else 0,
         "activations": round(activations * (2 if mixed else DTYPE_BYTES)),
     }
 

@@ -201,6 +201,7 @@ class DataParallelSetup:
     posted_s: float = 0.0              # what posting a bucket under backward costs it (bench: overlap)
     bucket_seconds: tuple[float, ...] = ()  # per bucket, its measured averaging time, replacing the models
     optimizer: str = "momentum"
+    shard: str = "none"                # ZeRO (gpurig train --shard): the update on 1/N, reduce-scatter + allgather
     input_bytes: float = 0.0           # one rank's batch, as it crosses PCIe
     host_to_device_bytes_per_s: float | None = None
     load_seconds: float = 0.0          # reading one rank's batch from storage
@@ -390,7 +391,8 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
     forward = sum(f for f, _ in per_layer)
     backward = sum(b for _, b in per_layer)
     params = sum(layer.params for layer in layers)
-    optimizer = device.optimizer_seconds(setup.optimizer, params)
+    sharded = setup.shard != "none" and setup.ranks > 1
+    optimizer = device.optimizer_seconds(setup.optimizer, math.ceil(params / setup.ranks) if sharded else params)
 
     buckets: list[dict] = []
     comm_total = exposed = codec = 0.0
@@ -421,8 +423,13 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
             buckets.append({"values": values, "wire_bytes": nbytes, "algorithm": algorithm, "seconds": seconds,
                             "lead_s": leads[b], "codec_s": codec_b})
         comm_total, codec = sum(transfers), sum(codecs)
-        exposed, stretch = overlap.timeline(leads, transfers, codecs, codec_on_cores=not device.is_gpu,
+        # Sharded, a bucket's ring allreduce becomes its two halves, the same bytes: the reduce-scatter under
+        # backward, the parameters' allgather after the step, where nothing hides it.
+        gathered = sum(transfers) / 2 if sharded else 0.0
+        under_backward = [t / 2 for t in transfers] if sharded else transfers
+        exposed, stretch = overlap.timeline(leads, under_backward, codecs, codec_on_cores=not device.is_gpu,
                                             slowdown=setup.compute_slowdown, posted_s=setup.posted_s)
+        exposed += gathered
         backward += stretch
         if not device.is_gpu:
             exposed -= codec  # codec arithmetic on the cores is compute time, reported with backward

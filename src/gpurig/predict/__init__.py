@@ -51,6 +51,7 @@ def predict(request: PredictRequest) -> dict:
         "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
+        "shard": request.shard,
         "precision_note": precision_on(hardware.gpu, request.precision).note if hardware.gpu is not None else "",
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck(),
@@ -111,14 +112,14 @@ def split_of(step: StepPrediction) -> dict:
 
 
 def predicted_split(model: str, profile_path: str, ranks: int, per_rank_batch: int, compression: str,
-                    parallel: str, engine: str) -> dict:
+                    parallel: str, engine: str, shard: str = "none") -> dict:
     """What ``gpurig train`` prints next to its measured split: the predicted step for the same configuration.
 
     >>> predicted_split("mlp", "runs/train/profile.json", 2, 64, "int8", "data", "mpi")["step_ms"]   # doctest: +SKIP
     36.2
     """
     request = PredictRequest(model=f"mnist-{model}", cluster=profile_path, batch=per_rank_batch, gpus=ranks,
-                             compression=compression, parallel=parallel, engine=engine)
+                             compression=compression, parallel=parallel, engine=engine, shard=shard)
     return predict(request)["step"]
 
 

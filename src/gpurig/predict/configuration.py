@@ -98,7 +98,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     setup = DataParallelSetup(
         ranks=ranks, topology=topology, algorithm=request.algorithm, bucket_of_tensor=bucket_of,
         bucket_payload_bytes=tuple(payload), bucket_codec_s=tuple(codec_s),
-        collectives_per_bucket=collectives, optimizer=request.optimizer,
+        collectives_per_bucket=collectives, optimizer=request.optimizer, shard=request.shard,
         compute_slowdown=hardware.compute_slowdown, posted_s=hardware.posted_s, bucket_seconds=chain or (),
         input_bytes=input_bytes if device.is_gpu else 0.0,
         host_to_device_bytes_per_s=hardware.host_to_device_bytes_per_s if device.is_gpu else None,

@@ -10,7 +10,7 @@ from gpurig.predict.hardware import Hardware
 from gpurig.predict.request import PredictRequest
 
 
-def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int, shard_optimizer: bool = False) -> dict:
+def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dict:
     """What one GPU holds for the step (:mod:`gpurig.perf.footprint`), whether it fits, the largest batch that does.
 
     >>> from gpurig.predict import predict
@@ -19,7 +19,7 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int, shard_
     (False, True)
     """
     parts = step_memory(spec, request.optimizer, request.precision in MIXED, ranks if request.parallel == "data" else 1,
-                        shard_optimizer=shard_optimizer)
+                        shard=request.shard)
     total = sum(parts.values())
     gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
@@ -39,7 +39,7 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
     >>> advice = predict(PredictRequest(model="bert-large", cluster="4 x RTX 4070", batch=8, tokens=512,
     ...                                 optimizer="adam"))["advice"]
     >>> [(item["what"].split(" (")[0], item["fits"]) for item in advice if "fits" in item]
-    [('per-GPU batch 6', True), ('--precision bf16', True), ('sharded optimizer state', True)]
+    [('per-GPU batch 6', True), ('--precision bf16', True), ('--shard optimizer', True), ('--shard gradients', True)]
     """
     if needed.get("fits", True):
         return []
@@ -54,12 +54,15 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
         items.append({"what": f"--precision {sixteen} (mixed precision)", "why": f"16-bit activations: "
                       f"{mixed['total_gb']:.1f} GB, largest batch {mixed['largest_batch']}",
                       "samples_per_s_gain": None, "fits": mixed["fits"]})
-    if ranks > 1 and request.parallel == "data" and OPTIMIZER_STATES[request.optimizer]:
-        sharded = memory(spec, request, hardware, ranks, shard_optimizer=True)
-        items.append({"what": "sharded optimizer state (ZeRO-1, torch's ZeroRedundancyOptimizer)",
-                      "why": f"each of the {ranks} GPUs keeps 1/{ranks} of the {request.optimizer} state: "
-                             f"{sharded['total_gb']:.1f} GB, largest batch {sharded['largest_batch']}",
-                      "samples_per_s_gain": None, "fits": sharded["fits"]})
+    if ranks > 1 and request.parallel == "data" and request.shard != "gradients":
+        for shard, what in (("optimizer", "optimizer state"), ("gradients", "optimizer state and gradients")):
+            if shard == request.shard or (shard == "optimizer" and not OPTIMIZER_STATES[request.optimizer]):
+                continue
+            sharded = memory(spec, replace(request, shard=shard), hardware, ranks)
+            items.append({"what": f"--shard {shard} (ZeRO: {what} split over the {ranks} GPUs)",
+                          "why": f"{sharded['total_gb']:.1f} GB per GPU, largest batch {sharded['largest_batch']}; "
+                                 "the same bytes on the wire (a reduce-scatter and an allgather instead of the "
+                                 "allreduce)", "samples_per_s_gain": None, "fits": sharded["fits"]})
     if not items:
         items.append({"what": "model parallelism or a GPU with more memory", "why": why, "samples_per_s_gain": None})
     return items

@@ -36,6 +36,7 @@ class PredictRequest:
     algorithm: str = "best"
     bucket_mb: float | None = None
     optimizer: str = "momentum"
+    shard: str = "none"              # ZeRO: none, optimizer (stage 1), gradients (stage 2)
     prefetch: bool = True
     pinned: bool = True
     network_efficiency: float | None = None  # of the network's data rate; default by kind (docs/predict.md)
@@ -64,6 +65,16 @@ def check(request: PredictRequest) -> None:
         parse_method(request.compression)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    from gpurig.parallel.zero import SHARD_MODES, check_shard
+
+    if request.shard not in SHARD_MODES:
+        raise UsageError(f"--shard must be one of {', '.join(SHARD_MODES)}, got {request.shard!r}")
+    if request.shard != "none" and request.parallel != "data":
+        raise UsageError(f"--shard {request.shard} shards data parallelism's optimizer state: use --parallel data")
+    try:
+        check_shard(request.shard, request.compression)
+    except ValueError as error:
+        raise UsageError(f"--shard {request.shard}: {error}") from None
     if request.batch is not None and request.batch < 1:
         raise UsageError(f"--batch must be at least 1 per GPU, got {request.batch}")
     if request.gpus is not None and request.gpus < 1:

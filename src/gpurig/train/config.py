@@ -35,6 +35,7 @@ class TrainConfig:
     mpi_args: str = ""
     bucket_mb: float | None = None
     compression: str = "auto"
+    shard: str = "none"
     parallel: str = "data"
     checkpoint_dir: str = "runs/train"
     resume: bool = False
@@ -112,6 +113,7 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     if config.resume and not checkpoints.saved_epochs(config.checkpoint_dir):
         raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
     _validate_parallel(config, nprocs)
+    _validate_shard(config)
     _validate_reliability(config)
     _validate_step(config, nprocs)
 
@@ -203,6 +205,26 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
         resolve_plan(model, krizhevsky_plan(model), nprocs, hybrid=config.parallel == "hybrid")
     except PlanError as error:
         raise UsageError(f"--parallel {config.parallel}: {error}") from None
+
+
+def _validate_shard(config: TrainConfig) -> None:
+    """``--shard``: a known stage, data parallelism, and a compression that reduce-scatters.
+
+    >>> _validate_shard(TrainConfig(shard="gradients", compression="powersgd"))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --shard gradients: compression 'powersgd' cannot be sharded (its low-rank factors do not cut into shards): use none, fp16, bf16, int8 or int8-dynamic
+    """
+    from gpurig.parallel.zero import SHARD_MODES, check_shard
+
+    if config.shard not in SHARD_MODES:
+        raise UsageError(f"unknown --shard {config.shard!r}; choose one of: {', '.join(SHARD_MODES)}")
+    if config.shard != "none" and config.parallel != "data":
+        raise UsageError(f"--shard {config.shard} shards data parallelism's optimizer state: use --parallel data")
+    try:
+        check_shard(config.shard, config.compression)
+    except ValueError as error:
+        raise UsageError(f"--shard {config.shard}: {error}") from None
 
 
 def _validate_reliability(config: TrainConfig) -> None:

@@ -21,7 +21,8 @@ from gpurig import comm as comm_mod
 from gpurig.launch import standby
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
-from gpurig.parallel import DataParallel, NonFiniteGradientError, optimizer_state_bytes, parameter_bytes, shard
+from gpurig.parallel import (DataParallel, NonFiniteGradientError, ZeroRedundancyOptimizer, optimizer_state_bytes,
+                             parameter_bytes, shard)
 from gpurig.parallel.mixed_precision import MixedPrecision
 from gpurig.train import checkpoints
 from gpurig.train import data as datasets
@@ -61,6 +62,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
     dp = wrapped if isinstance(wrapped, DataParallel) else wrapped.data_parallel
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=config.lr, momentum=config.momentum)
+    if config.shard != "none":  # ZeRO: this rank's 1/N of the momentum; state_dict() gathers it whole
+        optimizer = ZeroRedundancyOptimizer(optimizer, dp)
     mixed = MixedPrecision(config.precision, comm, nonfinite=config.on_nonfinite,
                            check_finite=config.parallel != "data")  # split layers: no DataParallel guards them
     if config.resume:
@@ -80,7 +83,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     batches = shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed, split=config.parallel != "model")
     events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model, compression=config.compression,
-                parallel=config.parallel, parameters=parameters, parameter_bytes_whole=whole_bytes,
+                parallel=config.parallel, shard=config.shard, parameters=parameters, parameter_bytes_whole=whole_bytes,
                 parameter_bytes_per_rank=bytes_per_rank(comm, parameter_bytes(wrapped)),
                 epochs=config.epochs, first_epoch=start_epoch, steps_per_epoch=len(batches),
                 global_batch=config.global_batch, precision=config.precision, accumulate=config.accumulate)
@@ -152,6 +155,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     summary = {
         "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
         "engine": comm.engine_name, "parallel": config.parallel, "compression": config.compression,
+        "shard": config.shard,
         "compression_choice": dp.auto_choice if dp is not None else None,
         "bytes_sent_per_step": stats.bytes_sent // max(stats.steps, 1),
         "global_batch": config.global_batch,
