@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -157,6 +158,7 @@ class SavedActivations:
     """The tensors autograd keeps from a forward pass for backward, other than the weights: what a training step
     holds at the end of forward. ``with SavedActivations(model) as saved: model(x)``, then ``saved.total_bytes``.
 
+    Counted when the block ends, of the tensors still held then (keep the output referenced inside the block).
     Each storage counts once (a view saved twice, or saved by two operators, is one tensor); the
     model's parameters and buffers, and their views (a transposed weight), are not activations.
     ``F.scaled_dot_product_attention`` keeps what a fused (flash) kernel keeps: Q, K, V, its output
@@ -172,14 +174,16 @@ class SavedActivations:
 
     def __init__(self, model: nn.Module):
         self._weights = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
-        self._storages: dict[int, int] = {}
+        # weak references: a tensor autograd let go of before forward ended is not held, and its storage's
+        # address may be reused by a later one (keyed by address alone, the count depended on the allocator)
+        self._saved: list[tuple[weakref.ref, int]] = []
         self._fused = 0
         self._exits = contextlib.ExitStack()
+        self.total_bytes = self.largest_bytes = 0
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if not self._fused and storage._cdata not in self._weights:
-            self._storages[storage._cdata] = storage.nbytes()
+        if not self._fused:
+            self._saved.append((weakref.ref(tensor), 0))
         return tensor
 
     def _attention(self, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
@@ -187,8 +191,8 @@ class SavedActivations:
         if not out.requires_grad:
             return
         for tensor in (q, k, v, out):
-            self._storages[tensor.untyped_storage()._cdata] = tensor.untyped_storage().nbytes()
-        self._storages[id(out)] = out.numel() // out.shape[-1] * 4     # the row-wise log-sum-exp, in float32
+            self._saved.append((weakref.ref(tensor), 0))
+        self._saved.append((weakref.ref(out), out.numel() // out.shape[-1] * 4))   # the row-wise log-sum-exp, float32
 
     def __enter__(self) -> SavedActivations:
         self._exits.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
@@ -197,16 +201,21 @@ class SavedActivations:
 
     def __exit__(self, *exc) -> None:
         self._exits.close()
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self._storages.values())
-
-    @property
-    def largest_bytes(self) -> int:
-        return max(self._storages.values(), default=0)
-
-
+        storages: dict[int, int] = {}
+        extra = []
+        for ref, nbytes in self._saved:
+            tensor = ref()
+            if tensor is None:
+                continue
+            if nbytes:
+                extra.append(nbytes)
+                continue
+            storage = tensor.untyped_storage()
+            if storage._cdata not in self._weights:
+                storages[storage._cdata] = storage.nbytes()
+        sizes = list(storages.values()) + extra
+        self.total_bytes, self.largest_bytes = sum(sizes), max(sizes, default=0)
+        self._saved.clear()
 class _FusedAttention(TorchFunctionMode):
     """Counts a fused attention call's saved tensors as the fused kernel keeps them (:class:`SavedActivations`)."""
 
