@@ -67,7 +67,7 @@ def test_pytorchs_default_fp32_runs_convolutions_in_tf32_on_ampere():
 
 def test_each_architecture_scales_its_own_tensor_cores_and_nothing_else():
     halved = machine.GpuEfficiency(architecture=(("Hopper", 0.5),))
-    plain = machine.GpuEfficiency()
+    plain = machine.GpuEfficiency(architecture=())
     h100, a100 = catalog.gpu("H100"), catalog.gpu("A100")
     assert machine.gpu_device(h100, "bf16", halved).gemm.flops_per_s == pytest.approx(
         0.5 * machine.gpu_device(h100, "bf16", plain).gemm.flops_per_s)
