@@ -195,9 +195,14 @@ def log_error(case: Case, efficiency: GpuEfficiency) -> float:
 
 
 def parameters(cases: list[Case]) -> list[str]:
-    """The constants a fit to ``cases`` moves: :data:`FIELDS`, and a tensor-core factor per architecture among
-    the cases' GPUs other than Ampere's (the reference ``tensor_gemm`` itself; Ampere has the most rows)."""
-    architectures = sorted({catalog.gpu(c.gpu).architecture for c in cases} - {REFERENCE_ARCHITECTURE})
+    """The constants a fit to ``cases`` moves: :data:`FIELDS`, and a tensor-core factor per architecture of which
+    the cases hold two GPUs or more, other than Ampere (the reference ``tensor_gemm`` itself; it has the most rows).
+    One GPU's rows would make its architecture's factor that GPU's, for every card of the generation (Lambda's
+    first B200 numbers would price an RTX 5090), and no fold could test it."""
+    gpus = defaultdict(set)
+    for c in cases:
+        gpus[catalog.gpu(c.gpu).architecture].add(c.gpu)
+    architectures = sorted(a for a, names in gpus.items() if len(names) >= 2 and a != REFERENCE_ARCHITECTURE)
     return list(FIELDS) + [ARCHITECTURE + a for a in architectures]
 
 

@@ -35,11 +35,11 @@ class GpuEfficiency:
     """
 
     tensor_gemm: float = 0.5625     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
-    cuda_gemm: float = 0.7907       # of the FP32 CUDA-core peak, on large GEMMs
+    cuda_gemm: float = 0.779        # of the FP32 CUDA-core peak, on large GEMMs
     conv: float = 1.0               # a convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
     conv_cuda: float = 2.25         # the same on CUDA cores, where cuDNN's Winograd kernels cut 3×3 FLOPs by 2.25x
     memory: float = 0.707           # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.636         # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    unhidden: float = 0.6455        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
     flops_per_value: float = 41.72  # vector-unit operations per value that work outside GEMMs moves
     cache: float = 1.119            # memory-bound work on tensors that fit the last cache, against memory's rate
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
@@ -48,10 +48,10 @@ class GpuEfficiency:
     # Per GPU architecture, its tensor cores' achieved rate against ``tensor_gemm``'s: the kernels a generation
     # gets (Hopper's wgmma needs libraries newer than the published runs) and how far its boards sustain the
     # rated clock. Fitted like the rest; an architecture the published rows lack keeps 1.
-    # (Turing's rows are all NGC 20.01's, PyTorch 1.4 with apex AMP: its factor is that software's as much as
-    # the hardware's; Blackwell's is Lambda's first B200 numbers.)
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.379), ("Blackwell", 0.452), ("Hopper", 0.603),
-                                                   ("Turing", 0.391), ("Volta", 0.956))
+    # Fitted only where the rows hold two GPUs of an architecture (one B200 keeps Blackwell at 1). Turing's rows
+    # are all NGC 20.01's, PyTorch 1.4 with apex AMP: its factor is that software's as much as the hardware's.
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.40), ("Hopper", 0.603), ("Turing", 0.391),
+                                                   ("Volta", 0.970))
 
     def architecture_scale(self, architecture: str) -> float:
         """The tensor-core factor of ``architecture`` (1 where none was fitted).
@@ -86,10 +86,10 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
     >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
-    (67.2, (128, 128), 2)
+    (68.2, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (15.4, 87.8)
+    (15.2, 87.8)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
