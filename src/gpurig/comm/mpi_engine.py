@@ -32,6 +32,10 @@ _NATIVE = {
     torch.bool: MPI.C_BOOL,
 }
 _HALF = (torch.float16, torch.bfloat16)
+# The most one allreduce call carries: Open MPI's in-place allreduce allocates a receive buffer of about half its
+# message (its Iallreduce more), so a 64 MB bucket in one call cost 0.9 extra gradient copies; in 4 MB pieces,
+# DataParallel over MPI holds 1.10 copies more than no data parallelism (docs/benchmarks.md, "Peak memory").
+ALLREDUCE_PIECE_BYTES = 4 * 2**20
 
 
 def _half_sum(dtype):
@@ -103,6 +107,42 @@ class Request:
         return self._request.Test()
 
 
+class ChainedRequest:
+    """Non-blocking allreduces of a tensor's pieces, one in flight at a time, with :class:`Request`'s interface:
+    each piece is begun when the one before has ended (at a ``wait()`` or an ``is_completed()``), so MPI never
+    holds more than one piece's temporary buffer.
+    """
+
+    def __init__(self, begin, pieces: list[torch.Tensor], tensor: torch.Tensor):
+        self._begin, self._pieces, self._tensor = begin, list(pieces), tensor
+        self._request = begin(self._pieces.pop(0))
+
+    def wait(self) -> None:
+        while self._request is not None:
+            self._request.Wait()
+            self._next()
+        self._tensor = None
+
+    def is_completed(self) -> bool:
+        while self._request is not None and self._request.Test():
+            self._next()
+        return self._request is None
+
+    def _next(self) -> None:
+        self._request = self._begin(self._pieces.pop(0)) if self._pieces else None
+
+
+def allreduce_pieces(tensor: torch.Tensor, piece_bytes: int | None = None) -> list[torch.Tensor]:
+    """``tensor`` (contiguous) cut into flat views of at most ``piece_bytes`` (default
+    :data:`ALLREDUCE_PIECE_BYTES`) each, for one allreduce call apiece.
+
+    >>> [p.numel() for p in allreduce_pieces(torch.zeros(10), piece_bytes=16)]
+    [4, 4, 2]
+    """
+    per = max(1, (piece_bytes or ALLREDUCE_PIECE_BYTES) // tensor.element_size())
+    return list(tensor.reshape(-1).split(per)) if tensor.numel() > per else [tensor]
+
+
 class MPIEngine:
     """Blocking collectives on flat, contiguous tensors over ``MPI.COMM_WORLD``.
 
@@ -157,7 +197,8 @@ class MPIEngine:
         return self._half_ops.get(dtype, MPI.SUM)
 
     def allreduce_sum(self, tensor: torch.Tensor) -> None:
-        self.comm.Allreduce(MPI.IN_PLACE, self._whole(tensor), op=self._sum_op(tensor.dtype))
+        for piece in allreduce_pieces(tensor):
+            self.comm.Allreduce(MPI.IN_PLACE, self._whole(piece), op=self._sum_op(tensor.dtype))
 
     def allgather(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
         out = tensor.new_empty(sum(counts))
@@ -179,7 +220,11 @@ class MPIEngine:
 
     def start_allreduce(self, tensor: torch.Tensor) -> "Request":
         """Begin :meth:`allreduce_sum` in place without waiting; MPI moves it whenever this rank calls MPI."""
-        return Request(self.comm.Iallreduce(MPI.IN_PLACE, self._whole(tensor), op=self._sum_op(tensor.dtype)), tensor)
+        op, pieces = self._sum_op(tensor.dtype), allreduce_pieces(tensor)
+        if len(pieces) > 1:
+            return ChainedRequest(lambda piece: self.comm.Iallreduce(MPI.IN_PLACE, self._whole(piece), op=op),
+                                  pieces, tensor)
+        return Request(self.comm.Iallreduce(MPI.IN_PLACE, self._whole(tensor), op=op), tensor)
 
     def start_alltoall(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
         """Begin :meth:`alltoall` into ``out`` without waiting; MPI moves it whenever this rank calls MPI."""
