@@ -34,7 +34,9 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--bucket-mb", type=float, default=None, help="default: DataParallel's (25 MB, 4 MB compressed)")
-    p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated; default: all")
+    p.add_argument("--codecs", default=",".join(CODECS),
+                   help="comma-separated; default: all. NAME@thread: compressed buckets begun and finished on the "
+                        "background thread, as before 2026-11-25 (DataParallel.compressed_on_caller = False)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     codecs = args.codecs.split(",")
@@ -46,7 +48,9 @@ def main():
     variants = {}
     for name in codecs:
         torch.manual_seed(0)
-        model = gpurig.DataParallel(models.mlp(), compression=name, bucket_cap_mb=args.bucket_mb)
+        method, _, where = name.partition("@")  # "int8@thread": compressed buckets on the background thread
+        model = gpurig.DataParallel(models.mlp(), compression=method, bucket_cap_mb=args.bucket_mb)
+        model.compressed_on_caller = where != "thread"
         variants[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     times = {name: [] for name in codecs}
     sent = {name: [] for name in codecs}
@@ -73,6 +77,9 @@ def main():
             exposed[name].append(variants[name][0].stats.last_exposed_s)
     slowest = comm.allreduce(torch.tensor([sorted(times[n])[len(times[n]) // 2] for n in codecs],
                                           dtype=torch.float64), op="sum") / comm.size
+    # each round's step as the slower rank took it, so variants can be compared round by round (paired)
+    per_round = comm.allgather(torch.tensor([times[n] for n in codecs], dtype=torch.float64).unsqueeze(0))
+    per_round = per_round.max(dim=0).values
     if comm.rank == 0:
         result = {"ranks": comm.size, "per_rank_batch": args.per_rank_batch, "engine": comm.engine_name, "codecs": {}}
         for i, name in enumerate(codecs):
@@ -84,6 +91,7 @@ def main():
                 "bytes_computed_per_step": variants[name][0].stats.bytes_sent // variants[name][0].stats.steps,
                 "methods": variants[name][0].methods,
                 "auto_reasoning": variants[name][0].auto_choice,
+                "rounds_ms": [round(1000 * t, 3) for t in per_round[i].tolist()],
             }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
