@@ -34,9 +34,7 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--bucket-mb", type=float, default=None, help="default: DataParallel's (25 MB, 4 MB compressed)")
-    p.add_argument("--codecs", default=",".join(CODECS),
-                   help="comma-separated; default: all. NAME@thread: compressed buckets begun and finished on the "
-                        "background thread, as before 2026-11-25 (DataParallel.compressed_on_caller = False)")
+    p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated; default: all")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     codecs = args.codecs.split(",")
@@ -48,9 +46,7 @@ def main():
     variants = {}
     for name in codecs:
         torch.manual_seed(0)
-        method, _, where = name.partition("@")  # "int8@thread": compressed buckets on the background thread
-        model = gpurig.DataParallel(models.mlp(), compression=method, bucket_cap_mb=args.bucket_mb)
-        model.compressed_on_caller = where != "thread"
+        model = gpurig.DataParallel(models.mlp(), compression=name, bucket_cap_mb=args.bucket_mb)
         variants[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     times = {name: [] for name in codecs}
     sent = {name: [] for name in codecs}

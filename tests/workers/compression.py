@@ -199,8 +199,7 @@ def _():
                 for p, start in zip(bucket.params, bucket.offsets):
                     flat[start: start + p.numel()] = own[id(p)].grad.reshape(-1)
                 if method == "none":
-                    # as DDP; begun without waiting, as the bucket was (MPI's Iallreduce may add in another order)
-                    flat[: bucket.numel] = comm.allreduce_async(flat[: bucket.numel] * (1 / P), op="sum").wait()
+                    flat[: bucket.numel] = comm.allreduce(flat[: bucket.numel] * (1 / P), op="sum")  # as DDP
                 else:
                     average(comm, flat, method, state, bucket.shapes)
                 for p, start in zip(bucket.params, bucket.offsets):

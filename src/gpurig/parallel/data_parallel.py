@@ -256,7 +256,6 @@ class DataParallel(torch.nn.Module):
         self._announced: tuple = ((), [])  # (bucket methods, the signatures announced for them)
         # begun on the background thread, not yet finished
         self._in_flight: CompressedAverage | powersgd.LowRankAverage | None = None
-        self._begun: list = []  # compressed averages begun on autograd's thread, finished at backward's end
         if self.compresses and any(p.dtype != torch.float32 for p in self._params):
             raise ValueError(f"compression {compression!r} needs float32 parameters")
         self._bucket_cap_mb = bucket_cap_mb
@@ -341,22 +340,19 @@ class DataParallel(torch.nn.Module):
     def _signatures(self) -> list[Signature]:
         """What this step's buckets submit, in the order they do.
 
-        Begun on autograd's thread (:attr:`compressed_on_caller`), every bucket's first half is submitted during
-        backward and every compressed bucket's second half at its end, in bucket order. On the background
-        thread, a compressed bucket's second half is submitted after the next compressed bucket has begun
-        (see :meth:`_launch`), the last one's at the end.
+        A compressed bucket's second half is submitted after the next compressed
+        bucket has begun (see :meth:`_launch`), the last one's at the end.
         """
         methods = tuple(self.methods)
         if self._announced[0] != methods:
-            order, pending, ends = [], [], []
+            order, pending = [], []
             for i, (bucket, method) in enumerate(zip(self.buckets, methods)):
                 n = len(bucket.flat) if method != "none" else bucket.numel
                 begun, finished = collectives(n, self.comm.size, method, f"bucket {i}", bucket.shapes)
                 order += begun
-                ends += finished
-                if method != "none" and not self.compressed_on_caller:
+                if method != "none":
                     order, pending = order + pending, finished
-            self._announced = (methods, order + (ends if self.compressed_on_caller else pending))
+            self._announced = (methods, order + pending)
         return self._announced[1]
 
     @property
@@ -394,14 +390,8 @@ class DataParallel(torch.nn.Module):
             bucket.launched_at = done
         elif plain and not self._pipelined:
             bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=name)
-        elif plain and self.compressed_on_caller:
-            bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=name)
         elif plain:  # on the background thread too, so its place among the compressed buckets' is the same everywhere
             bucket.handle = self.comm.run_async(lambda: self.comm.allreduce(bucket.flat[: bucket.numel], "sum", name))
-        elif self.compressed_on_caller:
-            bucket.handle = None
-            self._begun.append(begin_average(self.comm, bucket.flat, bucket.method, bucket.state, bucket.shapes,
-                                             name))
         else:
             bucket.handle = self.comm.run_async(lambda: self._begin_compressed(bucket, name))
         if plain:
@@ -409,10 +399,6 @@ class DataParallel(torch.nn.Module):
         self._next_bucket += 1
 
     last_bucket_inline = True
-    # A compressed bucket is begun (encoded, its pieces' all-to-alls started) on autograd's thread and finished
-    # at backward's end, where the background thread's wake-up and its share of the cores cost more behind
-    # 1 Gbit/s (docs/benchmarks.md); False: begun and finished on the background thread, pipelined.
-    compressed_on_caller = True
 
     def _inline(self, index: int) -> bool:
         """Whether bucket ``index`` is allreduced right here, blocking: the last bucket, over an engine whose
@@ -438,21 +424,17 @@ class DataParallel(torch.nn.Module):
         while self._next_bucket < len(self.buckets):  # parameters that got no gradient this step
             self._launch(self.buckets[self._next_bucket])
             self.stats.launched_at_end += 1
-        last = self.comm.run_async(self._finish_in_flight) if self._pipelined and not self._begun else None
+        last = self.comm.run_async(self._finish_in_flight) if self._pipelined else None
         start = time.perf_counter()
         try:
-            for average in self._begun:  # in bucket order: their allgathers start in the announced order
-                self.stats.bytes_sent += average.finish()
             for bucket in self.buckets:
-                if bucket.handle is not None:  # None: allreduced in place already (_inline), or compressed
+                if bucket.handle is not None:  # None: allreduced in place already (_inline)
                     bucket.handle.wait()
             if last is not None:
                 last.wait()
         except BaseException:
-            # a failed step leaves nothing half-counted for the next
-            self._in_flight, self._inline_s, self._begun = None, 0.0, []
+            self._in_flight, self._inline_s = None, 0.0  # a failed step leaves nothing half-counted for the next
             raise
-        self._begun = []
         inline, self._inline_s = self._inline_s, 0.0
         waited = time.perf_counter() - start + inline
         # backward still to run after each bucket left (auto's lead): the last bucket's blocking allreduce
