@@ -166,8 +166,8 @@ def _():
 
 @case("a_large_allreduce_travels_in_pieces_one_at_a_time")
 def _():
-    """Over MPI a tensor larger than ALLREDUCE_PIECE_BYTES is allreduced piece by piece (Open MPI allocates a
-    buffer of half its message per call), blocking and async; the result is the same everywhere."""
+    """Over MPI an async allreduce larger than ALLREDUCE_PIECE_BYTES travels piece by piece, one in flight at a
+    time (Open MPI's Iallreduce allocates a buffer as large as its message); the result is the same everywhere."""
     from gpurig.comm import mpi_engine
 
     saved, mpi_engine.ALLREDUCE_PIECE_BYTES = mpi_engine.ALLREDUCE_PIECE_BYTES, 4096

@@ -32,9 +32,11 @@ _NATIVE = {
     torch.bool: MPI.C_BOOL,
 }
 _HALF = (torch.float16, torch.bfloat16)
-# The most one allreduce call carries: Open MPI's in-place allreduce allocates a receive buffer of about half its
-# message (its Iallreduce more), so a 64 MB bucket in one call cost 0.9 extra gradient copies; in 4 MB pieces,
-# DataParallel over MPI holds 1.10 copies more than no data parallelism (docs/benchmarks.md, "Peak memory").
+# The most one nonblocking allreduce carries: Open MPI's Iallreduce (libnbc) allocates a buffer as large as its
+# message, so a 64 MB bucket cost 0.9 extra gradient copies; in 4 MB pieces, one in flight at a time, DataParallel
+# over MPI holds about one copy more than no data parallelism (docs/benchmarks.md, "Peak memory per rank"). The
+# blocking Allreduce (half its message) stays one call: in pieces, each one more rendezvous, it lost 2-4x at
+# 16-64 MB on a loaded machine.
 ALLREDUCE_PIECE_BYTES = 4 * 2**20
 
 
@@ -134,7 +136,7 @@ class ChainedRequest:
 
 def allreduce_pieces(tensor: torch.Tensor, piece_bytes: int | None = None) -> list[torch.Tensor]:
     """``tensor`` (contiguous) cut into flat views of at most ``piece_bytes`` (default
-    :data:`ALLREDUCE_PIECE_BYTES`) each, for one allreduce call apiece.
+    :data:`ALLREDUCE_PIECE_BYTES`) each, for one nonblocking allreduce apiece.
 
     >>> [p.numel() for p in allreduce_pieces(torch.zeros(10), piece_bytes=16)]
     [4, 4, 2]
@@ -197,8 +199,7 @@ class MPIEngine:
         return self._half_ops.get(dtype, MPI.SUM)
 
     def allreduce_sum(self, tensor: torch.Tensor) -> None:
-        for piece in allreduce_pieces(tensor):
-            self.comm.Allreduce(MPI.IN_PLACE, self._whole(piece), op=self._sum_op(tensor.dtype))
+        self.comm.Allreduce(MPI.IN_PLACE, self._whole(tensor), op=self._sum_op(tensor.dtype))
 
     def allgather(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
         out = tensor.new_empty(sum(counts))
