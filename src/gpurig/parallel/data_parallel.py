@@ -540,7 +540,7 @@ class DataParallel(torch.nn.Module):
             self.auto_review_steps = min(2 * self.auto_review_steps, AUTO_REVIEW_MAX_STEPS)
 
     def _measure_method_costs(self) -> list[dict]:
-        """Seconds of codec arithmetic each candidate method costs each bucket on this device (timed once)."""
+        """Seconds of codec arithmetic each candidate method costs each bucket on this device, timed now."""
         costs = []
         for bucket in self.buckets:
             row = {"none": 0.0}
