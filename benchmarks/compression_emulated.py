@@ -73,6 +73,9 @@ def main():
             exposed[name].append(variants[name][0].stats.last_exposed_s)
     slowest = comm.allreduce(torch.tensor([sorted(times[n])[len(times[n]) // 2] for n in codecs],
                                           dtype=torch.float64), op="sum") / comm.size
+    # each round's step as the slower rank took it, so variants can be compared round by round (paired)
+    per_round = comm.allgather(torch.tensor([times[n] for n in codecs], dtype=torch.float64).unsqueeze(0))
+    per_round = per_round.max(dim=0).values
     if comm.rank == 0:
         result = {"ranks": comm.size, "per_rank_batch": args.per_rank_batch, "engine": comm.engine_name, "codecs": {}}
         for i, name in enumerate(codecs):
@@ -84,6 +87,7 @@ def main():
                 "bytes_computed_per_step": variants[name][0].stats.bytes_sent // variants[name][0].stats.steps,
                 "methods": variants[name][0].methods,
                 "auto_reasoning": variants[name][0].auto_choice,
+                "rounds_ms": [round(1000 * t, 3) for t in per_round[i].tolist()],
             }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -178,6 +178,29 @@ def _():
     assert torch.equal(handle.wait(), torch.full((1 << 16,), float(sum(range(1, P + 1)))))
 
 
+@case("a_large_allreduce_travels_in_pieces_one_at_a_time")
+def _():
+    """Over MPI an async allreduce larger than ALLREDUCE_PIECE_BYTES travels piece by piece, one in flight at a
+    time (Open MPI's Iallreduce allocates a buffer as large as its message); the result is the same everywhere."""
+    from gpurig.comm import mpi_engine
+
+    saved, mpi_engine.ALLREDUCE_PIECE_BYTES = mpi_engine.ALLREDUCE_PIECE_BYTES, 4096
+    try:
+        for dtype in (torch.float32, torch.float16):
+            n = 37 * 101  # 4 pieces of float32, 2 of float16, the last one short
+            t = value(R, n, dtype).view(37, 101)
+            assert torch.equal(comm.allreduce(t, op="sum"), total(n, dtype).view(37, 101))
+            t = value(R, n, dtype).view(37, 101)
+            handle = comm.allreduce_async(t, op="sum")
+            while comm.progress():
+                pass
+            assert torch.equal(handle.wait(), total(n, dtype).view(37, 101)) and handle.is_completed()
+        if comm.engine_name == "mpi":
+            assert len(mpi_engine.allreduce_pieces(torch.zeros(n))) == 4
+    finally:
+        mpi_engine.ALLREDUCE_PIECE_BYTES = saved
+
+
 @case("allgather_bytes")
 def _():
     got = comm.allgather_bytes(b"x" * R)

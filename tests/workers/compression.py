@@ -291,6 +291,34 @@ def _():
     assert_every_rank_agrees(dp, choice)
 
 
+@case("auto_does_not_read_a_slow_rank_as_a_slow_link")
+def _():
+    """Once auto's choice has settled, one rank turning slow (50 ms more backward each step, deterministic)
+    makes the others wait at backward's end, but not for the link: the review takes the wait of the rank
+    that finished last, so auto does not decide again (reading rank 0's wait, it would at the 2nd review)."""
+    import time
+
+    dp, opt = small_auto_model("auto:fp16,int8")
+    dp.auto_review_steps = 2
+    for _ in range(40):
+        train_step(dp, opt)
+        if dp._settled_s is not None:
+            break
+    assert dp._settled_s is not None and not dp._trials, dp.auto_choice
+    decisions = dp.auto_choice["decisions"]
+    if R == 1:
+        dp.module[0].weight.register_hook(lambda grad: time.sleep(0.05))
+    waits = []
+    for _ in range(16):
+        train_step(dp, opt)
+        waits.append(dp.stats.last_exposed_s)
+    # (a review may still see the slow rank itself wait a few ms more, scheduled late on the busy cores)
+    assert dp.auto_choice["decisions"] == decisions, (dp.auto_choice, dp._settled_s)
+    if R == 0:  # the others did wait for rank 1: the slowdown was real
+        assert sorted(waits)[len(waits) // 2] > 0.03, waits
+    assert_every_rank_agrees(dp, dp.auto_choice)
+
+
 @case("auto_switch_pays_what_the_old_method_owed")
 def _():
     torch.manual_seed(0)

@@ -50,6 +50,36 @@ def parse_rate(text: str) -> int:
     return int(float(match.group(1)) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[match.group(2)])
 
 
+def tbf(rate: str) -> list[str]:
+    """tc's arguments for the token bucket that limits a link to ``rate``.
+
+    >>> tbf("1gbit")
+    ['tbf', 'rate', '1000000000', 'burst', '1250000', 'latency', '500ms', 'peakrate', '1010000000', 'mtu', '131072']
+    """
+    bits = parse_rate(rate)
+    burst = max(256 * 1024, bits // 8 // 100)  # at least 10 ms of traffic, or tbf cannot reach the rate
+    # A queue of 500 ms of traffic: a collective's megabytes wait in it instead of being dropped (with 50 ms,
+    # a 16 MB allreduce at 1 Gbit/s lost packets and ran at 2/3 of the rate); the link stays the limit.
+    # A peak rate just above the rate, over 128 KB: without it the bucket, refilled while the ranks compute,
+    # let the next step's first 1.25 MB out at memory speed (a 1 MB allreduce after a pause took 1.5 ms at
+    # "1 Gbit/s"), which no real NIC does and which flattered whatever sends little.
+    return ["tbf", "rate", str(bits), "burst", str(burst), "latency", "500ms", "peakrate", str(int(bits * 1.01)),
+            "mtu", str(128 * 1024)]
+
+
+def set_rate(rate: str, device: str = IFACE) -> None:
+    """Limit this node's outgoing traffic to ``rate`` from now on, while the job runs: called by a rank inside
+    an emulated node (``gpurig emulate``), e.g. to see what a program does when the network slows down. On two
+    nodes, when every node calls it, that is the whole link.
+
+    >>> set_rate("100mbit")      # in every rank of `gpurig emulate --nodes 2 --rate 10gbit -- ...`  # doctest: +SKIP
+    """
+    done = subprocess.run(["tc", "qdisc", "replace", "dev", device, "root", *tbf(rate)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"tc qdisc replace dev {device}: {done.stderr.strip()}")
+
+
 def unavailable() -> str | None:
     """Why namespaces cannot be used here, or None when they can.
 
@@ -129,16 +159,7 @@ class Cluster:
             raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
     def _limit(self, namespace: str, device: str) -> None:
-        bits = parse_rate(self.rate)
-        burst = max(256 * 1024, bits // 8 // 100)  # at least 10 ms of traffic, or tbf cannot reach the rate
-        # A queue of 500 ms of traffic: a collective's megabytes wait in it instead of being dropped (with 50 ms,
-        # a 16 MB allreduce at 1 Gbit/s lost packets and ran at 2/3 of the rate); the link stays the limit.
-        # A peak rate just above the rate, over 128 KB: without it the bucket, refilled while the ranks compute,
-        # let the next step's first 1.25 MB out at memory speed (a 1 MB allreduce after a pause took 1.5 ms at
-        # "1 Gbit/s"), which no real NIC does and which flattered whatever sends little.
-        self._ip("netns", "exec", namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate",
-                 str(bits), "burst", str(burst), "latency", "500ms", "peakrate", str(int(bits * 1.01)),
-                 "mtu", str(128 * 1024))
+        self._ip("netns", "exec", namespace, "tc", "qdisc", "add", "dev", device, "root", *tbf(self.rate))
 
     def _up(self) -> None:
         for k in range(self.nodes):

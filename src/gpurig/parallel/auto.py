@@ -30,6 +30,11 @@ how they mix: behind an emulated 1 Gbit/s link it put int8 on the large
 bucket within half a millisecond of PowerSGD on both, where the steps
 measured 41–43 ms against 36.
 
+A choice is reviewed from the steps' own timings: when the wait at the end of
+backward has moved far from the wait once the choice settled (:func:`drifted`),
+at two reviews in a row, the link or the load has changed, and DataParallel
+measures and decides again.
+
 ``"auto"`` chooses among :data:`CANDIDATES`; ``"auto:fp16,int8"`` among the
 methods named (and ``none``), e.g. to leave PowerSGD out (:func:`parse`).
 """
@@ -76,6 +81,8 @@ def parse(compression: str) -> tuple[str, ...] | None:
     return tuple(sorted(chosen, key=lambda name: _LOSSINESS.index(parse_method(name)[0])))
 MARGIN = 0.2          # compress only if it cuts the predicted wait by 20 % ...
 MIN_SAVING_S = 0.5e-3  # ... and by at least half a millisecond
+DRIFT_FACTOR = 2.0     # the wait at the end of backward moved by this factor since the decision settled ...
+DRIFT_MIN_S = 5e-3     # ... and by this much: the link or the load changed (:func:`drifted`)
 
 
 @dataclass(frozen=True)
@@ -229,3 +236,19 @@ def shortlist(buckets: list[Bucket], network: Network, codec_on_cores: bool, cho
         if methods not in listed and cost(methods) <= within * fastest + MIN_SAVING_S:
             listed.append(methods)
     return listed[:most]
+
+
+def drifted(settled_s: float, recent_s: float, factor: float = DRIFT_FACTOR, least_s: float = DRIFT_MIN_S) -> bool:
+    """Whether the wait at the end of backward moved far enough from ``settled_s`` (measured once the last
+    decision settled) to ``recent_s`` (the last steps') that the link or the load has changed: by
+    ``factor`` either way *and* by ``least_s``, so a few milliseconds of noise on a short wait do not count.
+
+    DataParallel decides again only when this holds at two reviews in a row (one noisy window does not make
+    it flap), and reviews less often each time a new decision changes nothing.
+
+    >>> drifted(0.024, 0.030), drifted(0.024, 0.120), drifted(0.024, 0.005)   # int8 behind 1 Gbit/s; slower; faster
+    (False, True, True)
+    >>> drifted(0.0037, 0.0017)   # half, but two milliseconds: noise on this machine
+    False
+    """
+    return abs(recent_s - settled_s) >= least_s and (recent_s > factor * settled_s or recent_s * factor < settled_s)

@@ -33,7 +33,8 @@ DEFAULT_BUCKET_MB = 25.0
 COMPRESSED_BUCKET_MB = 4.0  # compressed buckets are cheap to send: smaller ones start travelling during backward
 FIRST_BUCKET_MB = 1.0  # the last layers' gradients leave early (DDP's first bucket)
 AUTO_CALIBRATION_STEPS = 6  # uncompressed steps measured before the first choice (the first is warm-up)
-AUTO_REVIEW_STEPS = 200     # compression="auto" looks again this often, from the last steps' measurements
+AUTO_REVIEW_STEPS = 20      # compression="auto" compares the last steps' wait with the settled one this often ...
+AUTO_REVIEW_MAX_STEPS = 640  # ... twice as seldom after each new decision that changed nothing
 AUTO_TRIAL_STEPS = 4        # steps per shortlisted assignment (the first after a switch is not timed)
 AUTO_TRIAL_MARGIN = 0.03    # the model's choice stays unless another measured this much faster
 
@@ -203,7 +204,7 @@ class DataParallel(torch.nn.Module):
     and allgather of compressed chunks, ``"powersgd"`` (or ``"powersgd:R"``) as
     rank-R factors. ``"auto"`` measures the first steps uncompressed, then
     picks each bucket's method from the measured network and codec costs, and
-    looks again every few hundred steps (:mod:`gpurig.parallel.auto`);
+    decides again when the wait at backward's end moves: the link or the load changed (:mod:`gpurig.parallel.auto`);
     ``"auto:fp16,int8"`` picks among those methods (and none) only.
 
     ``shard="optimizer"`` (ZeRO stage 1) or ``"gradients"`` (stage 2) reduce-scatters
@@ -247,6 +248,11 @@ class DataParallel(torch.nn.Module):
         self._finished_at = 0.0  # when the last step's gradients were averaged
         self._trials: list[list[str]] = []  # assignments auto times in real steps before settling
         self._trial_times: list[list[float]] = []
+        self.auto_review_steps = AUTO_REVIEW_STEPS
+        self._reviewed_at = 0         # the step auto last reviewed its choice at
+        self._settled_s: float | None = None  # the wait at backward's end once the last decision settled
+        self._drifts = 0              # reviews in a row that found the wait moved (auto.drifted)
+        self._decided_from: list[str] = []  # the methods before the last decision
 
         if self.comm.size > 1:
             check_same_model(self.comm, module)
@@ -410,9 +416,11 @@ class DataParallel(torch.nn.Module):
 
     def _inline(self, index: int) -> bool:
         """Whether bucket ``index`` is allreduced right here, blocking: the last bucket, over an engine whose
-        nonblocking collectives move only inside its calls (MPI). Nothing is left to hide it under, and Open
-        MPI's ``Iallreduce`` took twice its ``Allreduce``'s time at 1–4 MB here (docs/benchmarks.md)."""
-        return (self.last_bucket_inline and index == len(self.buckets) - 1
+        nonblocking collectives move only inside its calls (MPI), when the ranks span nodes. Nothing is left to
+        hide it under: behind an emulated 1 Gbit/s link the uncompressed MLP step took 148 ms so, 177 ms with an
+        ``Iallreduce``; within one node (shared memory) the ``Iallreduce`` made the step 1.09–1.16x faster
+        (docs/benchmarks.md)."""
+        return (self.last_bucket_inline and index == len(self.buckets) - 1 and self.comm.local_size < self.comm.size
                 and not getattr(self.comm.engine, "native_async", False))
 
     def _begin_compressed(self, bucket: Bucket, name: str) -> None:
@@ -443,8 +451,11 @@ class DataParallel(torch.nn.Module):
         except BaseException:
             self._in_flight, self._inline_s = None, 0.0  # a failed step leaves nothing half-counted for the next
             raise
-        waited = time.perf_counter() - start + self._inline_s
-        self._inline_s = 0.0
+        inline, self._inline_s = self._inline_s, 0.0
+        waited = time.perf_counter() - start + inline
+        # backward still to run after each bucket left (auto's lead): the last bucket's blocking allreduce
+        # (_inline) ran after the earlier ones left, but it is communication, not backward to hide them under
+        leads = [start - b.launched_at - inline for b in self.buckets[:-1]] + [start - self.buckets[-1].launched_at]
         if self.zero is not None:  # this rank's shard of the average goes to the optimizer's segments
             self.zero.finish()
         # The averaged gradients stay in the buckets: each param.grad becomes a view of its
@@ -467,10 +478,13 @@ class DataParallel(torch.nn.Module):
             if self._trials:  # from one step's averaged gradients to the next: the optimizer, forward, backward
                 self._trial_step(now - previous)
                 return
-            self._recent.append([waited] + [start - b.launched_at for b in self.buckets])
-            due = AUTO_CALIBRATION_STEPS if self.auto_choice is None else AUTO_REVIEW_STEPS
-            if self.stats.steps - (self.auto_choice or {}).get("step", 0) >= due:
-                self._choose_methods()
+            self._recent.append([waited] + leads)
+            if self.auto_choice is None:
+                if self.stats.steps >= AUTO_CALIBRATION_STEPS:
+                    self._choose_methods("calibrated")
+            elif (self.stats.steps - self._reviewed_at >= self.auto_review_steps
+                  and len(self._recent) == self._recent.maxlen):
+                self._review()
 
     # -- the numerical guard ---------------------------------------------------
     def _guard_numerics(self) -> None:
@@ -529,8 +543,30 @@ class DataParallel(torch.nn.Module):
         return True
 
     # -- compression="auto" ---------------------------------------------------
+    def _review(self) -> None:
+        """Compare the last steps' wait at backward's end with the wait once the last decision settled; decide
+        again when it moved (:func:`gpurig.parallel.auto.drifted`) at two reviews in a row: the link or the
+        load changed. One small allgather; every rank reviews at the same step and reaches the same verdict."""
+        self._reviewed_at = self.stats.steps
+        mine = torch.tensor([[statistics.median(row[0] for row in self._recent)]], dtype=torch.float64)
+        wait = self.comm.allgather(mine).min().item()  # the rank that finished backward last waited only for the link
+        if self._settled_s is None:
+            self._settled_s = wait
+            return
+        self._drifts = self._drifts + 1 if auto.drifted(self._settled_s, wait) else 0
+        if self._drifts >= 2:
+            self._choose_methods(f"the wait at backward's end moved from {1000 * self._settled_s:.1f} to "
+                                 f"{1000 * wait:.1f} ms")
+
+    def _settle(self) -> None:
+        """The choice is made (and its trials run): measure its wait afresh; review less often if nothing changed."""
+        self._recent.clear()
+        self._settled_s, self._drifts, self._reviewed_at = None, 0, self.stats.steps
+        if self.auto_choice.get("decisions", 1) > 1 and self.methods == self._decided_from:
+            self.auto_review_steps = min(2 * self.auto_review_steps, AUTO_REVIEW_MAX_STEPS)
+
     def _measure_method_costs(self) -> list[dict]:
-        """Seconds of codec arithmetic each candidate method costs each bucket on this device (timed once)."""
+        """Seconds of codec arithmetic each candidate method costs each bucket on this device, timed now."""
         costs = []
         for bucket in self.buckets:
             row = {"none": 0.0}
@@ -546,13 +582,15 @@ class DataParallel(torch.nn.Module):
         return costs
 
     def _collective_latency(self) -> float:
-        """Seconds one tiny allreduce takes here (the median of a few)."""
+        """Seconds one tiny allreduce takes here: the least of a few, since a rank that waits for its peer to be
+        scheduled on a busy CPU adds time the link does not (the median read 16 ms at load 10 on 2 cores,
+        behind a 100 Mbit/s link, where the link's own latency is well under 1 ms)."""
         probe, times = torch.zeros(2), []
-        for _ in range(5):
+        for _ in range(9):
             begin = time.perf_counter()
             self.comm.allreduce(probe, op="sum")
             times.append(time.perf_counter() - begin)
-        return sorted(times)[len(times) // 2]
+        return min(times)
 
     def _link_bandwidth(self, latency_s: float) -> float:
         """Bytes per second the link carries: the largest bucket allreduced on its own (best of two), now."""
@@ -583,7 +621,7 @@ class DataParallel(torch.nn.Module):
                                for _ in range(2)))
         return index, seconds
 
-    def _choose_methods(self) -> None:
+    def _choose_methods(self, reason: str) -> None:
         """Pick each bucket's method from measurements (every rank reaches the same choice), then time the
         shortlist (:func:`gpurig.parallel.auto.shortlist`) in the next steps and keep the fastest.
 
@@ -597,8 +635,7 @@ class DataParallel(torch.nn.Module):
         network) is kept, with the bandwidth that would explain it, to show how
         well the model fits.
         """
-        if self._method_costs is None:
-            self._method_costs = self._measure_method_costs()
+        self._method_costs = self._measure_method_costs()  # again at every decision: the load may have changed
         recent = torch.tensor(list(self._recent)[1:] if self.auto_choice is None else list(self._recent),
                               dtype=torch.float64)
         methods = list(self._candidates)
@@ -632,14 +669,19 @@ class DataParallel(torch.nn.Module):
         explaining = auto.fit_bandwidth(model, self.methods, latency, exposed, on_cores)
         network = auto.Network(latency, bandwidth)
         chosen, predictions = auto.choose(model, network, on_cores, self._candidates)
+        self._decided_from = self.methods
         self._set_methods(chosen)
+        decisions = (self.auto_choice or {}).get("decisions", 0) + 1
         self.auto_choice = {"codec": _summary(chosen, self.buckets), "methods": chosen, "step": self.stats.steps,
+                            "reason": reason, "decisions": decisions,
                             "exposed_ms": 1000 * exposed, "latency_us": 1e6 * latency,
                             "bandwidth_gbit_s": 8 * bandwidth / 1e9, "explaining_gbit_s": 8 * explaining / 1e9,
                             "link_scale": {m: round(x, 3) for m, x in scales.items()}, **predictions}
         trials = auto.shortlist(model, network, on_cores, chosen, self._candidates)
         if len(trials) > 1:
             self._trials, self._trial_times = trials, [[]]
+        else:
+            self._settle()
 
     def _set_methods(self, methods: list[str]) -> None:
         for bucket, method in zip(self.buckets, methods):
@@ -667,6 +709,7 @@ class DataParallel(torch.nn.Module):
         self.auto_choice.update(codec=_summary(methods, self.buckets), methods=methods,
                                 trials=[{"methods": m, "ms": round(1000 * t, 3)} for m, t in zip(self._trials, slowest)])
         self._trials, self._trial_times = [], []
+        self._settle()
 
     # -- conveniences users of DDP expect ---------------------------------
     def state_dict(self, *args, **kwargs):
