@@ -59,7 +59,8 @@ TRAIN_GOOD = {"--epochs": ["1", "3"], "--model": ["mlp", "cnn"], "--engine": ["m
               "--compression": ["none", "int8", "auto", "powersgd:2"], "--lr": ["0.1"], "-n": ["2"],
               "--global-batch": ["64", "128"], "--on-nonfinite": ["skip", "stop"], "--keep-checkpoints": ["2"],
               "--failure-timeout": ["5", "0"], "--stall-timeout": ["30"], "--momentum": ["0", "0.5"],
-              "--bucket-mb": ["1", "0.5"], "--json": [None], "--max-restarts": ["0", "2"]}
+              "--bucket-mb": ["1", "0.5"], "--json": [None], "--max-restarts": ["0", "2"],
+              "--checkpoint-every": ["5"]}
 TRAIN_BAD = {"-n": ["0", "-2", "two", "1.5", "", "100000000"], "--epochs": ["0", "-1", "x", ""],
              "--global-batch": ["0", "-5", "x"], "--lr": ["0", "-0.1", "nan", "inf", "x"],
              "--momentum": ["1", "1.5", "-0.1", "nan", "x"], "--model": ["resnet", "", "MLP"], "--data": ["imagenet"],
@@ -67,7 +68,8 @@ TRAIN_BAD = {"-n": ["0", "-2", "two", "1.5", "", "100000000"], "--epochs": ["0",
              "--bucket-mb": ["0", "-1", "nan", "inf", "x"], "--keep-checkpoints": ["0", "-1", "x"],
              "--on-nonfinite": ["retry", ""], "--failure-timeout": ["-1", "nan", "inf", "x", "1e9"],
              "--stall-timeout": ["-1", "nan", "x"], "--iface": ["no-such-iface0", ""], "--hosts": ["a:0", "a:x", ",", "a b"],
-             "--seed": ["x", "1.5"], "--resume": [None], "--max-restarts": ["-1", "x"], **UNKNOWN}
+             "--seed": ["x", "1.5"], "--resume": [None], "--max-restarts": ["-1", "x"],
+             "--checkpoint-every": ["0", "-3", "x", "100000"], **UNKNOWN}
 
 
 @EXAMPLES

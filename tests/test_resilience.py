@@ -59,6 +59,24 @@ def test_a_job_that_restarts_ends_as_an_uninterrupted_one(uninterrupted, engine,
     assert "restart 1 of 2" in done.stderr and "rank 1 on host" in done.stderr
 
 
+def test_checkpoint_every_resumes_mid_epoch_at_the_exact_step(uninterrupted, tmp_path):
+    """--checkpoint-every 3: rank 1 killed in step 12 (epoch 2's 5th of 7); the restart resumes from the checkpoint
+    after step 9 (epoch 2, step 2), says the 2 steps since are lost, and ends bit for bit as the uninterrupted run."""
+    done = gpurig(*TRAIN, "-n", 2, "--max-restarts", 1, "--checkpoint-every", 3, "--checkpoint-dir", tmp_path,
+                  "--failure-timeout", PLAN.failure_timeout, env={"GPURIG_FAULT": "rank=1 step=12 signal=SIGKILL"},
+                  timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["restarts"] == 1 and summary["weights_digest"] == uninterrupted["weights_digest"]
+    assert [e["loss"] for e in summary["epochs"]] == pytest.approx([e["loss"] for e in uninterrupted["epochs"]],
+                                                                   abs=2e-5)
+    assert ("resuming from step 2 of epoch 2 (checkpoint-epoch2-step2.pt); lost: the 2 steps since, run again"
+            in done.stderr)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "step"]
+    assert steps == list(range(1, 15))  # the lost steps' lines are replaced, not repeated
+
+
 def test_resume_on_another_rank_count(uninterrupted, tmp_path):
     """Data parallelism replicates model and optimizer: 2 ranks' checkpoint after epoch 1, then 1 rank on to epoch 2
     (the same global batch), ends where the uninterrupted 2-rank run did, up to floating-point summation order."""

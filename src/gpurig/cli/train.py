@@ -34,7 +34,9 @@ loading checks), the last --keep-checkpoints kept, `latest` naming the newest.
 ones it passed over. A rank that dies or stops is reported within
 --failure-timeout seconds, naming it, its host and its collective; with
 --max-restarts K the job then starts again by itself (up to K times) from the
-newest checkpoint: what is lost is the steps since that epoch began.
+newest checkpoint, saying what is lost: the steps since that checkpoint.
+--checkpoint-every STEPS checkpoints between epochs too (checkpoint-epoch4-step5.pt),
+so at most STEPS steps are lost; the resumed run ends with the same weights.
 """
 
 
@@ -85,6 +87,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest intact checkpoint in --checkpoint-dir (any rank count)")
     p.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="also checkpoint every STEPS steps (counted over the run), mid-epoch: a restart or --resume "
+                        "then loses at most STEPS steps, and resumes at that step exactly")
     p.add_argument("--on-nonfinite", default="stop",
                    help="when gradients hold NaN or Inf (averaged ones, or split layers' on any rank; with fp16 "
                         "even at a loss scale below 1): stop (default: one line naming the step and the parameter, "
@@ -116,7 +121,8 @@ def _config(args):
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
                        compression=args.compression, parallel=args.parallel, predict=args.predict,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                       keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
+                       keep_checkpoints=args.keep_checkpoints, checkpoint_every=args.checkpoint_every,
+                       on_nonfinite=args.on_nonfinite, iface=args.iface,
                        precision=args.precision, accumulate=args.accumulate, logdir=args.logdir,
                        max_restarts=args.max_restarts,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
@@ -132,10 +138,12 @@ def _seconds(text, flag):
 def run(args) -> int:
     """Run ``gpurig train`` with parsed ``args``; return the exit code."""
     from gpurig.train import launch_training
+    from gpurig.train.job import restart_line
 
     config = _config(args)
-    if args.json:
-        code, events = launch_training(config)
+    if args.json:  # stdout holds the summary only; a restart is still said, on stderr
+        code, events = launch_training(config, on_event=lambda event: event["event"] == "restart" and print(
+            f"gpurig train: {restart_line(event)}", file=sys.stderr, flush=True))
         done = [e for e in events if e["event"] == "done"]
         if code == 0 and done:
             print(json.dumps({k: v for k, v in done[-1].items() if k != "event"}, indent=2))
@@ -198,10 +206,9 @@ class _TrainView:
                 self.progress.remove_task(self.task)
                 self.task = None
             self.progress.stop()
-            since = (f"from the checkpoint of epoch {event['from_epoch']} (the steps since are run again)"
-                     if event["from_epoch"] else "from the start (no epoch had finished)")
-            self.console.print(f"[bold]restart {event['restart']} of {event['max_restarts']}[/] after "
-                               f"{event['failure']}: resuming {since}")
+            from gpurig.train.job import restart_line
+
+            self.console.print(restart_line(event), markup=False, highlight=False)
         elif kind == "epoch":
             self.progress.console.print(
                 f"epoch {event['epoch']}/{self.start['epochs']}  loss {event['loss']:.4f}  "
