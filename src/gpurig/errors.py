@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -89,3 +91,21 @@ class RankFailed(Exception):
         else:
             how = f"exited with code {self.returncode}"
         return f"{who} {how}" + (f" {self.during}" if self.during else "")
+
+
+def check_writable(path: str, flag: str) -> None:
+    """A file ``flag`` will write: its directory exists and is writable, and it is not a directory itself.
+
+    >>> check_writable("/nonexistent/trace.json", "--timeline")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --timeline /nonexistent/trace.json: the directory /nonexistent does not exist
+    """
+    target = Path(path)
+    directory = target.parent
+    if not path or target.is_dir():
+        raise UsageError(f"{flag} {path!r}: want a file name, e.g. trace.json")
+    if not directory.is_dir():
+        raise UsageError(f"{flag} {path}: the directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"{flag} {path}: the directory {directory} is not writable")

@@ -22,6 +22,8 @@ examples:
   gpurig train --global-batch 512 --accumulate 4   # 4 micro-batches of 128 per step, one allreduce
   gpurig train --model my_pkg.models:build --data my_pkg.data:load   # your own model and data
   gpurig train --logdir runs/tb             # metrics to TensorBoard too (always: runs/train/metrics.jsonl)
+  gpurig train --timeline trace.json        # every rank's steps as a Chrome trace (ui.perfetto.dev)
+  gpurig train --checkpoint-every 50 --max-restarts 3   # restart by itself, losing at most 50 steps
 
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data).
@@ -105,6 +107,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--logdir", default=None, metavar="DIR",
                    help="also write the per-step and per-epoch metrics as TensorBoard event files here "
                         "(tensorboard --logdir DIR); they are always in metrics.jsonl beside the checkpoints")
+    p.add_argument("--timeline", "--timeline-filename", dest="timeline", default=None, metavar="FILE",
+                   help="write every rank's steps as a Chrome trace (open it in https://ui.perfetto.dev): data "
+                        "loading, forward, backward, each bucket's copy and allreduce (or encode, send, decode), "
+                        "the communication backward did not hide, the wait for the slowest rank, the optimizer")
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the measurements behind the predicted step split (about 10 s on 2 CPU ranks)")
     add_reliability_flags(p)
@@ -123,7 +129,7 @@ def _config(args):
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        keep_checkpoints=args.keep_checkpoints, checkpoint_every=args.checkpoint_every,
                        on_nonfinite=args.on_nonfinite, iface=args.iface,
-                       precision=args.precision, accumulate=args.accumulate, logdir=args.logdir,
+                       precision=args.precision, accumulate=args.accumulate, logdir=args.logdir, timeline=args.timeline,
                        max_restarts=args.max_restarts,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
                        stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
@@ -166,11 +172,11 @@ class _TrainView:
 
     COLUMNS = [("epoch", "epoch"), ("loss", "loss"), ("test_accuracy", "test acc"),
                ("samples_per_s", "samples/s"), ("step_ms", "step"), ("compute_ms", "compute"),
-               ("comm_ms", "comm"), ("wait_ms", "wait"), ("data_ms", "data")]
+               ("comm_ms", "comm"), ("wait_ms", "wait"), ("data_ms", "data"), ("tflops", "TFLOP/s"), ("mfu", "MFU")]
 
     FORMATS = {"epoch": "{}", "loss": "{:.4f}", "test_accuracy": "{:.1%}", "samples_per_s": "{:.0f}",
                "step_ms": "{:.1f}", "compute_ms": "{:.1f}", "comm_ms": "{:.1f}", "wait_ms": "{:.1f}",
-               "data_ms": "{:.1f}"}
+               "data_ms": "{:.1f}", "tflops": "{:.3g}", "mfu": "{:.1%}"}
 
     def __init__(self):
         from rich.console import Console
@@ -214,7 +220,8 @@ class _TrainView:
                 f"epoch {event['epoch']}/{self.start['epochs']}  loss {event['loss']:.4f}  "
                 f"test {100 * event['test_accuracy']:.1f} %  {event['samples_per_s']:.0f} samples/s  "
                 f"step {event['step_ms']:.1f} ms = compute {event['compute_ms']:.1f} + comm {event['comm_ms']:.1f}"
-                f" + wait {event['wait_ms']:.1f} + data {event['data_ms']:.1f}")
+                f" + wait {event['wait_ms']:.1f} + data {event['data_ms']:.1f}"
+                + (f"  MFU {event['mfu']:.1%}" if event.get("mfu") is not None else ""))
 
     def close(self) -> None:
         self.progress.stop()
@@ -227,7 +234,7 @@ class _TrainView:
         for _, header in self.COLUMNS:
             table.add_column(header, justify="right")
         for row in done["epochs"]:
-            table.add_row(*(self.FORMATS[k].format(row[k]) for k, _ in self.COLUMNS))
+            table.add_row(*("—" if row.get(k) is None else self.FORMATS[k].format(row[k]) for k, _ in self.COLUMNS))
         predicted = done.get("predicted") or {}
         if "step_ms" in predicted:
             table.add_section()
@@ -238,6 +245,9 @@ class _TrainView:
             table.add_row(*(values.get(k, "") for k, _ in self.COLUMNS))
         self.console.print(table)
         self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")
+        if done.get("peak"):
+            self.console.print(f"TFLOP/s: the model's forward and backward FLOPs per second, all ranks; MFU: of "
+                               f"{done['ranks']} x {done['peak']}", markup=False, highlight=False)
         chose = choice_line(done)
         if chose:
             self.console.print(chose)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gpurig.errors import UsageError
+from gpurig.errors import UsageError, check_writable
 from gpurig.train import checkpoints
 
 ENGINES = ("mpi", "torch")
@@ -41,6 +41,7 @@ class TrainConfig:
     predict: bool = True
     keep_checkpoints: int = checkpoints.KEEP
     checkpoint_every: int | None = None
+    timeline: str | None = None
     on_nonfinite: str = "stop"
     precision: str = "fp32"
     accumulate: int = 1
@@ -117,6 +118,8 @@ def validate(config: TrainConfig, nprocs: int) -> None:
                          f"use at most {max(steps - 1, 1)}")
     if config.resume and not checkpoints.saved(config.checkpoint_dir):
         raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
+    if config.timeline is not None:
+        check_writable(config.timeline, "--timeline")
     _validate_parallel(config, nprocs)
     _validate_reliability(config)
     _validate_step(config, nprocs)

@@ -60,7 +60,8 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     with tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
         events_path = Path(run_dir) / "events.jsonl"
         rank_config = dataclasses.replace(config, nprocs=nprocs, events=str(events_path),
-                                          checkpoint_dir=str(Path(config.checkpoint_dir).resolve()))
+                                          checkpoint_dir=str(Path(config.checkpoint_dir).resolve()),
+                                          timeline=str(Path(config.timeline).resolve()) if config.timeline else None)
         config_path = Path(run_dir) / "config.json"
         config_path.write_text(json.dumps(dataclasses.asdict(rank_config)))
         seen: list[dict] = []

@@ -28,10 +28,12 @@ from gpurig.train import checkpoints
 from gpurig.train import data as datasets
 from gpurig.train.config import TrainConfig, after_restart
 from gpurig.train.faults import Injector
-from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks, step_metrics
+from gpurig.parallel.timeline import Timeline
+from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks, step_metrics, waiting_fraction
 from gpurig.train.predicted import calibrate, prediction
 from gpurig.train.sources import build_model
 from gpurig.train.step import train_step
+from gpurig.train.utilization import BENCH_PROFILE, achieved, flops_per_step, peak_flops_per_s
 from gpurig.train.state import (CHECKPOINT_FORMAT, bytes_per_rank, resume_state, weights_digest, whole_model_state,
                                 whole_state, wrap_model)
 
@@ -60,6 +62,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         checkpoints.clear(config.checkpoint_dir)  # a fresh run starts a new series
     start_epoch = start.epochs
     parameters, whole_bytes = sum(p.numel() for p in model.parameters()), parameter_bytes(model)
+    model_flops = flops_per_step(model, data.x_train, config.global_batch)  # for TFLOP/s and MFU; None: unknown
     wrapped = wrap_model(model, config, comm)
     # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
     dp = wrapped if isinstance(wrapped, DataParallel) else wrapped.data_parallel
@@ -80,6 +83,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
                 f"this run has {comm.size} ({config.parallel}): compression's error-feedback residuals start from zero")
     profile_path = calibrate(comm, config) if config.predict else None
+    peak, peak_source = peak_flops_per_s(comm.device, config, comm.local_size, (profile_path or "", BENCH_PROFILE))
     batches = shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed, split=config.parallel != "model")
     events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model, compression=config.compression,
@@ -88,6 +92,9 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                 epochs=config.epochs, first_epoch=start_epoch, first_step=start.step, steps_per_epoch=len(batches),
                 global_batch=config.global_batch, precision=config.precision, accumulate=config.accumulate)
 
+    recorder = Timeline(config.timeline, comm) if config.timeline else None  # --timeline: None when off
+    if recorder is not None and dp is not None:
+        dp.timeline = recorder
     faults = Injector(comm.rank)
     metrics = MetricsLog(config.checkpoint_dir, config.logdir, enabled=comm.rank == 0, first_epoch=start_epoch,
                          first_step=start.global_step(len(batches)))
@@ -120,9 +127,11 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             started = time.perf_counter()
             data_s = started - loading
             split.data += data_s
+            if recorder is not None:
+                recorder.add("data loading", loading, started, step=epoch * len(batches) + steps + 1)
             optimizer.zero_grad(set_to_none=True)
             try:
-                outcome = train_step(wrapped, dp, optimizer, x, y, config.accumulate, mixed)
+                outcome = train_step(wrapped, dp, optimizer, x, y, config.accumulate, mixed, recorder)
             except NonFiniteGradientError as error:  # raised on every rank at the same step
                 raise Diverged(epoch * len(batches) + steps + 1, epoch + 1, error, config) from None
             loss = outcome.loss
@@ -142,9 +151,14 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             if config.checkpoint_every and done % config.checkpoint_every == 0 and steps < len(batches):
                 mean_sum = comm.allreduce(torch.tensor([loss_sum], dtype=torch.float64)).item()  # ranks' mean
                 save(checkpoints.Position(epoch, steps), epoch_loss_sum=mean_sum)
+                if recorder is not None:
+                    recorder.add("checkpoint", loading, time.perf_counter())
+                loading = time.perf_counter()  # the checkpoint is not data loading
         wall = time.perf_counter() - epoch_start
         ran = steps - skip  # the steps timed in this run (a resumed epoch's earlier ones were timed before)
         everyone = comm.allgather(split.as_tensor().view(1, -1))
+        if recorder is not None:  # this epoch's waits, split as the step split splits them
+            recorder.name_waits(waiting_fraction(everyone, comm.rank))
         mean_loss = comm.allreduce(torch.tensor([loss_sum / max(steps, 1)], dtype=torch.float64)).item()
         record = {
             "epoch": epoch + 1,
@@ -154,15 +168,21 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             "samples_per_s": round(ran * config.global_batch / wall, 1),
             "step_ms": round(1000 * wall / max(ran, 1), 3),
             **split_across_ranks(everyone, ran),
+            **achieved(model_flops, wall / max(ran, 1), peak, comm.size),
         }
         history.append(record)
         sent = (dp.stats.bytes_sent - epoch_sent) // max(ran, 1) if dp is not None else 0
         metrics.epoch({**record, "bytes_sent_per_step": sent, "codec": _codec(dp, config)},
                       step=(epoch + 1) * len(batches))
+        saving = time.perf_counter()
         save(checkpoints.Position(epoch + 1))
+        if recorder is not None:
+            recorder.add("checkpoint", saving, time.perf_counter())
         events.emit("epoch", **record)
 
     metrics.close()
+    if recorder is not None:
+        recorder.close()  # every rank's events to rank 0, which writes the trace
     stats = wrapped.stats
     summary = {
         "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
@@ -180,6 +200,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "skipped_steps": (dp.stats.skipped_steps if dp is not None else 0) + mixed.skipped_steps,
         "loss_scale": mixed.scale_value if mixed.scaling else None,
         "weights_digest": weights_digest(whole_model_state(wrapped)),
+        "timeline": config.timeline,
+        "flops_per_step": model_flops, "peak": peak_source,
     }
     if profile_path is not None and comm.rank == 0:
         summary["predicted"] = prediction(config, comm, profile_path, dp, tuple(data.x_train.shape[1:]))

@@ -58,7 +58,7 @@ def split_across_ranks(per_rank: torch.Tensor, steps: int) -> dict[str, float]:
     {'compute_ms': 90.0, 'comm_ms': 50.0, 'wait_ms': 10.0, 'data_ms': 0.0}
     """
     compute, exposed, data = per_rank[:, 0], per_rank[:, 1], per_rank[:, 2]
-    waiting = torch.minimum(exposed, compute.max() - compute)
+    waiting = waiting_per_rank(per_rank)
     per_step = 1000.0 / max(steps, 1)
     return {
         "compute_ms": round(compute.mean().item() * per_step, 3),
@@ -66,6 +66,28 @@ def split_across_ranks(per_rank: torch.Tensor, steps: int) -> dict[str, float]:
         "wait_ms": round(waiting.mean().item() * per_step, 3),
         "data_ms": round(data.mean().item() * per_step, 3),
     }
+
+
+def waiting_per_rank(per_rank: torch.Tensor) -> torch.Tensor:
+    """Seconds each rank waited for slower ones: of its waits at the end of backward, the part explained by its
+    computing faster than the slowest rank (``per_rank``: rows ``[compute, exposed, data]``).
+
+    >>> [round(s, 6) for s in waiting_per_rank(torch.tensor([[1.0, 0.5, 0.0], [0.8, 0.7, 0.0]], dtype=torch.float64)).tolist()]
+    [0.0, 0.2]
+    """
+    compute, exposed = per_rank[:, 0], per_rank[:, 1]
+    return torch.minimum(exposed, compute.max() - compute)
+
+
+def waiting_fraction(per_rank: torch.Tensor, rank: int) -> float:
+    """The share of ``rank``'s waits at the end of backward that was waiting for slower ranks (the rest:
+    communication), as :func:`split_across_ranks` splits them.
+
+    >>> round(waiting_fraction(torch.tensor([[1.0, 0.5, 0.0], [0.8, 0.7, 0.0]], dtype=torch.float64), 1), 4)
+    0.2857
+    """
+    exposed = per_rank[rank, 1].item()
+    return waiting_per_rank(per_rank)[rank].item() / exposed if exposed > 0 else 0.0
 
 
 METRICS_FILE = "metrics.jsonl"
