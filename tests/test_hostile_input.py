@@ -111,9 +111,10 @@ def test_bad_cluster_descriptions_are_one_line(description):
 
 
 EMULATE_GOOD = {"--nodes": ["2", "3"], "--rate": ["1gbit", "100mbit"], "--engine": ["mpi", "torch"],
-                "--ranks-per-node": ["1", "2"]}
+                "--ranks-per-node": ["1", "2"], "--max-restarts": ["0"]}
 EMULATE_BAD = {"--nodes": ["1", "0", "-1", "x", "100000"], "--rate": ["fast", "1 gbps", "", "-1gbit"],
-               "--ranks-per-node": ["0", "-1", "x", "100000"], "--engine": ["nccl", ""], **UNKNOWN}
+               "--ranks-per-node": ["0", "-1", "x", "100000"], "--engine": ["nccl", ""],
+               "--max-restarts": ["-1", "x"], **UNKNOWN}
 
 
 @EXAMPLES
