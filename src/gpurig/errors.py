@@ -93,6 +93,25 @@ class RankFailed(Exception):
         return f"{who} {how}" + (f" {self.during}" if self.during else "")
 
 
+def check_directory(path: str, flag: str) -> None:
+    """A directory ``flag`` will write into: it exists or can be made (its nearest existing parent is a writable
+    directory), and is not a file.
+
+    >>> check_directory("/dev/null/runs", "--checkpoint-dir")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --checkpoint-dir /dev/null/runs: /dev/null is not a directory
+    """
+    if not path:
+        raise UsageError(f"{flag} '': want a directory")
+    target = Path(path).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable")
+
+
 def check_writable(path: str, flag: str) -> None:
     """A file ``flag`` will write: its directory exists and is writable, and it is not a directory itself.
 

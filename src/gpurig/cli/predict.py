@@ -81,8 +81,9 @@ def run(args) -> int:
     from gpurig.errors import check_writable
     from gpurig.predict import predict
 
-    if args.timeline is not None:
-        check_writable(args.timeline, "--timeline")
+    for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
+        if path is not None:
+            check_writable(path, flag)
     result = predict(request_from(args))
     if args.plot:
         plot(result, args.plot)

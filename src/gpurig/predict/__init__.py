@@ -20,13 +20,14 @@ speed-up and scaling efficiency for 1..N GPUs; the bottleneck; advice.
 
 from __future__ import annotations
 
+from gpurig.errors import UsageError
 from gpurig.perf.precision import precision_on
 from gpurig.perf.step import StepPrediction, layer_costs
 from gpurig.predict.advice import advice
 from gpurig.predict.configuration import step_at
 from gpurig.predict.hardware import Hardware, load_hardware
 from gpurig.predict.memory import fit_advice, memory
-from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check
+from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check, uses_profile
 
 
 def predict(request: PredictRequest) -> dict:
@@ -35,7 +36,14 @@ def predict(request: PredictRequest) -> dict:
 
     check(request)
     hardware = load_hardware(request)
+    if request.gpus and request.gpus > hardware.max_ranks and not uses_profile(request):
+        raise UsageError(f"--gpus {request.gpus}: the cluster has {hardware.max_ranks} GPU"
+                         f"{'s' * (hardware.max_ranks != 1)}; describe more (e.g. '4 nodes x 8 ...') or ask for fewer")
     top = request.gpus or hardware.max_ranks
+    if request.compression != "none" and (top == 1 or request.parallel == "model"):  # taken, then ignored
+        where = "on 1 GPU" if top == 1 else "with --parallel model"
+        raise UsageError(f"--compression {request.compression}: gradients are compressed when GPUs average them, "
+                         f"and {where} none are")
     batch = request.batch or DEFAULT_BATCH.get(request.model, 64)
     spec = model_spec(request.model, batch=batch, tokens=request.tokens, sample=request.sample)
     layers = layer_costs(spec)

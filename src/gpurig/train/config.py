@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gpurig.errors import UsageError, check_writable
+from gpurig.errors import UsageError, check_directory, check_writable
 from gpurig.train import checkpoints
 
 ENGINES = ("mpi", "torch")
@@ -118,6 +118,9 @@ def validate(config: TrainConfig, nprocs: int) -> None:
                          f"use at most {max(steps - 1, 1)}")
     if config.resume and not checkpoints.saved(config.checkpoint_dir):
         raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
+    check_directory(config.checkpoint_dir, "--checkpoint-dir")
+    if config.logdir is not None:
+        check_directory(config.logdir, "--logdir")
     if config.timeline is not None:
         check_writable(config.timeline, "--timeline")
     _validate_parallel(config, nprocs)
@@ -201,6 +204,9 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
         return
     from gpurig.parallel import auto
 
+    if config.parallel == "model" and config.bucket_mb is not None:  # a flag taken and then ignored
+        raise UsageError("--bucket-mb: gradients travel in buckets when they are averaged, and with --parallel model "
+                         "none are")
     if config.parallel == "model" and config.compression != "none" and auto.parse(config.compression) is None:
         raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
                          "and with --parallel model none are")
