@@ -2,12 +2,15 @@
 train and predict report achieved TFLOP/s and MFU from them."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+import gpurig
 from conftest import run_cli
 from gpurig import models
 from gpurig.train.utilization import PEAK_UNKNOWN, achieved, flops_per_step
@@ -39,8 +42,11 @@ def test_achieved_and_mfu_from_a_step():
     assert achieved(4e12, 2.0, None, 4) == {"tflops": 2.0, "mfu": None}
 
 
-def test_train_reports_tflops_per_epoch(tmp_path):
+def test_train_reports_tflops_per_epoch(tmp_path, monkeypatch):
     """One rank, one epoch: TFLOP/s is the step's FLOPs over the step's time; without a profile the peak is unknown."""
+    monkeypatch.chdir(tmp_path)  # no runs/bench/profile.json here; the ranks still import this gpurig
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(gpurig.__file__).resolve().parents[1]),
+                                                      *filter(None, [os.environ.get("PYTHONPATH")])]))
     code, out, err = run_cli(["train", "-n", "1", "--epochs", "1", "--global-batch", "512", "--no-predict",
                               "--compression", "none", "--json", "--checkpoint-dir", str(tmp_path)])
     assert code == 0, err
