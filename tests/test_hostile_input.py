@@ -59,7 +59,8 @@ TRAIN_GOOD = {"--epochs": ["1", "3"], "--model": ["mlp", "cnn"], "--engine": ["m
               "--compression": ["none", "int8", "auto", "powersgd:2"], "--lr": ["0.1"], "-n": ["2"],
               "--global-batch": ["64", "128"], "--on-nonfinite": ["skip", "stop"], "--keep-checkpoints": ["2"],
               "--failure-timeout": ["5", "0"], "--stall-timeout": ["30"], "--momentum": ["0", "0.5"],
-              "--bucket-mb": ["1", "0.5"], "--json": [None], "--max-restarts": ["0", "2"]}
+              "--bucket-mb": ["1", "0.5"], "--json": [None], "--max-restarts": ["0", "2"],
+              "--checkpoint-every": ["5"]}
 TRAIN_BAD = {"-n": ["0", "-2", "two", "1.5", "", "100000000"], "--epochs": ["0", "-1", "x", ""],
              "--global-batch": ["0", "-5", "x"], "--lr": ["0", "-0.1", "nan", "inf", "x"],
              "--momentum": ["1", "1.5", "-0.1", "nan", "x"], "--model": ["resnet", "", "MLP"], "--data": ["imagenet"],
@@ -67,7 +68,9 @@ TRAIN_BAD = {"-n": ["0", "-2", "two", "1.5", "", "100000000"], "--epochs": ["0",
              "--bucket-mb": ["0", "-1", "nan", "inf", "x"], "--keep-checkpoints": ["0", "-1", "x"],
              "--on-nonfinite": ["retry", ""], "--failure-timeout": ["-1", "nan", "inf", "x", "1e9"],
              "--stall-timeout": ["-1", "nan", "x"], "--iface": ["no-such-iface0", ""], "--hosts": ["a:0", "a:x", ",", "a b"],
-             "--seed": ["x", "1.5"], "--resume": [None], "--max-restarts": ["-1", "x"], **UNKNOWN}
+             "--seed": ["x", "1.5"], "--resume": [None], "--max-restarts": ["-1", "x"],
+             "--checkpoint-every": ["0", "-3", "x", "100000"], "--logdir": ["/dev/null/tb"],
+             "--timeline": ["/dev/null/trace.json", "", os.path.join(NONE_DIR, "no", "trace.json")], **UNKNOWN}
 
 
 @EXAMPLES
@@ -109,9 +112,10 @@ def test_bad_cluster_descriptions_are_one_line(description):
 
 
 EMULATE_GOOD = {"--nodes": ["2", "3"], "--rate": ["1gbit", "100mbit"], "--engine": ["mpi", "torch"],
-                "--ranks-per-node": ["1", "2"]}
+                "--ranks-per-node": ["1", "2"], "--max-restarts": ["0"]}
 EMULATE_BAD = {"--nodes": ["1", "0", "-1", "x", "100000"], "--rate": ["fast", "1 gbps", "", "-1gbit"],
-               "--ranks-per-node": ["0", "-1", "x", "100000"], "--engine": ["nccl", ""], **UNKNOWN}
+               "--ranks-per-node": ["0", "-1", "x", "100000"], "--engine": ["nccl", ""],
+               "--max-restarts": ["-1", "x"], **UNKNOWN}
 
 
 @EXAMPLES
@@ -124,11 +128,11 @@ BENCH_GOOD = {"--quick": [None], "--engine": ["mpi", "torch", "mpi,torch"], "--p
               "--min-kb": ["1"], "--max-mb": ["1"], "--json": [None]}
 BENCH_BAD = {"-n": ["0", "-1", "x", "100000000"], "--engine": ["nccl", "mpi,,x"], "--parts": ["network", "comm,x"],
              "--min-kb": ["0", "-1", "nan", "inf", "x"], "--max-mb": ["0", "nan", "inf", "1e300", "x"],
-             "--mpi-args": ["--mca 'x"], **UNKNOWN}
+             "--mpi-args": ["--mca 'x"], "--plot": ["/dev/null/plots"], **UNKNOWN}
 
 
 @EXAMPLES
-@given(commands("bench", BENCH_GOOD, BENCH_BAD, ["--out", os.path.join(NONE_DIR, "profile.json")]))
+@given(commands("bench", BENCH_GOOD, BENCH_BAD, ["--out", os.path.join(tempfile.mkdtemp(), "profile.json")]))
 def test_bench_refuses_bad_flags_in_one_line(argv):
     assert_one_line_usage_error(argv)
 
@@ -226,3 +230,33 @@ def test_ranks_listen_only_on_loopback_or_the_named_interface(engine, iface):
     assert done.returncode == 0, done.stderr[-3000:]
     addresses = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(addresses) == 2 and {a for rank in addresses for a in rank} == {"127.0.0.1"}, addresses
+
+
+# Found by going through every verb's flags (issue 29): a traceback, a flag taken and then ignored, an absurd count.
+SWEEP = [
+    (["train", "--checkpoint-dir", "/dev/null/runs"], "--checkpoint-dir /dev/null/runs: /dev/null is not a directory"),
+    (["train", "-n", "2", "--parallel", "model", "--bucket-mb", "4"], "--bucket-mb: gradients travel in buckets"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "1 GTX 980", "--compression", "int8"], "on 1 GPU none are"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 GTX 980", "--parallel", "model", "--compression", "int8"],
+     "with --parallel model none are"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 GTX 980", "--gpus", "5"], "the cluster has 2 GPUs"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 GTX 980", "--engine", "torch"], "is no profile"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 GTX 980", "--algorithm", "x"], "--algorithm must be one of"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 GTX 980", "--plot", "/dev/null/x.png"],
+     "--plot /dev/null/x.png: the directory /dev/null does not exist"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 GTX 980", "--timeline", "/dev/null/t.json"],
+     "--timeline /dev/null/t.json: the directory /dev/null does not exist"),
+    (["plan", "--gpu", "2080ti", "-c", "0"], "count: 0 GPUs is outside 1–1024 GPUs"),
+    (["run", "-n", "2", "--master-addr", "", "--", "true"], "--master-addr '': give a value or leave the flag out"),
+    (["run", "-n", "2", "--log-dir", "", "--", "true"], "--log-dir '': give a value or leave the flag out"),
+    (["emulate", "--engine", "torch", "--max-restarts", "1", "--", "true"], "--max-restarts in gpurig emulate is for"),
+    (["bench", "--out", "/dev/null/profile.json"], "--out /dev/null/profile.json: the directory /dev/null does not"),
+]
+
+
+@pytest.mark.parametrize("argv,message", SWEEP, ids=[" ".join(a[:1] + a[-2:]) for a, _ in SWEEP])
+def test_flags_found_by_the_sweep_are_one_line(argv, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything written by mistake would land here
+    code, out, err = run_cli(argv)
+    assert code == 2 and err.strip().startswith("gpurig: error: ") and message in err, (code, err[-1000:])
+    assert "Traceback" not in out + err and list(tmp_path.iterdir()) == []

@@ -7,6 +7,7 @@ numbers, so one run serves them all).
 """
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -57,6 +58,42 @@ def test_a_job_that_restarts_ends_as_an_uninterrupted_one(uninterrupted, engine,
     assert summary["restarts"] == 1 and [e["epoch"] for e in summary["epochs"]] == [1, 2]
     assert summary["weights_digest"] == uninterrupted["weights_digest"]
     assert "restart 1 of 2" in done.stderr and "rank 1 on host" in done.stderr
+
+
+def test_checkpoint_every_resumes_mid_epoch_at_the_exact_step(uninterrupted, tmp_path):
+    """--checkpoint-every 3: rank 1 killed in step 12 (epoch 2's 5th of 7); the restart resumes from the checkpoint
+    after step 9 (epoch 2, step 2), says the 2 steps since are lost, and ends bit for bit as the uninterrupted run."""
+    done = gpurig(*TRAIN, "-n", 2, "--max-restarts", 1, "--checkpoint-every", 3, "--checkpoint-dir", tmp_path,
+                  "--failure-timeout", PLAN.failure_timeout, env={"GPURIG_FAULT": "rank=1 step=12 signal=SIGKILL"},
+                  timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["restarts"] == 1 and summary["weights_digest"] == uninterrupted["weights_digest"]
+    assert [e["loss"] for e in summary["epochs"]] == pytest.approx([e["loss"] for e in uninterrupted["epochs"]],
+                                                                   abs=2e-5)
+    assert ("resuming from step 2 of epoch 2 (checkpoint-epoch2-step2.pt); lost: the 2 steps since, run again"
+            in done.stderr)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "step"]
+    assert steps == list(range(1, 15))  # the lost steps' lines are replaced, not repeated
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"network namespaces unavailable: {unavailable()}")
+def test_a_restart_goes_on_without_a_lost_host(uninterrupted, tmp_path):
+    """2 emulated nodes, one rank each: in step 12 node 2 is lost (its rank killed, and mpirun can no longer start
+    anything there). --max-restarts finds it gone and restarts on node 1 alone, one rank resuming from the
+    checkpoint after step 9, and ends where the uninterrupted 2-rank run did, up to summation order."""
+    done = gpurig("emulate", "--nodes", 2, "--rate", "10gbit", "--max-restarts", 1, "--", "python", "-m", "gpurig",
+                  *TRAIN, "--checkpoint-every", 3, "--checkpoint-dir", tmp_path, "--failure-timeout", PLAN.failure_timeout,
+                  env={"GPURIG_FAULT": "rank=1 step=12 host=lost"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["ranks"] == 1 and [e["epoch"] for e in summary["epochs"]] == [1, 2]
+    assert re.search(r"host \S+ is gone \(ssh: .*\): the job goes on without it", done.stderr)
+    assert "restart 1 of 1: starting the 1 rank again" in done.stderr
+    mine, theirs = load(summary["checkpoint"])["model"], load(uninterrupted["checkpoint"])["model"]
+    for name, tensor in theirs.items():
+        assert torch.allclose(mine[name], tensor, rtol=1e-4, atol=1e-6), name
 
 
 def test_resume_on_another_rank_count(uninterrupted, tmp_path):

@@ -8,6 +8,7 @@ The library is what ``gpurig train`` itself uses::
     for x, y in gpurig.shard((X, Y), global_batch=256):   # each rank its part of every global batch
         ...
     model = gpurig.parallelize(model, {"fc1": "column", "fc2": "row"})   # or split layers over the ranks
+    with gpurig.timeline("trace.json"): ...   # a Chrome trace of every rank's steps (Perfetto opens it)
 
 Heavy imports (torch, mpi4py) happen on first use, so ``gpurig --help`` stays fast.
 """
@@ -37,6 +38,8 @@ _LAZY = {
     "parameter_bytes": "gpurig.parallel",
     "MixedPrecision": "gpurig.parallel",
     "ZeroRedundancyOptimizer": "gpurig.parallel",
+    "timeline": "gpurig.parallel.timeline",
+    "Timeline": "gpurig.parallel.timeline",
 }
 
 

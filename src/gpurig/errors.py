@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -89,3 +91,40 @@ class RankFailed(Exception):
         else:
             how = f"exited with code {self.returncode}"
         return f"{who} {how}" + (f" {self.during}" if self.during else "")
+
+
+def check_directory(path: str, flag: str) -> None:
+    """A directory ``flag`` will write into: it exists or can be made (its nearest existing parent is a writable
+    directory), and is not a file.
+
+    >>> check_directory("/dev/null/runs", "--checkpoint-dir")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --checkpoint-dir /dev/null/runs: /dev/null is not a directory
+    """
+    if not path:
+        raise UsageError(f"{flag} '': want a directory")
+    target = Path(path).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable")
+
+
+def check_writable(path: str, flag: str) -> None:
+    """A file ``flag`` will write: its directory exists and is writable, and it is not a directory itself.
+
+    >>> check_writable("/nonexistent/trace.json", "--timeline")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --timeline /nonexistent/trace.json: the directory /nonexistent does not exist
+    """
+    target = Path(path)
+    directory = target.parent
+    if not path or target.is_dir():
+        raise UsageError(f"{flag} {path!r}: want a file name, e.g. trace.json")
+    if not directory.is_dir():
+        raise UsageError(f"{flag} {path}: the directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"{flag} {path}: the directory {directory} is not writable")

@@ -54,7 +54,13 @@ def add_parser(subparsers) -> None:
 
 
 def _config(args):
+    from gpurig.errors import check_directory, check_writable
     from gpurig.measure.bench import BenchConfig
+
+    check_writable(args.out, "--out")  # before minutes of measuring, not after
+    for path, flag in ((args.plot, "--plot"), (args.dir, "--dir")):
+        if path is not None:
+            check_directory(path, flag)
 
     overrides = {"nprocs": args.nprocs, "engines": tuple(e.strip() for e in args.engine.split(",") if e.strip()),
                  "parts": tuple(x.strip() for x in args.parts.split(",") if x.strip()), "directory": args.dir,

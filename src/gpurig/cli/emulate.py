@@ -32,6 +32,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rate", default="1gbit", help="link rate, tc syntax: 1gbit (default), 10gbit, 100mbit")
     p.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each node (default 1)")
     p.add_argument("--engine", default="mpi", help="mpi (default) or torch")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="start the job again after a failure, up to K times, on the nodes that remain (MPI)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     p.set_defaults(handler=run)
 
@@ -52,5 +54,10 @@ def run(args) -> int:
     if args.engine not in ("mpi", "torch"):
         raise UsageError(f"unknown engine {args.engine!r}: choose one of mpi, torch")
     parse_rate(args.rate)
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    if args.max_restarts and args.engine != "mpi":
+        raise UsageError("--max-restarts in gpurig emulate is for --engine mpi (gpurig run restarts the mpirun job)")
     with Cluster(nodes=args.nodes, rate=args.rate) as cluster:
-        return cluster.run(command, engine=args.engine, ranks_per_node=args.ranks_per_node)
+        return cluster.run(command, engine=args.engine, ranks_per_node=args.ranks_per_node,
+                           max_restarts=args.max_restarts)

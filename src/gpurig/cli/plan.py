@@ -91,7 +91,8 @@ def _gpu_groups(specs: list[str], count: int | None, cooler: str | None) -> list
     groups = []
     for spec in specs:
         match = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(.+)", spec)
-        group = {"model": match[2], "count": int(match[1])} if match else {"model": spec, "count": count or 1}
+        group = {"model": match[2], "count": int(match[1])} if match else \
+            {"model": spec, "count": 1 if count is None else count}  # -c 0 is refused by the spec's check
         if cooler:
             group["cooler"] = cooler
         groups.append(group)

@@ -13,6 +13,7 @@ examples:
   gpurig predict --model mnist-mlp --cluster runs/bench/profile.json      # this machine, as gpurig bench measured it
   gpurig predict --model my_models:build --sample 3x224x224 --cluster "8 A100, 100 Gbit/s InfiniBand"
   gpurig predict --model resnet50 --cluster "4 nodes x 8 V100, 100GbE" --plot speedup.png --json
+  gpurig predict --model mnist-mlp --cluster runs/train/profile.json --gpus 2 --timeline predicted.json
 
 --cluster is a cluster spec (TOML, e.g. from gpurig doctor --write-spec), a machine
 profile (JSON from gpurig bench) or a one-line description of catalog parts.
@@ -67,6 +68,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-prefetch", action="store_true",
                    help="read each batch when the step needs it (default: loader workers read ahead)")
     p.add_argument("--plot", default=None, metavar="PNG", help="write speed-up vs GPU count as a PNG plot")
+    p.add_argument("--timeline", default=None, metavar="FILE",
+                   help="write the predicted step as a Chrome trace (the format of gpurig train --timeline, "
+                        "to open side by side in https://ui.perfetto.dev)")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.set_defaults(handler=run)
 
@@ -84,18 +88,34 @@ def request_from(args):
 
 def run(args) -> int:
     """Run ``gpurig predict`` with parsed ``args``; return the exit code."""
+    from gpurig.errors import check_writable
     from gpurig.predict import predict
 
+    for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
+        if path is not None:
+            check_writable(path, flag)
     result = predict(request_from(args))
     if args.plot:
         plot(result, args.plot)
+    if args.timeline is not None:
+        write_timeline(result, args.timeline)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     show(result)
     if args.plot:
         print(f"plot: {args.plot}")
+    if args.timeline:
+        print(f"timeline: {args.timeline} (one predicted step; open it in https://ui.perfetto.dev)")
     return 0
+
+
+def write_timeline(result: dict, path: str) -> None:
+    """The predicted step as a Chrome trace at ``path``, one process: a rank of ``result``'s largest size."""
+    from gpurig.perf import timeline
+
+    events = timeline.predicted_step_events(result["step"], result.get("buckets") or [])
+    timeline.write(path, timeline.chrome_trace(events, {0: f"predicted rank (of {result['gpus']})"}))
 
 
 def show(result: dict) -> None:
@@ -129,6 +149,11 @@ def show(result: dict) -> None:
         verdict = "fits" if needed["fits"] else "[bold red]does NOT fit[/]"
         console.print(f"memory per GPU: {needed['total_gb']:.1f} GB of {needed['usable_gb']:.1f} usable "
                       f"({needed['gpu_gb']:g} GB): {verdict}; the largest batch that fits: {needed['largest_batch']}")
+    used = result.get("utilization") or {}
+    if used.get("mfu") is not None:
+        console.print(f"expected MFU: {used['mfu']:.1%} ({used['tflops_per_gpu']:.3g} of {used['peak_tflops']:.3g} "
+                      f"TFLOP/s per GPU; the model's forward and backward FLOPs over the step, the peak from the "
+                      f"{used['peak_source']})")
     console.print("step = compute + comm + wait + data. comm: communication not hidden under backward; wait: for the "
                   "slowest rank; comm total: all communication; codec: compression's arithmetic (in backward on a CPU)")
     for key in ("strong_scaling", "scaling"):

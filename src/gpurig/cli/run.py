@@ -94,7 +94,12 @@ def run(args) -> int:
     from gpurig.launch.layout import layout_from_flags
     from gpurig.launch.output import output_env
 
+    from gpurig.errors import UsageError
+
     command = command_after_dashes(args.command, "gpurig run -n N -- python script.py")
+    for value, flag in ((args.master_addr, "--master-addr"), (args.log_dir, "--log-dir")):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag} '': give a value or leave the flag out")
     layout = layout_from_flags(args.engine, args.nprocs, args.hosts, args.hostfile, args.nproc_per_node, args.nnodes,
                                args.node_rank, args.master_addr, args.master_port, launch.default_nprocs)
     tag = args.tag_output if args.tag_output is not None else sys.stdout.isatty()

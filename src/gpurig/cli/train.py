@@ -23,6 +23,8 @@ examples:
   gpurig train --shard optimizer            # ZeRO: each rank keeps 1/N of the optimizer state (gradients: also 1/N of those)
   gpurig train --model my_pkg.models:build --data my_pkg.data:load   # your own model and data
   gpurig train --logdir runs/tb             # metrics to TensorBoard too (always: runs/train/metrics.jsonl)
+  gpurig train --timeline trace.json        # every rank's steps as a Chrome trace (ui.perfetto.dev)
+  gpurig train --checkpoint-every 50 --max-restarts 3   # restart by itself, losing at most 50 steps
 
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data).
@@ -35,7 +37,9 @@ loading checks), the last --keep-checkpoints kept, `latest` naming the newest.
 ones it passed over. A rank that dies or stops is reported within
 --failure-timeout seconds, naming it, its host and its collective; with
 --max-restarts K the job then starts again by itself (up to K times) from the
-newest checkpoint: what is lost is the steps since that epoch began.
+newest checkpoint, saying what is lost: the steps since that checkpoint.
+--checkpoint-every STEPS checkpoints between epochs too (checkpoint-epoch4-step5.pt),
+so at most STEPS steps are lost; the resumed run ends with the same weights.
 """
 
 
@@ -92,6 +96,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest intact checkpoint in --checkpoint-dir (any rank count)")
     p.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="also checkpoint every STEPS steps (counted over the run), mid-epoch: a restart or --resume "
+                        "then loses at most STEPS steps, and resumes at that step exactly")
     p.add_argument("--on-nonfinite", default="stop",
                    help="when gradients hold NaN or Inf (averaged ones, or split layers' on any rank; with fp16 "
                         "even at a loss scale below 1): stop (default: one line naming the step and the parameter, "
@@ -107,6 +114,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--logdir", default=None, metavar="DIR",
                    help="also write the per-step and per-epoch metrics as TensorBoard event files here "
                         "(tensorboard --logdir DIR); they are always in metrics.jsonl beside the checkpoints")
+    p.add_argument("--timeline", "--timeline-filename", dest="timeline", default=None, metavar="FILE",
+                   help="write every rank's steps as a Chrome trace (open it in https://ui.perfetto.dev): data "
+                        "loading, forward, backward, each bucket's copy and allreduce (or encode, send, decode), "
+                        "the communication backward did not hide, the wait for the slowest rank, the optimizer")
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the measurements behind the predicted step split (about 10 s on 2 CPU ranks)")
     add_reliability_flags(p)
@@ -124,8 +135,9 @@ def _config(args):
                        compression=args.compression or ("auto" if args.shard == "none" else "none"),
                        shard=args.shard, parallel=args.parallel, predict=args.predict,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                       keep_checkpoints=args.keep_checkpoints, on_nonfinite=args.on_nonfinite, iface=args.iface,
-                       precision=args.precision, accumulate=args.accumulate, logdir=args.logdir,
+                       keep_checkpoints=args.keep_checkpoints, checkpoint_every=args.checkpoint_every,
+                       on_nonfinite=args.on_nonfinite, iface=args.iface,
+                       precision=args.precision, accumulate=args.accumulate, logdir=args.logdir, timeline=args.timeline,
                        max_restarts=args.max_restarts,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
                        stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
@@ -140,10 +152,12 @@ def _seconds(text, flag):
 def run(args) -> int:
     """Run ``gpurig train`` with parsed ``args``; return the exit code."""
     from gpurig.train import launch_training
+    from gpurig.train.job import restart_line
 
     config = _config(args)
-    if args.json:
-        code, events = launch_training(config)
+    if args.json:  # stdout holds the summary only; a restart is still said, on stderr
+        code, events = launch_training(config, on_event=lambda event: event["event"] == "restart" and print(
+            f"gpurig train: {restart_line(event)}", file=sys.stderr, flush=True))
         done = [e for e in events if e["event"] == "done"]
         if code == 0 and done:
             print(json.dumps({k: v for k, v in done[-1].items() if k != "event"}, indent=2))
@@ -166,11 +180,11 @@ class _TrainView:
 
     COLUMNS = [("epoch", "epoch"), ("loss", "loss"), ("test_accuracy", "test acc"),
                ("samples_per_s", "samples/s"), ("step_ms", "step"), ("compute_ms", "compute"),
-               ("comm_ms", "comm"), ("wait_ms", "wait"), ("data_ms", "data")]
+               ("comm_ms", "comm"), ("wait_ms", "wait"), ("data_ms", "data"), ("tflops", "TFLOP/s"), ("mfu", "MFU")]
 
     FORMATS = {"epoch": "{}", "loss": "{:.4f}", "test_accuracy": "{:.1%}", "samples_per_s": "{:.0f}",
                "step_ms": "{:.1f}", "compute_ms": "{:.1f}", "comm_ms": "{:.1f}", "wait_ms": "{:.1f}",
-               "data_ms": "{:.1f}"}
+               "data_ms": "{:.1f}", "tflops": "{:.3g}", "mfu": "{:.1%}"}
 
     def __init__(self):
         from rich.console import Console
@@ -207,16 +221,16 @@ class _TrainView:
                 self.progress.remove_task(self.task)
                 self.task = None
             self.progress.stop()
-            since = (f"from the checkpoint of epoch {event['from_epoch']} (the steps since are run again)"
-                     if event["from_epoch"] else "from the start (no epoch had finished)")
-            self.console.print(f"[bold]restart {event['restart']} of {event['max_restarts']}[/] after "
-                               f"{event['failure']}: resuming {since}")
+            from gpurig.train.job import restart_line
+
+            self.console.print(restart_line(event), markup=False, highlight=False)
         elif kind == "epoch":
             self.progress.console.print(
                 f"epoch {event['epoch']}/{self.start['epochs']}  loss {event['loss']:.4f}  "
                 f"test {100 * event['test_accuracy']:.1f} %  {event['samples_per_s']:.0f} samples/s  "
                 f"step {event['step_ms']:.1f} ms = compute {event['compute_ms']:.1f} + comm {event['comm_ms']:.1f}"
-                f" + wait {event['wait_ms']:.1f} + data {event['data_ms']:.1f}")
+                f" + wait {event['wait_ms']:.1f} + data {event['data_ms']:.1f}"
+                + (f"  MFU {event['mfu']:.1%}" if event.get("mfu") is not None else ""))
 
     def close(self) -> None:
         self.progress.stop()
@@ -229,7 +243,7 @@ class _TrainView:
         for _, header in self.COLUMNS:
             table.add_column(header, justify="right")
         for row in done["epochs"]:
-            table.add_row(*(self.FORMATS[k].format(row[k]) for k, _ in self.COLUMNS))
+            table.add_row(*("—" if row.get(k) is None else self.FORMATS[k].format(row[k]) for k, _ in self.COLUMNS))
         predicted = done.get("predicted") or {}
         if "step_ms" in predicted:
             table.add_section()
@@ -243,6 +257,9 @@ class _TrainView:
         if done.get("shard", "none") != "none":
             held = ", ".join(f"{b / 2**20:.2f}" for b in done["optimizer_state_bytes_per_rank"])
             self.console.print(f"optimizer state held per rank (--shard {done['shard']}): {held} MB")
+        if done.get("peak"):
+            self.console.print(f"TFLOP/s: the model's forward and backward FLOPs per second, all ranks; MFU: of "
+                               f"{done['ranks']} x {done['peak']}", markup=False, highlight=False)
         chose = choice_line(done)
         if chose:
             self.console.print(chose)

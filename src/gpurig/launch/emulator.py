@@ -36,6 +36,8 @@ from gpurig.launch.rank_env import host_defaults
 
 IFACE = "eth1"  # the same name in every node, so one GLOO_SOCKET_IFNAME serves all
 MAP_VARIABLE = "GPURIG_EMULATOR_NODES"
+# A file of node addresses, one a line, that are "gone": the rsh agent refuses them as ssh refuses a dead machine.
+DOWN_VARIABLE = "GPURIG_EMULATOR_DOWN"
 
 
 def parse_rate(text: str) -> int:
@@ -205,11 +207,14 @@ class Cluster:
         """The command prefix that runs a program as node k (its namespace and hostname)."""
         return [sys.executable, "-m", "gpurig.launch.emulator", "enter", self.namespace(k), f"node{k + 1}", "--"]
 
-    def run(self, command: list[str], engine: str = "mpi", ranks_per_node: int = 1, env: dict | None = None) -> int:
-        """Run ``command`` on every node (``ranks_per_node`` each); return the job's exit code."""
+    def run(self, command: list[str], engine: str = "mpi", ranks_per_node: int = 1, env: dict | None = None,
+            max_restarts: int = 0) -> int:
+        """Run ``command`` on every node (``ranks_per_node`` each); return the job's exit code. With
+        ``max_restarts`` (MPI) the job starts again after a failure, without the nodes that are gone."""
         nprocs = self.nodes * ranks_per_node
         env = {**(os.environ if env is None else env), MAP_VARIABLE: json.dumps(self.node_map()),
                "GLOO_SOCKET_IFNAME": IFACE, IFACE_VARIABLE: IFACE}
+        env.setdefault(DOWN_VARIABLE, os.path.join(tempfile.mkdtemp(prefix="gpurig-emulate-"), "down"))
         # All "nodes" share this machine's cores: more threads than cores makes OpenMP spin against itself.
         env = host_defaults(env, ranks_here=nprocs)
         if engine == "mpi":
@@ -220,7 +225,7 @@ class Cluster:
                         # Open MPI's default allreduce reaches 0.31 of a link on 3 nodes, its ring 0.85
                         "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4")
             line = self.enter(0) + [sys.executable, "-m", "gpurig", "run", "-n", str(nprocs), "--hosts", hosts,
-                                    "--mpi-args", mpi_args, "--", *command]
+                                    "--mpi-args", mpi_args, "--max-restarts", str(max_restarts), "--", *command]
             return subprocess.run(line, env=env).returncode
         return self._run_torch(command, nprocs, ranks_per_node, env)
 
@@ -269,6 +274,40 @@ def _exec_in(namespace: str, hostname: str, command: list[str]) -> None:
     os.execvp("ip", ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c", inner, "sh", *command])
 
 
+def gone(env=None) -> set[str]:
+    """The emulated nodes taken down (``GPURIG_EMULATOR_DOWN``'s file): their rsh agent refuses, as for a dead host.
+
+    >>> gone({})
+    set()
+    """
+    path = (os.environ if env is None else env).get(DOWN_VARIABLE)
+    if not path or not os.path.isfile(path):
+        return set()
+    with open(path) as f:
+        return {line.strip() for line in f if line.strip()}
+
+
+def take_down_this_node(env=None) -> str:
+    """Mark the emulated node this process runs on gone (``GPURIG_EMULATOR_DOWN``): no rank starts there again,
+    as on a lost host. Returns its address.
+
+    >>> take_down_this_node({})
+    Traceback (most recent call last):
+    ...
+    RuntimeError: not on an emulated node (gpurig emulate sets GPURIG_EMULATOR_NODES and GPURIG_EMULATOR_DOWN)
+    """
+    import socket
+
+    env = os.environ if env is None else env
+    if MAP_VARIABLE not in env or DOWN_VARIABLE not in env:
+        raise RuntimeError(f"not on an emulated node (gpurig emulate sets {MAP_VARIABLE} and {DOWN_VARIABLE})")
+    me = socket.gethostname()
+    address = next(a for a, (_, hostname) in json.loads(env[MAP_VARIABLE]).items() if hostname == me)
+    with open(env[DOWN_VARIABLE], "a") as f:
+        f.write(address + "\n")
+    return address
+
+
 def main(argv: list[str]) -> int:
     """``enter NS HOST -- CMD`` · ``task -- CMD`` (node from the environment) · ``agent [opts] ADDRESS CMD`` (mpirun's rsh)."""
     if argv[:1] == ["enter"] and len(argv) > 4 and argv[3] == "--":
@@ -282,6 +321,9 @@ def main(argv: list[str]) -> int:
         while args and args[0].startswith("-"):  # ssh options mpirun adds
             args = args[1:]
         address, remote = args[0], " ".join(args[1:])
+        if address in gone():
+            print(f"ssh: connect to host {address} port 22: No route to host", file=sys.stderr)
+            return 255
         namespace, hostname = json.loads(os.environ[MAP_VARIABLE])[address]
         _exec_in(namespace, hostname, ["sh", "-c", remote])
     print(main.__doc__, file=sys.stderr)

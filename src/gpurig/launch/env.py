@@ -119,14 +119,20 @@ def launched_by_mpi(env=None) -> bool:
 
 
 def in_launched_job(env=None) -> bool:
-    """True when a launcher started this process as one rank of a job of several.
+    """True when a launcher started this process as one rank of a job of several, or as the one rank of a job
+    ``gpurig run`` started (a job restarted on the one host that remains, ``gpurig run -n 1``).
 
     >>> in_launched_job({"OMPI_COMM_WORLD_SIZE": "4"}), in_launched_job({})
     (True, False)
+    >>> in_launched_job({"OMPI_COMM_WORLD_SIZE": "1"}), in_launched_job({"OMPI_COMM_WORLD_SIZE": "1", "GPURIG_RUN_STATUS_DIR": "/tmp/x"})
+    (False, True)
     """
+    from gpurig.launch.status import STATUS_DIR_VARIABLE
+
     env = os.environ if env is None else env
     size = _first_int(env, [*TORCH_FROM_MPI["WORLD_SIZE"], "WORLD_SIZE"])
-    return size is not None and size > 1 and (launched_by_mpi(env) or "RANK" in env)
+    ours = size == 1 and bool(env.get(STATUS_DIR_VARIABLE))  # gpurig run's ranks name their status directory
+    return size is not None and (size > 1 or ours) and (launched_by_mpi(env) or "RANK" in env)
 
 
 def detect_engine(env=None) -> str:

@@ -24,7 +24,7 @@ from gpurig.launch.env import MAX_RESTARTS_VARIABLE, RESTART_VARIABLES
 from gpurig.launch.hosts import is_this_host, parse_hosts
 from gpurig.launch.iface import confine
 from gpurig.launch.local import run_local, start_local, watch_local
-from gpurig.launch.mpirun import Mpirun, mpi_arg_words, mpirun_job, run_line, run_mpirun
+from gpurig.launch.mpirun import Mpirun, cannot_start_on, mpi_arg_words, mpirun_job, run_line, run_mpirun
 from gpurig.launch.processes import as_rank_program, stop
 from gpurig.launch.rank_env import local_torch_envs, rank_path, srun_step, srun_torch_env
 from gpurig.launch.standby import PARK_VARIABLE, release
@@ -187,6 +187,8 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
             print(summary(failure, others), file=sys.stderr, flush=True)
             if attempt == max_restarts:
                 return failure.exit_code
+            if engine == "mpi" and len(host_list) > 1:  # a host that is gone: the restart runs on those that remain
+                host_list, nprocs = without_lost_hosts(host_list, nprocs, env, mpi_args)
             print(f"gpurig run: restart {attempt + 1} of {max_restarts}: starting the {nprocs} rank"
                   f"{'s' * (nprocs != 1)} again", file=sys.stderr, flush=True)
             if on_restart is not None:
@@ -196,6 +198,30 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
             standby.discard()
         job_over.set()
     return failure.exit_code
+
+
+def without_lost_hosts(host_list: list[tuple[str, int]], nprocs: int, env: dict,
+                       mpi_args: str = "") -> tuple[list[tuple[str, int]], int]:
+    """The hosts where mpirun can still start ranks, and the ranks they hold (at most ``nprocs``); one line per
+    host dropped. All of them gone: the list as it was (the restart then fails, naming the first).
+
+    >>> without_lost_hosts([("localhost", 2), ("127.0.0.1", 2)], 4, dict(os.environ))
+    ([('localhost', 2), ('127.0.0.1', 2)], 4)
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(host_list)) as pool:
+        why = dict(zip((host for host, _ in host_list),
+                       pool.map(lambda entry: cannot_start_on(entry[0], env, mpi_args), host_list)))
+    remaining = [(host, slots) for host, slots in host_list if why[host] is None]
+    if not remaining or len(remaining) == len(host_list):
+        return host_list, nprocs
+    fewer = min(nprocs, sum(slots for _, slots in remaining))
+    for host, reason in why.items():
+        if reason is not None:
+            print(f"gpurig run: host {host} is gone ({reason}): the job goes on without it", file=sys.stderr,
+                  flush=True)
+    return remaining, fewer
 
 
 class _Standby:

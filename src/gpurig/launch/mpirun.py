@@ -70,6 +70,25 @@ def mpirun_command(command: list[str], nprocs: int, hosts: list[tuple[str, int]]
     return line + mpi_arg_words(with_tcp_defaults(mpi_args)) + wrap(command)
 
 
+def cannot_start_on(host: str, env: dict, mpi_args: str = "", timeout_s: float = 30.0) -> str | None:
+    """Why mpirun cannot start a process on ``host`` now (its last line of complaint), or None when it can:
+    one ``true`` started there the way the job's ranks are (the same ``mpi_args``: rsh agent, interfaces).
+
+    >>> cannot_start_on("localhost", dict(os.environ)) is None
+    True
+    """
+    _, env = mpirun_job(["true"], 1, [(host, 1)], env, mpi_args)  # the environment a rank's start gets
+    line = [find_mpirun(), "-np", "1", "--host", f"{host}:1", *mpi_arg_words(mpi_args), "true"]
+    try:
+        done = subprocess.run(line, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"no process started there within {timeout_s:g} s"
+    if done.returncode == 0:
+        return None
+    said = [text.strip() for text in (done.stderr + done.stdout).splitlines() if text.strip().strip("-")]
+    return said[0] if said else f"mpirun exited with code {done.returncode}"
+
+
 def with_tcp_defaults(mpi_args: str) -> str:
     """``mpi_args`` plus two TCP connections per pair of ranks, unless the user chose a number.
 

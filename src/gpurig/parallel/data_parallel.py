@@ -25,9 +25,11 @@ import torch
 from gpurig import comm as comm_mod
 from gpurig.comm.signature import Signature
 from gpurig.parallel import auto, codecs, numerics, powersgd, zero
+from gpurig.parallel import timeline as timeline_mod
 from gpurig.parallel.compression import (POWERSGD, CompressedAverage, FeedbackState, begin_average, collectives,
                                          padded_bucket_length, parse_method, switch_method, timed_average,
                                          wire_bytes)
+from gpurig.perf.timeline import bucket_thread
 
 DEFAULT_BUCKET_MB = 25.0
 COMPRESSED_BUCKET_MB = 4.0  # compressed buckets are cheap to send: smaller ones start travelling during backward
@@ -222,7 +224,7 @@ class DataParallel(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
                  bucket_cap_mb: float | None = None, broadcast_buffers: bool = True,
-                 compression: str = "none", nonfinite: str = "stop", shard: str = "none"):
+                 compression: str = "none", nonfinite: str = "stop", shard: str = "none", timeline=None):
         super().__init__()
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
@@ -237,6 +239,8 @@ class DataParallel(torch.nn.Module):
         self.auto_choice: dict | None = None
         self.module = module
         self.comm = comm or comm_mod.current()
+        # a parallel.timeline.Timeline recording each bucket and the wait for them, or None (off: nothing recorded)
+        self.timeline = timeline if timeline is not None else timeline_mod.current()
         self.broadcast_buffers = broadcast_buffers
         self.stats = CommStats()
         self._sync = True
@@ -372,7 +376,7 @@ class DataParallel(torch.nn.Module):
     def _launch(self, bucket: Bucket) -> None:
         # Launch order is the bucket order on every rank, whatever order autograd finished in.
         # Uncompressed, dividing by the rank count while copying in saves a pass (DDP does the same).
-        index = self._next_bucket
+        index, copy_started = self._next_bucket, time.perf_counter()
         if index == 0:  # one check of the whole step's collectives against the other ranks' (gpurig.comm.guard)
             self.comm.expect(self._signatures() if self.zero is None
                              else self.zero.signatures(self.methods, check_finite=self.nonfinite != "ignore"))
@@ -393,6 +397,7 @@ class DataParallel(torch.nn.Module):
                 bucket.flat.add_(bucket.state.sent, alpha=scale)
                 bucket.state = FeedbackState()
         bucket.launched_at = time.perf_counter()
+        self._record("copy in", copy_started, bucket.launched_at, index)
         name = f"bucket {index}"
         if plain and not self._pipelined and self._inline(index):
             self.comm.allreduce(bucket.flat[: bucket.numel], op="sum", name=name)
@@ -400,6 +405,7 @@ class DataParallel(torch.nn.Module):
             # nothing hides it: backward's end would have waited this long for it (auto reads it as exposed),
             # and it had no time to hide under (auto's lead: from here to backward's end)
             done = time.perf_counter()
+            self._record("allreduce", bucket.launched_at, done, index, exposed=True)
             self._inline_s += done - bucket.launched_at
             bucket.launched_at = done
         elif plain and not self._pipelined:
@@ -426,14 +432,28 @@ class DataParallel(torch.nn.Module):
     def _begin_compressed(self, bucket: Bucket, name: str) -> None:
         """Begin this bucket's compressed average, then finish the one before: the link has this one's pieces
         to carry while the earlier one's are decoded, averaged and sent back."""
+        started = time.perf_counter()
         begun = begin_average(self.comm, bucket.flat, bucket.method, bucket.state, bucket.shapes, name)
+        begun.bucket_index = self.buckets.index(bucket) if self.timeline is not None else None
+        self._record(f"encode + send ({bucket.method})", started, time.perf_counter(), begun.bucket_index)
         self._finish_in_flight()
         self._in_flight = begun
 
     def _finish_in_flight(self) -> None:
         pending, self._in_flight = self._in_flight, None
         if pending is not None:
+            started = time.perf_counter()
             self.stats.bytes_sent += pending.finish()
+            self._record("receive + decode", started, time.perf_counter(), getattr(pending, "bucket_index", None))
+
+    def _record(self, name: str, start: float, end: float, index: int | None, exposed: bool = False) -> None:
+        """Bucket ``index``'s event on its row of the timeline (``exposed``: the main thread waited meanwhile)."""
+        if self.timeline is None or index is None:
+            return
+        self.timeline.add(name, start, end, bucket_thread(index), cat="bucket", bucket=index,
+                          method=self.buckets[index].method)
+        if exposed:
+            self.timeline.exposed(start, end)
 
     def _finish_backward(self) -> None:
         self._finalize_queued = False
@@ -443,21 +463,26 @@ class DataParallel(torch.nn.Module):
         last = self.comm.run_async(self._finish_in_flight) if self._pipelined else None
         start = time.perf_counter()
         try:
-            for bucket in self.buckets:
+            for index, bucket in enumerate(self.buckets):
                 if bucket.handle is not None:  # None: allreduced in place already (_inline)
                     bucket.handle.wait()
+                    if bucket.method == "none":  # a compressed bucket records its own halves
+                        self._record("allreduce", bucket.launched_at, time.perf_counter(), index)
             if last is not None:
                 last.wait()
         except BaseException:
             self._in_flight, self._inline_s = None, 0.0  # a failed step leaves nothing half-counted for the next
             raise
+        end = time.perf_counter()
         inline, self._inline_s = self._inline_s, 0.0
-        waited = time.perf_counter() - start + inline
+        waited = end - start + inline
         # backward still to run after each bucket left (auto's lead): the last bucket's blocking allreduce
         # (_inline) ran after the earlier ones left, but it is communication, not backward to hide them under
         leads = [start - b.launched_at - inline for b in self.buckets[:-1]] + [start - self.buckets[-1].launched_at]
         if self.zero is not None:  # this rank's shard of the average goes to the optimizer's segments
             self.zero.finish()
+        if self.timeline is not None:
+            self.timeline.exposed(start, end)
         # The averaged gradients stay in the buckets: each param.grad becomes a view of its
         # bucket (DDP's gradient_as_bucket_view), so there is no copy back and no second copy.
         for bucket in self.buckets:

@@ -20,13 +20,14 @@ speed-up and scaling efficiency for 1..N GPUs; the bottleneck; advice.
 
 from __future__ import annotations
 
+from gpurig.errors import UsageError
 from gpurig.perf.precision import precision_on
 from gpurig.perf.step import StepPrediction, layer_costs
 from gpurig.predict.advice import advice
 from gpurig.predict.configuration import step_at
 from gpurig.predict.hardware import Hardware, load_hardware
 from gpurig.predict.memory import fit_advice, memory
-from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check
+from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check, uses_profile
 
 
 def predict(request: PredictRequest) -> dict:
@@ -35,7 +36,14 @@ def predict(request: PredictRequest) -> dict:
 
     check(request)
     hardware = load_hardware(request)
+    if request.gpus and request.gpus > hardware.max_ranks and not uses_profile(request):
+        raise UsageError(f"--gpus {request.gpus}: the cluster has {hardware.max_ranks} GPU"
+                         f"{'s' * (hardware.max_ranks != 1)}; describe more (e.g. '4 nodes x 8 ...') or ask for fewer")
     top = request.gpus or hardware.max_ranks
+    if request.compression != "none" and (top == 1 or request.parallel == "model"):  # taken, then ignored
+        where = "on 1 GPU" if top == 1 else "with --parallel model"
+        raise UsageError(f"--compression {request.compression}: gradients are compressed when GPUs average them, "
+                         f"and {where} none are")
     batch = request.batch or DEFAULT_BATCH.get(request.model, 64)
     spec = model_spec(request.model, batch=batch, tokens=request.tokens, sample=request.sample)
     layers = layer_costs(spec)
@@ -61,9 +69,38 @@ def predict(request: PredictRequest) -> dict:
         "strong_scaling_label": STRONG_LABEL.format(batch=batch),
         "memory": memory(spec, request, hardware, top),
     }
+    result["utilization"] = expected_utilization(spec, request, hardware, top, final.step_s)
     result["advice"] = fit_advice(spec, request, hardware, top, result["memory"]) + \
         advice(spec, layers, request, hardware, top, final)
     return result
+
+
+def expected_utilization(spec, request: PredictRequest, hardware: Hardware, gpus: int, step_s: float) -> dict:
+    """The achieved TFLOP/s per GPU and MFU the predicted step implies (data parallelism: each GPU runs the
+    model on its batch), against the GPU's catalog peak in the request's precision (convolutions' and matrix
+    multiplies' peaks blended by their FLOPs: :func:`~gpurig.perf.utilization.blended_peak`) or the profile's
+    GEMM rate.
+
+    >>> request = PredictRequest(model="mnist-mlp", cluster="2 GTX 980, PCIe 3.0 x8")
+    >>> from gpurig.models import model_spec
+    >>> u = expected_utilization(model_spec("mnist-mlp", 64), request, load_hardware(request), 2, 0.01)
+    >>> u["peak_tflops"], round(u["tflops_per_gpu"], 3), round(u["mfu"], 4)
+    (4.981, 0.08, 0.016)
+    """
+    from gpurig.perf.precision import precision_on
+    from gpurig.perf.utilization import achieved_flops_per_s, blended_peak, flops_by_kind, mfu, training_flops
+
+    if request.parallel != "data":
+        return {"mfu": None, "note": "MFU is predicted for --parallel data only"}
+    flops = training_flops(spec.forward_flops, spec.backward_flops)
+    if hardware.gpu is not None:
+        rates = precision_on(hardware.gpu, request.precision)
+        peak = blended_peak(flops_by_kind(spec), {"conv": rates.conv_tflops * 1e12}, rates.linear_tflops * 1e12)
+        source = "catalog"
+    else:
+        peak, source = hardware.device_for(min(gpus, hardware.ranks_per_node)).gemm.flops_per_s, "profile"
+    return {"tflops_per_gpu": achieved_flops_per_s(flops, step_s) / 1e12, "peak_tflops": round(peak / 1e12, 3),
+            "peak_source": source, "mfu": mfu(flops, step_s, peak, 1), "flops_per_step_per_gpu": flops}
 
 
 WEAK_LABEL = "weak scaling: {batch} samples per GPU, the global batch grows with the GPUs"

@@ -81,3 +81,21 @@ def check(request: PredictRequest) -> None:
         raise UsageError(f"--gpus must be at least 1, got {request.gpus}")
     if request.network_efficiency is not None and not 0 < request.network_efficiency <= 1:
         raise UsageError(f"--network-efficiency must be in (0, 1], got {request.network_efficiency}")
+    from gpurig.perf.collectives import ALGORITHMS
+
+    if request.algorithm not in ("best", *ALGORITHMS):
+        raise UsageError(f"--algorithm must be one of best, {', '.join(ALGORITHMS)}, got {request.algorithm!r}")
+    if request.engine not in ("mpi", "torch"):
+        raise UsageError(f"--engine must be mpi or torch, got {request.engine!r}")
+    if request.engine != "mpi" and not uses_profile(request):  # a flag taken and then ignored is a silent mistake
+        raise UsageError(f"--engine {request.engine} chooses whose link measurements a profile supplies; "
+                         f"--cluster {request.cluster!r} is no profile: leave --engine out")
+
+
+def uses_profile(request: PredictRequest) -> bool:
+    """Whether the hardware comes from a ``gpurig bench`` profile (``--cluster X.json`` or ``--profile``).
+
+    >>> uses_profile(PredictRequest(model="mlp", cluster="runs/bench/profile.json"))
+    True
+    """
+    return request.profile is not None or (request.cluster or "").endswith(".json")

@@ -15,13 +15,14 @@ containers only: a file crafted to run code is refused.
 The series
 ----------
 
-``checkpoint-epoch3.pt`` is the state after epoch 3, written atomically with its
-checksum; ``latest`` names the newest, also written
+``checkpoint-epoch3.pt`` is the state after epoch 3, ``checkpoint-epoch4-step5.pt``
+the state after step 5 of epoch 4 (``gpurig train --checkpoint-every``), each written
+atomically with its checksum; ``latest`` names the newest, also written
 atomically. The last ``keep`` checkpoints stay (and any per-rank files of the
 same epochs, ``feedback-rank1-epoch3.pt``); older ones go. On resume the newest
 checkpoint that verifies is used: a truncated or corrupt one is reported and
 the one before it taken, so a crash while writing, or a damaged disk block,
-costs at most the epochs since the previous good checkpoint.
+costs at most the steps since the previous good checkpoint.
 
 >>> import tempfile; d = tempfile.mkdtemp()
 >>> _ = save_epoch(d, 1, {"epoch": 1}); _ = save_epoch(d, 2, {"epoch": 2})
@@ -37,6 +38,7 @@ import hashlib
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -143,11 +145,46 @@ def load(path: str | os.PathLike) -> dict:
     return state
 
 
-# -- the series of a run: one checkpoint per epoch, the last few kept --------------------------
+# -- the series of a run: one checkpoint per epoch (and every --checkpoint-every steps), the last few kept ----
 
 LATEST = "latest"
 KEEP = 3
-_EPOCH_FILE = re.compile(r"(.+)-epoch(\d+)\.pt")
+_FILE = re.compile(r"(?P<stem>.+?)-epoch(?P<epoch>\d+)(?:-step(?P<step>\d+))?\.pt")
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """Where in a run a checkpoint was taken: ``epochs`` finished, then ``step`` steps of the next epoch.
+
+    Positions sort in the order of the run. The file of epoch 3's end is ``checkpoint-epoch3.pt``; the one
+    taken after step 5 of epoch 4 (``Position(3, 5)``) is ``checkpoint-epoch4-step5.pt``.
+
+    >>> sorted([Position(3, 5), Position(4), Position(3)])
+    [Position(epochs=3, step=0), Position(epochs=3, step=5), Position(epochs=4, step=0)]
+    >>> str(Position(3)), str(Position(3, 5))
+    ('the end of epoch 3', 'step 5 of epoch 4')
+    """
+
+    epochs: int
+    step: int = 0
+
+    def __str__(self) -> str:
+        return f"step {self.step} of epoch {self.epochs + 1}" if self.step else f"the end of epoch {self.epochs}"
+
+    def global_step(self, steps_per_epoch: int) -> int:
+        """Steps of the run done at this position (``Position(1, 2).global_step(7)`` is 9)."""
+        return self.epochs * steps_per_epoch + self.step
+
+
+def checkpoint_path(directory: str | os.PathLike, position: Position, stem: str = "checkpoint") -> Path:
+    """Where the state at ``position`` lives (``stem`` for per-rank files such as ``feedback-rank1``).
+
+    >>> checkpoint_path("runs/train", Position(3)).name, checkpoint_path("runs/train", Position(3, 5)).name
+    ('checkpoint-epoch3.pt', 'checkpoint-epoch4-step5.pt')
+    """
+    if position.step:
+        return Path(directory) / f"{stem}-epoch{position.epochs + 1}-step{position.step}.pt"
+    return Path(directory) / f"{stem}-epoch{position.epochs}.pt"
 
 
 def epoch_path(directory: str | os.PathLike, epoch: int, stem: str = "checkpoint") -> Path:
@@ -156,21 +193,41 @@ def epoch_path(directory: str | os.PathLike, epoch: int, stem: str = "checkpoint
     >>> epoch_path("runs/train", 3).name, epoch_path("runs/train", 3, "feedback-rank1").name
     ('checkpoint-epoch3.pt', 'feedback-rank1-epoch3.pt')
     """
-    return Path(directory) / f"{stem}-epoch{epoch}.pt"
+    return checkpoint_path(directory, Position(epoch), stem)
+
+
+def _position(name: str) -> tuple[str, Position] | None:
+    """The stem and position a checkpoint file's name says, or None for another file."""
+    match = _FILE.fullmatch(name)
+    if match is None:
+        return None
+    epoch, step = int(match.group("epoch")), int(match.group("step") or 0)
+    return match.group("stem"), (Position(epoch - 1, step) if step else Position(epoch))
+
+
+def saved(directory: str | os.PathLike) -> list[Position]:
+    """The positions with a checkpoint file in ``directory``, newest first (good or not; epochs' ends and
+    ``--checkpoint-every``'s steps).
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> _ = save_checkpoint(d, Position(1), {}); _ = save_checkpoint(d, Position(1, 4), {}); saved(d)
+    [Position(epochs=1, step=4), Position(epochs=1, step=0)]
+    """
+    found = []
+    for path in Path(directory).glob("checkpoint-epoch*.pt"):
+        named = _position(path.name)
+        if named and named[0] == "checkpoint":
+            found.append(named[1])
+    return sorted(found, reverse=True)
 
 
 def saved_epochs(directory: str | os.PathLike) -> list[int]:
-    """The epochs with a checkpoint file in ``directory``, newest first (good or not).
+    """The epochs with an end-of-epoch checkpoint file in ``directory``, newest first (good or not).
 
     >>> saved_epochs("/nonexistent")
     []
     """
-    found = []
-    for path in Path(directory).glob("checkpoint-epoch*.pt"):
-        match = _EPOCH_FILE.fullmatch(path.name)
-        if match and match.group(1) == "checkpoint":
-            found.append(int(match.group(2)))
-    return sorted(found, reverse=True)
+    return [position.epochs for position in saved(directory) if not position.step]
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -186,6 +243,26 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def save_checkpoint(directory: str | os.PathLike, position: Position, state: dict, keep: int = KEEP) -> Path:
+    """Write the checkpoint at ``position``, point ``latest`` at it, and drop what is older than the last ``keep``
+    (per-rank files of the dropped positions with them).
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> [save_checkpoint(d, Position(0, s), {}, keep=2).name for s in (2, 4)][-1], saved(d)
+    ('checkpoint-epoch1-step4.pt', [Position(epochs=0, step=4), Position(epochs=0, step=2)])
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    path = save(checkpoint_path(directory, position), state)
+    _write_atomically(Path(directory) / LATEST, path.name + "\n")
+    kept = set(saved(directory)[:keep])
+    for old in Path(directory).glob("*-epoch*.pt"):
+        named = _position(old.name)
+        if named and named[1] not in kept:
+            old.unlink(missing_ok=True)
+    return path
+
+
 def save_epoch(directory: str | os.PathLike, epoch: int, state: dict, keep: int = KEEP) -> Path:
     """Write the checkpoint of ``epoch``, point ``latest`` at it, and drop what is older than the last ``keep``.
 
@@ -193,27 +270,18 @@ def save_epoch(directory: str | os.PathLike, epoch: int, state: dict, keep: int 
     >>> [save_epoch(d, e, {"epoch": e}, keep=2).name for e in (1, 2, 3)][-1], saved_epochs(d)
     ('checkpoint-epoch3.pt', [3, 2])
     """
-    if keep < 1:
-        raise ValueError(f"keep must be at least 1, got {keep}")
-    path = save(epoch_path(directory, epoch), state)
-    _write_atomically(Path(directory) / LATEST, path.name + "\n")
-    kept = set(saved_epochs(directory)[:keep])
-    for old in Path(directory).glob("*-epoch*.pt"):
-        match = _EPOCH_FILE.fullmatch(old.name)
-        if match and int(match.group(2)) not in kept:
-            old.unlink(missing_ok=True)
-    return path
+    return save_checkpoint(directory, Position(epoch), state, keep)
 
 
 def clear(directory: str | os.PathLike) -> None:
-    """Remove a series' files (a fresh run starts a new series; epochs must grow within one).
+    """Remove a series' files (a fresh run starts a new series; positions must grow within one).
 
     >>> import tempfile; d = tempfile.mkdtemp(); _ = save_epoch(d, 1, {}); clear(d); saved_epochs(d)
     []
     """
     directory = Path(directory)
     for path in [*directory.glob("*-epoch*.pt"), directory / LATEST]:
-        if path.name == LATEST or _EPOCH_FILE.fullmatch(path.name):
+        if path.name == LATEST or _position(path.name):
             path.unlink(missing_ok=True)
 
 
@@ -227,8 +295,8 @@ def load_newest(directory: str | os.PathLike) -> tuple[dict, Path, list[str]]:
     (1, [])
     """
     problems = []
-    for epoch in saved_epochs(directory):
-        path = epoch_path(directory, epoch)
+    for position in saved(directory):
+        path = checkpoint_path(directory, position)
         try:
             return load(path), path, problems
         except CheckpointError as error:

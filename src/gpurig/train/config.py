@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gpurig.errors import UsageError
+from gpurig.errors import UsageError, check_directory, check_writable
 from gpurig.train import checkpoints
 
 ENGINES = ("mpi", "torch")
@@ -41,6 +41,8 @@ class TrainConfig:
     resume: bool = False
     predict: bool = True
     keep_checkpoints: int = checkpoints.KEEP
+    checkpoint_every: int | None = None
+    timeline: str | None = None
     on_nonfinite: str = "stop"
     precision: str = "fp32"
     accumulate: int = 1
@@ -51,9 +53,9 @@ class TrainConfig:
     max_restarts: int = 0
     events: str | None = None
 
-    def feedback_path(self, rank: int, epoch: int) -> Path:
-        """Where a rank keeps its error-feedback residuals after ``epoch`` (they differ per rank)."""
-        return checkpoints.epoch_path(self.checkpoint_dir, epoch, f"feedback-rank{rank}")
+    def feedback_path(self, rank: int, position: checkpoints.Position) -> Path:
+        """Where a rank keeps its error-feedback residuals at ``position`` (they differ per rank)."""
+        return checkpoints.checkpoint_path(self.checkpoint_dir, position, f"feedback-rank{rank}")
 
 
 def validate(config: TrainConfig, nprocs: int) -> None:
@@ -110,8 +112,18 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     if config.global_batch > samples:  # every step would be cut from nothing: no step at all
         raise UsageError(f"--global-batch {config.global_batch} is larger than the {config.data} training set "
                          f"({samples} samples): use at most {samples}")
-    if config.resume and not checkpoints.saved_epochs(config.checkpoint_dir):
+    steps = samples // config.global_batch * config.epochs
+    if config.checkpoint_every is not None and config.checkpoint_every >= steps:
+        raise UsageError(f"--checkpoint-every {config.checkpoint_every}: the run has {steps} steps, so it would "
+                         f"never checkpoint between epochs (every epoch's end is checkpointed anyway): "
+                         f"use at most {max(steps - 1, 1)}")
+    if config.resume and not checkpoints.saved(config.checkpoint_dir):
         raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
+    check_directory(config.checkpoint_dir, "--checkpoint-dir")
+    if config.logdir is not None:
+        check_directory(config.logdir, "--logdir")
+    if config.timeline is not None:
+        check_writable(config.timeline, "--timeline")
     _validate_parallel(config, nprocs)
     _validate_shard(config)
     _validate_reliability(config)
@@ -194,6 +206,9 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
         return
     from gpurig.parallel import auto
 
+    if config.parallel == "model" and config.bucket_mb is not None:  # a flag taken and then ignored
+        raise UsageError("--bucket-mb: gradients travel in buckets when they are averaged, and with --parallel model "
+                         "none are")
     if config.parallel == "model" and config.compression != "none" and auto.parse(config.compression) is None:
         raise UsageError(f"--compression {config.compression}: gradients are compressed when they are averaged, "
                          "and with --parallel model none are")
@@ -228,7 +243,8 @@ def _validate_shard(config: TrainConfig) -> None:
 
 
 def _validate_reliability(config: TrainConfig) -> None:
-    """``--keep-checkpoints``, ``--max-restarts``, ``--on-nonfinite``, ``--failure-timeout``, ``--iface``.
+    """``--keep-checkpoints``, ``--checkpoint-every``, ``--max-restarts``, ``--on-nonfinite``, ``--failure-timeout``,
+    ``--iface``.
 
     >>> _validate_reliability(TrainConfig(on_nonfinite="retry"))
     Traceback (most recent call last):
@@ -243,6 +259,8 @@ def _validate_reliability(config: TrainConfig) -> None:
         raise UsageError(f"--max-restarts must be 0 or more, got {config.max_restarts}")
     if config.keep_checkpoints < 1:
         raise UsageError(f"--keep-checkpoints must be at least 1, got {config.keep_checkpoints}")
+    if config.checkpoint_every is not None and config.checkpoint_every < 1:
+        raise UsageError(f"--checkpoint-every must be at least 1 step, got {config.checkpoint_every}")
     if config.on_nonfinite not in ACTIONS:
         raise UsageError(f"--on-nonfinite must be one of {', '.join(ACTIONS)}, got {config.on_nonfinite!r}")
     for value, flag in ((config.failure_timeout, "--failure-timeout"), (config.stall_timeout, "--stall-timeout")):
@@ -268,8 +286,8 @@ def after_restart(config: TrainConfig, env=None) -> TrainConfig:
     from gpurig.launch.env import restart_count
 
     env = os.environ if env is None else env
-    newest = checkpoints.saved_epochs(config.checkpoint_dir)[:1]
+    newest = checkpoints.saved(config.checkpoint_dir)[:1]
     if config.resume or restart_count(env) == 0 or not newest:
         return config
-    written = checkpoints.epoch_path(config.checkpoint_dir, newest[0]).stat().st_mtime
+    written = checkpoints.checkpoint_path(config.checkpoint_dir, newest[0]).stat().st_mtime
     return dataclasses.replace(config, resume=written >= float(env.get(STARTED_VARIABLE, "0")))

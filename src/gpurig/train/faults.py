@@ -3,7 +3,8 @@
 ``GPURIG_FAULT="rank=1 step=37 signal=SIGSTOP delay=0.004"`` makes rank 1 of a
 ``gpurig train`` job stop itself 4 ms into its 37th step (counted over the whole
 run, from 1), wherever that lands: in the forward pass, in backward, inside a
-bucket's allreduce. ``SIGKILL`` kills it. Nothing happens without the variable.
+bucket's allreduce. ``SIGKILL`` kills it; ``host=lost`` first marks its emulated node gone (``gpurig
+emulate``: no rank starts there again, as on a machine that died). Nothing happens without the variable.
 With ``GPURIG_FAULT_LOG=FILE`` the rank writes the time (``time.time()``) it
 fired into FILE first. The fault fires in a job's first attempt only: a job
 restarted after it (``--max-restarts``) runs on; with ``GPURIG_FAULT_LOG`` its
@@ -30,26 +31,30 @@ class Fault:
     """Where and how a rank fails (see the module's docstring).
 
     >>> Fault.parse("rank=1 step=37 signal=SIGSTOP delay=0.004")
-    Fault(rank=1, step=37, signal='SIGSTOP', delay=0.004)
+    Fault(rank=1, step=37, signal='SIGSTOP', delay=0.004, host_lost=False)
     """
 
     rank: int
     step: int
     signal: str = "SIGKILL"
     delay: float = 0.0
+    host_lost: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
         """The fault ``GPURIG_FAULT``'s text describes (the class example); ValueError for a bad one."""
         fields = dict(item.split("=", 1) for item in text.split())
         fault = cls(int(fields["rank"]), int(fields["step"]), fields.get("signal", "SIGKILL"),
-                    float(fields.get("delay", 0)))
-        if fault.signal not in signal.Signals.__members__ or fault.step < 1 or fault.delay < 0:
-            raise ValueError(f"{FAULT_VARIABLE}={text!r}: want rank=R step=S (from 1) [signal=SIGKILL] [delay=s]")
+                    float(fields.get("delay", 0)), fields.get("host", "up") == "lost")
+        if fault.signal not in signal.Signals.__members__ or fault.step < 1 or fault.delay < 0 or \
+                fields.get("host", "up") not in ("up", "lost"):
+            raise ValueError(f"{FAULT_VARIABLE}={text!r}: want rank=R step=S (from 1) [signal=SIGKILL] [delay=s] "
+                             "[host=lost]")
         return fault
 
     def __str__(self) -> str:
-        return f"rank={self.rank} step={self.step} signal={self.signal} delay={self.delay:g}"
+        return f"rank={self.rank} step={self.step} signal={self.signal} delay={self.delay:g}" + \
+            (" host=lost" if self.host_lost else "")
 
 
 def planned(env=None) -> Fault | None:
@@ -91,6 +96,10 @@ class Injector:
         timer.start()
 
     def _fire(self) -> None:
+        if self.fault.host_lost:
+            from gpurig.launch.emulator import take_down_this_node
+
+            take_down_this_node()
         log = os.environ.get(LOG_VARIABLE)
         if log:
             with open(log, "w") as f:

@@ -18,6 +18,7 @@ from gpurig.launch.events import following
 from gpurig.launch.standby import PARKS_ITSELF_VARIABLE
 from gpurig.train import checkpoints
 from gpurig.train.config import STARTED_VARIABLE, TrainConfig, after_restart, validate
+from gpurig.train.metrics import last_step
 
 
 def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[int, list[dict]]:
@@ -59,7 +60,8 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     with tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
         events_path = Path(run_dir) / "events.jsonl"
         rank_config = dataclasses.replace(config, nprocs=nprocs, events=str(events_path),
-                                          checkpoint_dir=str(Path(config.checkpoint_dir).resolve()))
+                                          checkpoint_dir=str(Path(config.checkpoint_dir).resolve()),
+                                          timeline=str(Path(config.timeline).resolve()) if config.timeline else None)
         config_path = Path(run_dir) / "config.json"
         config_path.write_text(json.dumps(dataclasses.asdict(rank_config)))
         seen: list[dict] = []
@@ -74,8 +76,15 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             """Before the job starts again (its ranks resume from the newest checkpoint: after_restart)."""
             again = after_restart(rank_config, {**env, **dict.fromkeys(RESTART_VARIABLES, str(count))})
             restarts.append(count)
+            newest = checkpoints.saved(again.checkpoint_dir)[:1] if again.resume else []
+            position = newest[0] if newest else checkpoints.Position(0)
+            per_epoch = next((e["steps_per_epoch"] for e in reversed(seen) if e["event"] == "start"), 0)
+            resumed_at = position.global_step(per_epoch)
             relay({"event": "restart", "restart": count, "max_restarts": config.max_restarts, "failure": str(failure),
-                   "from_epoch": max(checkpoints.saved_epochs(again.checkpoint_dir), default=0) if again.resume else 0})
+                   "from_epoch": position.epochs, "from_step": resumed_at,
+                   "checkpoint": checkpoints.checkpoint_path(again.checkpoint_dir, position).name if newest else None,
+                   "resumes_at": str(position) if newest else None,
+                   "lost_steps": max(last_step(again.checkpoint_dir) - resumed_at, 0)})
 
         env = job_environment(failure_timeout=config.failure_timeout, stall_timeout=config.stall_timeout)
         env[PARKS_ITSELF_VARIABLE] = "1"  # a standby rank waits in the loop, its data loaded (launch.standby.park)
@@ -92,3 +101,24 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             event["restarts"] = len(restarts)
     return code, seen
 
+
+
+def restart_line(event: dict) -> str:
+    """What a ``restart`` event means to the user, in one line: where the job resumes and what it lost.
+
+    >>> print(restart_line({"restart": 1, "max_restarts": 2, "failure": "rank 1 was killed (SIGKILL)",
+    ...     "checkpoint": "checkpoint-epoch2-step3.pt", "resumes_at": "step 3 of epoch 2", "lost_steps": 2}))
+    restart 1 of 2 after rank 1 was killed (SIGKILL): resuming from step 3 of epoch 2 (checkpoint-epoch2-step3.pt); lost: the 2 steps since, run again
+    >>> print(restart_line({"restart": 1, "max_restarts": 1, "failure": "rank 0 stopped", "checkpoint": None,
+    ...     "lost_steps": 5}))
+    restart 1 of 1 after rank 0 stopped: starting again from the first step (no checkpoint yet); lost: the 5 steps done, run again
+    """
+    lost = event.get("lost_steps", 0)
+    steps = f"{lost} step{'s' * (lost != 1)}"
+    if event.get("checkpoint"):
+        where = f"resuming from {event['resumes_at']} ({event['checkpoint']})"
+        lost_text = f"the {steps} since, run again" if lost else "nothing"
+    else:
+        where = "starting again from the first step (no checkpoint yet)"
+        lost_text = f"the {steps} done, run again" if lost else "nothing"
+    return f"restart {event['restart']} of {event['max_restarts']} after {event['failure']}: {where}; lost: {lost_text}"

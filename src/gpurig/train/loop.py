@@ -10,6 +10,7 @@ Run by hand, a rank is ``python -m gpurig.train CONFIG.json``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 import warnings
@@ -28,10 +29,12 @@ from gpurig.train import checkpoints
 from gpurig.train import data as datasets
 from gpurig.train.config import TrainConfig, after_restart
 from gpurig.train.faults import Injector
-from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks, step_metrics
+from gpurig.parallel.timeline import Timeline
+from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks, step_metrics, waiting_fraction
 from gpurig.train.predicted import calibrate, prediction
 from gpurig.train.sources import build_model
 from gpurig.train.step import train_step
+from gpurig.train.utilization import BENCH_PROFILE, achieved, flops_per_step, peak_flops_per_s
 from gpurig.train.state import (CHECKPOINT_FORMAT, bytes_per_rank, resume_state, weights_digest, whole_model_state,
                                 whole_state, wrap_model)
 
@@ -50,14 +53,17 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     events = EventLog(config.events, enabled=comm.rank == 0)
     torch.manual_seed(config.seed)
     model = build_model(config.model).to(comm.device)
-    start_epoch, history = 0, []
+    start, history, carried_loss = checkpoints.Position(0), [], 0.0
     if config.resume:
         state = resume_state(config, comm)
         model.load_state_dict(state["model"])
-        start_epoch, history = state["epoch"], list(state["history"])
+        start, history = checkpoints.Position(state["epoch"], state.get("step", 0)), list(state["history"])
+        carried_loss = state.get("epoch_loss_sum", 0.0)  # a mid-epoch checkpoint: the epoch's loss so far (ranks' mean)
     elif comm.rank == 0:
         checkpoints.clear(config.checkpoint_dir)  # a fresh run starts a new series
+    start_epoch = start.epochs
     parameters, whole_bytes = sum(p.numel() for p in model.parameters()), parameter_bytes(model)
+    model_flops = flops_per_step(model, data.x_train, config.global_batch)  # for TFLOP/s and MFU; None: unknown
     wrapped = wrap_model(model, config, comm)
     # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
     dp = wrapped if isinstance(wrapped, DataParallel) else wrapped.data_parallel
@@ -75,38 +81,60 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     keeps_feedback = dp is not None and dp.compresses
     if config.resume and keeps_feedback:
         if state.get("ranks", comm.size) == comm.size and state.get("parallel", "data") == config.parallel:
-            dp.load_compression_state_dict(checkpoints.load(config.feedback_path(comm.rank, start_epoch)))
+            dp.load_compression_state_dict(checkpoints.load(config.feedback_path(comm.rank, start)))
         elif comm.rank == 0:  # residuals are per rank and per bucket layout: elsewhere error feedback starts afresh
             say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
                 f"this run has {comm.size} ({config.parallel}): compression's error-feedback residuals start from zero")
     profile_path = calibrate(comm, config) if config.predict else None
+    peak, peak_source = peak_flops_per_s(comm.device, config, comm.local_size, (profile_path or "", BENCH_PROFILE))
     batches = shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed, split=config.parallel != "model")
     events.emit("start", ranks=comm.size, engine=comm.engine_name, model=config.model, compression=config.compression,
                 parallel=config.parallel, shard=config.shard, parameters=parameters, parameter_bytes_whole=whole_bytes,
                 parameter_bytes_per_rank=bytes_per_rank(comm, parameter_bytes(wrapped)),
-                epochs=config.epochs, first_epoch=start_epoch, steps_per_epoch=len(batches),
+                epochs=config.epochs, first_epoch=start_epoch, first_step=start.step, steps_per_epoch=len(batches),
                 global_batch=config.global_batch, precision=config.precision, accumulate=config.accumulate)
 
+    recorder = Timeline(config.timeline, comm) if config.timeline else None  # --timeline: None when off
+    if recorder is not None and dp is not None:
+        dp.timeline = recorder
     faults = Injector(comm.rank)
-    metrics = MetricsLog(config.checkpoint_dir, config.logdir, enabled=comm.rank == 0, first_epoch=start_epoch)
+    metrics = MetricsLog(config.checkpoint_dir, config.logdir, enabled=comm.rank == 0, first_epoch=start_epoch,
+                         first_step=start.global_step(len(batches)))
     sent_before = dp.stats.bytes_sent if dp is not None else 0
+
+    def save(position: checkpoints.Position, **extra) -> None:
+        """Every rank: the checkpoint at ``position`` (residuals per rank first, then rank 0's file naming them)."""
+        if keeps_feedback:
+            checkpoints.save(config.feedback_path(comm.rank, position), dp.compression_state_dict())
+            comm.barrier()
+        model_state, optimizer_state = whole_state(wrapped, optimizer)
+        if comm.rank == 0:  # the last --keep-checkpoints stay (older residuals go with them)
+            checkpoints.save_checkpoint(config.checkpoint_dir, position, {
+                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": position.epochs,
+                "step": position.step, "ranks": comm.size, "parallel": config.parallel, "model": model_state,
+                "optimizer": optimizer_state, "history": history, "scaler": mixed.state_dict(), **extra,
+            }, keep=config.keep_checkpoints)
+
     for epoch in range(start_epoch, config.epochs):
         batches.set_epoch(epoch)
         comm.barrier()  # start together, so rank 0's checkpoint write is not timed as the others' waiting
-        split, loss_sum, steps = StepSplit(), 0.0, 0
+        skip = start.step if epoch == start_epoch else 0  # resumed from a step: the epoch's batches before it are done
+        split, loss_sum, steps = StepSplit(), (carried_loss if skip else 0.0), skip
         epoch_sent = dp.stats.bytes_sent if dp is not None else 0
         epoch_start = time.perf_counter()
         loading = time.perf_counter()
-        for x, y in batches:
+        for x, y in itertools.islice(batches, skip, None):
             faults.step(epoch * len(batches) + steps)
             x, y = x.to(comm.device), y.to(comm.device)
             started = time.perf_counter()
             data_s = started - loading
             split.data += data_s
+            if recorder is not None:
+                recorder.add("data loading", loading, started, step=epoch * len(batches) + steps + 1)
             optimizer.zero_grad(set_to_none=True)
             try:
-                outcome = train_step(wrapped, dp, optimizer, x, y, config.accumulate, mixed)
+                outcome = train_step(wrapped, dp, optimizer, x, y, config.accumulate, mixed, recorder)
             except NonFiniteGradientError as error:  # raised on every rank at the same step
                 raise Diverged(epoch * len(batches) + steps + 1, epoch + 1, error, config) from None
             loss = outcome.loss
@@ -122,35 +150,42 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                 outcome, config.global_batch, loading - started, exposed, data_s, sent - sent_before,
                 _codec(dp, config), mixed.scale_value if mixed.scaling else None))
             sent_before = sent
+            done = epoch * len(batches) + steps
+            if config.checkpoint_every and done % config.checkpoint_every == 0 and steps < len(batches):
+                mean_sum = comm.allreduce(torch.tensor([loss_sum], dtype=torch.float64)).item()  # ranks' mean
+                save(checkpoints.Position(epoch, steps), epoch_loss_sum=mean_sum)
+                if recorder is not None:
+                    recorder.add("checkpoint", loading, time.perf_counter())
+                loading = time.perf_counter()  # the checkpoint is not data loading
         wall = time.perf_counter() - epoch_start
+        ran = steps - skip  # the steps timed in this run (a resumed epoch's earlier ones were timed before)
         everyone = comm.allgather(split.as_tensor().view(1, -1))
+        if recorder is not None:  # this epoch's waits, split as the step split splits them
+            recorder.name_waits(waiting_fraction(everyone, comm.rank))
         mean_loss = comm.allreduce(torch.tensor([loss_sum / max(steps, 1)], dtype=torch.float64)).item()
         record = {
             "epoch": epoch + 1,
             "loss": round(mean_loss, 5),
             "test_accuracy": round(evaluate(model, data.x_test, data.y_test, comm, split=config.parallel != "model",
                                             autocast=mixed.autocast), 5),
-            "samples_per_s": round(steps * config.global_batch / wall, 1),
-            "step_ms": round(1000 * wall / max(steps, 1), 3),
-            **split_across_ranks(everyone, steps),
+            "samples_per_s": round(ran * config.global_batch / wall, 1),
+            "step_ms": round(1000 * wall / max(ran, 1), 3),
+            **split_across_ranks(everyone, ran),
+            **achieved(model_flops, wall / max(ran, 1), peak, comm.size),
         }
         history.append(record)
-        sent = (dp.stats.bytes_sent - epoch_sent) // max(steps, 1) if dp is not None else 0
+        sent = (dp.stats.bytes_sent - epoch_sent) // max(ran, 1) if dp is not None else 0
         metrics.epoch({**record, "bytes_sent_per_step": sent, "codec": _codec(dp, config)},
                       step=(epoch + 1) * len(batches))
-        if keeps_feedback:  # every rank's residuals first, then the checkpoint that points at them
-            checkpoints.save(config.feedback_path(comm.rank, epoch + 1), dp.compression_state_dict())
-            comm.barrier()
-        model_state, optimizer_state = whole_state(wrapped, optimizer)
-        if comm.rank == 0:  # the last --keep-checkpoints stay (older residuals go with them)
-            checkpoints.save_epoch(config.checkpoint_dir, epoch + 1, {
-                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": epoch + 1, "ranks": comm.size,
-                "parallel": config.parallel, "model": model_state, "optimizer": optimizer_state, "history": history,
-                "scaler": mixed.state_dict(),
-            }, keep=config.keep_checkpoints)
+        saving = time.perf_counter()
+        save(checkpoints.Position(epoch + 1))
+        if recorder is not None:
+            recorder.add("checkpoint", saving, time.perf_counter())
         events.emit("epoch", **record)
 
     metrics.close()
+    if recorder is not None:
+        recorder.close()  # every rank's events to rank 0, which writes the trace
     stats = wrapped.stats
     summary = {
         "model": config.model, "data": config.data, "ranks": comm.size, "rank": comm.rank,
@@ -169,6 +204,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "skipped_steps": (dp.stats.skipped_steps if dp is not None else 0) + mixed.skipped_steps,
         "loss_scale": mixed.scale_value if mixed.scaling else None,
         "weights_digest": weights_digest(whole_model_state(wrapped)),
+        "timeline": config.timeline,
+        "flops_per_step": model_flops, "peak": peak_source,
     }
     if profile_path is not None and comm.rank == 0:
         summary["predicted"] = prediction(config, comm, profile_path, dp, tuple(data.x_train.shape[1:]))
@@ -205,8 +242,8 @@ class Diverged(Exception):
     def __init__(self, step: int, epoch: int, error: NonFiniteGradientError, config: TrainConfig):
         super().__init__(step, epoch, error)
         self.step, self.epoch, self.error, self.config = step, epoch, error, config
-        newest = checkpoints.saved_epochs(config.checkpoint_dir)
-        self.kept = checkpoints.epoch_path(config.checkpoint_dir, newest[0]).name if newest else None
+        newest = checkpoints.saved(config.checkpoint_dir)
+        self.kept = checkpoints.checkpoint_path(config.checkpoint_dir, newest[0]).name if newest else None
 
     def __str__(self) -> str:
         """The one line a user reads.

@@ -58,7 +58,7 @@ def split_across_ranks(per_rank: torch.Tensor, steps: int) -> dict[str, float]:
     {'compute_ms': 90.0, 'comm_ms': 50.0, 'wait_ms': 10.0, 'data_ms': 0.0}
     """
     compute, exposed, data = per_rank[:, 0], per_rank[:, 1], per_rank[:, 2]
-    waiting = torch.minimum(exposed, compute.max() - compute)
+    waiting = waiting_per_rank(per_rank)
     per_step = 1000.0 / max(steps, 1)
     return {
         "compute_ms": round(compute.mean().item() * per_step, 3),
@@ -66,6 +66,28 @@ def split_across_ranks(per_rank: torch.Tensor, steps: int) -> dict[str, float]:
         "wait_ms": round(waiting.mean().item() * per_step, 3),
         "data_ms": round(data.mean().item() * per_step, 3),
     }
+
+
+def waiting_per_rank(per_rank: torch.Tensor) -> torch.Tensor:
+    """Seconds each rank waited for slower ones: of its waits at the end of backward, the part explained by its
+    computing faster than the slowest rank (``per_rank``: rows ``[compute, exposed, data]``).
+
+    >>> [round(s, 6) for s in waiting_per_rank(torch.tensor([[1.0, 0.5, 0.0], [0.8, 0.7, 0.0]], dtype=torch.float64)).tolist()]
+    [0.0, 0.2]
+    """
+    compute, exposed = per_rank[:, 0], per_rank[:, 1]
+    return torch.minimum(exposed, compute.max() - compute)
+
+
+def waiting_fraction(per_rank: torch.Tensor, rank: int) -> float:
+    """The share of ``rank``'s waits at the end of backward that was waiting for slower ranks (the rest:
+    communication), as :func:`split_across_ranks` splits them.
+
+    >>> round(waiting_fraction(torch.tensor([[1.0, 0.5, 0.0], [0.8, 0.7, 0.0]], dtype=torch.float64), 1), 4)
+    0.2857
+    """
+    exposed = per_rank[rank, 1].item()
+    return waiting_per_rank(per_rank)[rank].item() / exposed if exposed > 0 else 0.0
 
 
 METRICS_FILE = "metrics.jsonl"
@@ -92,8 +114,8 @@ class MetricsLog:
     """Rank 0's per-step and per-epoch metrics, where people look: ``metrics.jsonl`` beside the checkpoints (one
     JSON object a line) and, with ``logdir``, TensorBoard event files (``torch.utils.tensorboard``).
 
-    A fresh run starts the file anew; a resumed one keeps the lines of the epochs it
-    resumes after and appends. Other ranks write nothing.
+    A fresh run starts the file anew; a resumed one keeps the lines up to where it
+    resumes (``first_epoch`` epochs and ``first_step`` steps done) and appends. Other ranks write nothing.
 
     >>> import tempfile; d = tempfile.mkdtemp()
     >>> log = MetricsLog(d, logdir=None, enabled=True, first_epoch=0)
@@ -102,16 +124,17 @@ class MetricsLog:
     '{"kind": "step", "epoch": 1, "step": 1, "loss": 2.3, "accuracy": 0.1}\\n'
     """
 
-    def __init__(self, directory: str, logdir: str | None, enabled: bool, first_epoch: int):
+    def __init__(self, directory: str, logdir: str | None, enabled: bool, first_epoch: int,
+                 first_step: int | None = None):
         self._file = self._writer = None
         if not enabled:
             return
         path = Path(directory) / METRICS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
-        if first_epoch and path.is_file():  # what the resumed-after epochs logged; later lines are run again
+        if (first_epoch or first_step) and path.is_file():  # what was logged before the resumed-from checkpoint
             kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("epoch", 0) <= first_epoch]
+                    if line.strip() and _before(json.loads(line), first_epoch, first_step)]
         path.write_text("".join(line + "\n" for line in kept))
         self._file = open(path, "a")
         if logdir:
@@ -152,3 +175,34 @@ class MetricsLog:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def _before(record: dict, first_epoch: int, first_step: int | None) -> bool:
+    """Whether a ``metrics.jsonl`` line was logged before the position a run resumes from (later ones are run again).
+
+    >>> _before({"kind": "step", "epoch": 2, "step": 9}, 1, 10), _before({"kind": "epoch", "epoch": 2}, 1, 10)
+    (True, False)
+    """
+    if record.get("kind") == "step" and first_step is not None:
+        return record.get("step", 0) <= first_step
+    return record.get("epoch", 0) <= first_epoch
+
+
+def last_step(directory: str) -> int:
+    """The last step rank 0 finished (counted over the run) by ``metrics.jsonl`` in ``directory``; 0 if none.
+
+    >>> last_step("/nonexistent")
+    0
+    """
+    path = Path(directory) / METRICS_FILE
+    if not path.is_file():
+        return 0
+    last = 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by the failure
+            continue
+        if record.get("kind") == "step":
+            last = record.get("step", last)
+    return last

@@ -93,9 +93,11 @@ def resume_state(config: TrainConfig, comm) -> dict:
     state, path, problems = checkpoints.load_newest(config.checkpoint_dir)
     if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
         raise checkpoints.CheckpointError(f"{path} is not a checkpoint of a {config.model} run")
-    epochs = comm.allgather(torch.tensor([state["epoch"]], dtype=torch.int64), name="resume epoch").tolist()
-    if len(set(epochs)) != 1:
-        raise checkpoints.CheckpointError(f"the ranks found different newest checkpoints (epochs {epochs}): "
+    found = comm.allgather(torch.tensor([[state["epoch"], state.get("step", 0)]], dtype=torch.int64),
+                           name="resume position").tolist()
+    if len({tuple(position) for position in found}) != 1:
+        positions = [str(checkpoints.Position(*position)) for position in found]
+        raise checkpoints.CheckpointError(f"the ranks found different newest checkpoints ({', '.join(positions)}): "
                                          f"is {config.checkpoint_dir} one directory shared by all of them?")
     if comm.rank == 0:
         for problem in problems:

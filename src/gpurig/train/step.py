@@ -17,6 +17,7 @@ and Horovod's ``backward_passes_per_step`` do.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -46,15 +47,18 @@ def micro_batches(x: torch.Tensor, y: torch.Tensor, accumulate: int) -> list[tup
 
 
 def train_step(wrapped: torch.nn.Module, dp, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               accumulate: int, mixed: MixedPrecision) -> StepOutcome:
+               accumulate: int, mixed: MixedPrecision, timeline=None) -> StepOutcome:
     """Forward and backward over ``accumulate`` micro-batches of ``(x, y)``, then ``optimizer``'s step.
 
     ``dp`` is the :class:`~gpurig.parallel.DataParallel` that averages the
     gradients (None when nothing does): all but the last micro-batch run in its
     ``no_sync()``. ``mixed`` autocasts the forward passes and, for fp16, scales the
-    loss and decides (with the other ranks) whether the step is taken.
+    loss and decides (with the other ranks) whether the step is taken. ``timeline``
+    (a :class:`~gpurig.parallel.timeline.Timeline`, or None) records forward,
+    backward and optimizer back to back, so they tile the step.
     """
     parts = micro_batches(x, y, accumulate)
+    clock = time.perf_counter() if timeline is not None else 0.0
     loss_sum, correct = torch.zeros((), device=x.device), torch.zeros((), dtype=torch.int64, device=x.device)
     for i, (xs, ys) in enumerate(parts):
         quiet = dp.no_sync() if dp is not None and i < len(parts) - 1 else contextlib.nullcontext()
@@ -63,8 +67,22 @@ def train_step(wrapped: torch.nn.Module, dp, optimizer: torch.optim.Optimizer, x
                 logits = wrapped(xs)
                 # the micro-batch's mean weighted by its share: the sum over micro-batches is the batch's mean
                 loss = F.cross_entropy(logits.float(), ys) * (len(ys) / len(y))
+            if timeline is not None:
+                clock = _record(timeline, "forward", clock)
             mixed.scale(loss).backward()
+            if timeline is not None:
+                clock = _record(timeline, "backward", clock)
         loss_sum += loss.detach()
         correct += (logits.detach().argmax(1) == ys).sum()
     stepped = mixed.step(optimizer, wrapped) if (dp is None or dp.finite) else False
-    return StepOutcome(loss_sum.item(), int(correct.item()), len(y), stepped)
+    outcome = StepOutcome(loss_sum.item(), int(correct.item()), len(y), stepped)
+    if timeline is not None:
+        _record(timeline, "optimizer", clock)
+    return outcome
+
+
+def _record(timeline, phase: str, since: float) -> float:
+    """``phase`` from ``since`` to now on the timeline (backward less the waits inside it); returns now."""
+    now = time.perf_counter()
+    timeline.add_around_waits(phase, since, now)
+    return now

@@ -1,0 +1,110 @@
+"""The timeline: ``gpurig train --timeline``, ``gpurig.timeline()`` in one's own script, ``gpurig predict --timeline``.
+
+Real ranks over real engines: the trace must be Chrome trace event JSON that
+Perfetto opens (the fields it needs, one process per rank, named), its
+main-thread phases must tile each rank's steps, and their totals must match the
+step split ``gpurig train`` prints within 5 %.
+"""
+
+import json
+import textwrap
+
+import pytest
+
+from conftest import gpurig, run_cli
+from gpurig.perf.timeline import PHASES, phase_totals
+
+SPLIT = {"compute": ("forward", "backward", "optimizer"), "comm": ("communication",),
+         "wait": ("wait for slowest rank",), "data": ("data loading",)}
+
+
+def check_schema(trace: dict, ranks: int) -> list[dict]:
+    """Every event has what the trace event format asks of it; one named process per rank. Returns the X events."""
+    events = trace["traceEvents"]
+    assert events and all({"name", "ph", "pid", "tid"} <= set(e) for e in events)
+    complete = [e for e in events if e["ph"] == "X"]
+    assert all(isinstance(e["ts"], float) and isinstance(e["dur"], float) and e["dur"] >= 0 for e in complete)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {rank: f"rank {rank}" for rank in range(ranks)}
+    assert {e["pid"] for e in complete} == set(range(ranks))
+    return complete
+
+
+def assert_tiles(complete: list[dict], pid: int) -> None:
+    """A rank's main-thread phases never overlap (they are laid end to end, waits cut out of backward)."""
+    main = sorted((e for e in complete if e["pid"] == pid and e["tid"] == 0), key=lambda e: e["ts"])
+    for before, after in zip(main, main[1:]):
+        assert before["ts"] + before["dur"] <= after["ts"] + 0.01, (before, after)
+
+
+@pytest.mark.parametrize("engine", ["torch", "mpi"])
+def test_train_timeline_matches_the_printed_split(engine, tmp_path):
+    trace_path = tmp_path / "trace.json"
+    done = gpurig("train", "-n", 2, "--engine", engine, "--epochs", 1, "--global-batch", 512, "--compression", "none",
+                  "--no-predict", "--json", "--checkpoint-dir", tmp_path / "ck", "--timeline", trace_path,
+                  timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    trace = json.loads(trace_path.read_text())
+    complete = check_schema(trace, ranks=2)
+    steps = 4000 // 512
+    for pid in (0, 1):
+        assert_tiles(complete, pid)
+        buckets = [e for e in complete if e["pid"] == pid and e["tid"] > 0]
+        assert {e["name"] for e in buckets} == {"copy in", "allreduce"}
+        assert len([e for e in buckets if e["name"] == "allreduce"]) == steps * len({e["tid"] for e in buckets})
+    totals = {name: sum(phase_totals(trace, pid).get(name, 0.0) for pid in (0, 1)) / 2 for name in PHASES}
+    epoch = summary["epochs"][0]
+    step_ms = epoch["compute_ms"] + epoch["comm_ms"] + epoch["wait_ms"] + epoch["data_ms"]
+    for part, phases in SPLIT.items():
+        traced_ms = 1000 * sum(totals[p] for p in phases) / steps
+        printed = epoch[f"{part}_ms"]
+        # within 5 % of the printed number (of the step, for the parts too small for a percentage of their own)
+        assert abs(traced_ms - printed) <= 0.05 * max(printed, 0.1 * step_ms), (part, traced_ms, printed)
+
+
+SCRIPT = textwrap.dedent("""
+    import torch, gpurig
+    comm = gpurig.init()
+    torch.manual_seed(0)
+    with gpurig.timeline({path!r}) as timeline:
+        model = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4)),
+                                    bucket_cap_mb=0.01)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            with timeline.span("forward"):
+                loss = model(torch.randn(8, 64)).square().mean()
+            with timeline.span("backward"):
+                loss.backward()
+            with timeline.span("optimizer"):
+                optimizer.step()
+""")
+
+
+def test_own_script_records_with_gpurig_timeline(tmp_path):
+    """The library: a script's own spans and DataParallel's buckets, both ranks, under gpurig run (MPI)."""
+    trace_path = tmp_path / "own.json"
+    script = tmp_path / "own.py"
+    script.write_text(SCRIPT.format(path=str(trace_path)))
+    done = gpurig("run", "-n", 2, "--", "python", script, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    complete = check_schema(json.loads(trace_path.read_text()), ranks=2)
+    for pid in (0, 1):
+        mine = [e["name"] for e in complete if e["pid"] == pid]
+        assert mine.count("forward") == 3 and mine.count("optimizer") == 3
+        buckets = {e["tid"] for e in complete if e["pid"] == pid and e["tid"] > 0}
+        assert buckets and mine.count("allreduce") == 3 * len(buckets)
+
+
+def test_predict_timeline_is_the_printed_step(tmp_path):
+    path = tmp_path / "predicted.json"
+    code, out, err = run_cli(["predict", "--model", "resnet50", "--cluster", "2 nodes x 4 A100, 100GbE",
+                              "--timeline", str(path), "--json"])
+    assert code == 0, err
+    step = json.loads(out)["step"]
+    totals = phase_totals(json.loads(path.read_text()), pid=0)
+    for phase, key in (("forward", "forward_ms"), ("backward", "backward_ms"), ("optimizer", "optimizer_ms"),
+                       ("communication", "comm_ms"), ("wait for slowest rank", "wait_ms"),
+                       ("data loading", "data_ms")):
+        assert 1000 * totals[phase] == pytest.approx(step[key], rel=1e-3, abs=1e-3), phase
+    assert sum(1000 * v for v in totals.values()) == pytest.approx(step["step_ms"], rel=1e-3)
