@@ -112,18 +112,26 @@ def check_directory(path: str, flag: str) -> None:
         raise UsageError(f"{flag} {path}: {existing} is not writable")
 
 
-def check_writable(path: str, flag: str) -> None:
-    """A file ``flag`` will write: its directory exists and is writable, and it is not a directory itself.
+def check_writable(path: str, flag: str, make_directory: bool = False) -> None:
+    """A file ``flag`` will write: its directory exists (or, with ``make_directory``, can be made) and is
+    writable, and it is not a directory itself.
 
     >>> check_writable("/nonexistent/trace.json", "--timeline")
     Traceback (most recent call last):
     ...
     gpurig.errors.UsageError: --timeline /nonexistent/trace.json: the directory /nonexistent does not exist
+    >>> check_writable("/dev/null/bench/profile.json", "--out", make_directory=True)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --out /dev/null/bench: /dev/null is not a directory
     """
     target = Path(path)
     directory = target.parent
     if not path or target.is_dir():
         raise UsageError(f"{flag} {path!r}: want a file name, e.g. trace.json")
+    if make_directory:
+        check_directory(str(directory), flag)
+        return
     if not directory.is_dir():
         raise UsageError(f"{flag} {path}: the directory {directory} does not exist")
     if not os.access(directory, os.W_OK):

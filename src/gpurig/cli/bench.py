@@ -57,7 +57,7 @@ def _config(args):
     from gpurig.errors import check_directory, check_writable
     from gpurig.measure.bench import BenchConfig
 
-    check_writable(args.out, "--out")  # before minutes of measuring, not after
+    check_writable(args.out, "--out", make_directory=True)  # before minutes of measuring, not after (made then)
     for path, flag in ((args.plot, "--plot"), (args.dir, "--dir")):
         if path is not None:
             check_directory(path, flag)
