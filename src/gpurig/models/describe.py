@@ -180,7 +180,7 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
     model.train(training)
     try:
         with torch.device("meta"), torch.enable_grad(), Tracer(model) as tracer, SavedActivations(model) as saved:
-            out = model(x)    # held until the count ends: what autograd keeps for backward hangs from it
+            _held = model(x)    # held until the count ends: what autograd keeps for backward hangs from it
     except Exception as error:  # the model's own code: report it in one line
         raise UsageError(f"{name or type(module).__name__}: its forward pass fails on the meta device "
                          f"({one_line(error)}); a model that reads tensor values "
