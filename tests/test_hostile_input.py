@@ -250,7 +250,7 @@ SWEEP = [
     (["run", "-n", "2", "--master-addr", "", "--", "true"], "--master-addr '': give a value or leave the flag out"),
     (["run", "-n", "2", "--log-dir", "", "--", "true"], "--log-dir '': give a value or leave the flag out"),
     (["emulate", "--engine", "torch", "--max-restarts", "1", "--", "true"], "--max-restarts in gpurig emulate is for"),
-    (["bench", "--out", "/dev/null/profile.json"], "--out /dev/null/profile.json: the directory /dev/null does not"),
+    (["bench", "--out", "/dev/null/profile.json"], "--out /dev/null/profile.json: /dev/null is not a directory"),
 ]
 
 

@@ -93,9 +93,9 @@ class RankFailed(Exception):
         return f"{who} {how}" + (f" {self.during}" if self.during else "")
 
 
-def check_directory(path: str, flag: str) -> None:
+def check_directory(path: str, flag: str, shown: str | None = None) -> None:
     """A directory ``flag`` will write into: it exists or can be made (its nearest existing parent is a writable
-    directory), and is not a file.
+    directory), and is not a file. ``shown``: the path the message names (default ``path``).
 
     >>> check_directory("/dev/null/runs", "--checkpoint-dir")
     Traceback (most recent call last):
@@ -107,9 +107,9 @@ def check_directory(path: str, flag: str) -> None:
     target = Path(path).absolute()
     existing = next(p for p in (target, *target.parents) if p.exists())
     if not existing.is_dir():
-        raise UsageError(f"{flag} {path}: {existing} is not a directory")
+        raise UsageError(f"{flag} {shown or path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK):
-        raise UsageError(f"{flag} {path}: {existing} is not writable")
+        raise UsageError(f"{flag} {shown or path}: {existing} is not writable")
 
 
 def check_writable(path: str, flag: str, make_directory: bool = False) -> None:
@@ -123,14 +123,14 @@ def check_writable(path: str, flag: str, make_directory: bool = False) -> None:
     >>> check_writable("/dev/null/bench/profile.json", "--out", make_directory=True)
     Traceback (most recent call last):
     ...
-    gpurig.errors.UsageError: --out /dev/null/bench: /dev/null is not a directory
+    gpurig.errors.UsageError: --out /dev/null/bench/profile.json: /dev/null is not a directory
     """
     target = Path(path)
     directory = target.parent
     if not path or target.is_dir():
         raise UsageError(f"{flag} {path!r}: want a file name, e.g. trace.json")
     if make_directory:
-        check_directory(str(directory), flag)
+        check_directory(str(directory), flag, shown=path)
         return
     if not directory.is_dir():
         raise UsageError(f"{flag} {path}: the directory {directory} does not exist")
