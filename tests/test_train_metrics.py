@@ -47,3 +47,30 @@ def test_logdir_without_tensorboard_is_refused_in_one_line(tmp_path, monkeypatch
     monkeypatch.setitem(__import__("sys").modules, "tensorboard", None)  # as if it were not installed
     code, out, err = run_cli(["train", "--logdir", tmp_path / "tb", "--checkpoint-dir", tmp_path / "none"])
     assert code == 2 and "pip install tensorboard" in err and "Traceback" not in err + out
+
+
+def test_the_epoch_table_shows_its_numbers_whole_in_80_columns():
+    """An 80-column terminal drops the table's lines and the columns the epoch lines already print (data,
+    TFLOP/s); a wide one gets them all. Four-digit step times and a six-digit rate stay whole either way."""
+    import io
+
+    from rich.console import Console
+
+    from gpurig.cli.train import _TrainView
+
+    row = {"epoch": 12, "loss": 1.00834, "test_accuracy": 0.9876, "samples_per_s": 123456.0, "step_ms": 1693.83,
+           "compute_ms": 1648.5, "comm_ms": 1043.5, "wait_ms": 1001.5, "data_ms": 100.4, "tflops": 0.0123,
+           "mfu": 0.123}
+    done = {"model": "mlp", "data": "mnist", "ranks": 2, "engine": "mpi", "epochs": [row], "global_batch": 128,
+            "test_accuracy": 0.98, "checkpoint": "c",
+            "predicted": {"step_ms": 1693.8, "compute_ms": 1648.5, "comm_ms": 1043.5, "wait_ms": 1001.5,
+                          "data_ms": 100.4, "profile": "p", "compression": "none"}}
+    for width, shown in [(80, ["1693.8", "1648.5", "1043.5", "1001.5", "123456", "1.0083", "98.8%", "12.3%"]),
+                         (160, ["100.4", "0.0123"])]:
+        view = _TrainView()
+        view.console = Console(width=width, file=io.StringIO())
+        view.summary(done)
+        out = view.console.file.getvalue()
+        assert max(len(line) for line in out.splitlines()) <= width and "…" not in out
+        table = out.split("test accuracy")[0]
+        assert all(number in table for number in shown), table

@@ -185,6 +185,7 @@ class _TrainView:
     FORMATS = {"epoch": "{}", "loss": "{:.4f}", "test_accuracy": "{:.1%}", "samples_per_s": "{:.0f}",
                "step_ms": "{:.1f}", "compute_ms": "{:.1f}", "comm_ms": "{:.1f}", "wait_ms": "{:.1f}",
                "data_ms": "{:.1f}", "tflops": "{:.3g}", "mfu": "{:.1%}"}
+    NARROW_DROPS = ("data_ms", "tflops")
 
     def __init__(self):
         from rich.console import Console
@@ -230,6 +231,7 @@ class _TrainView:
                 f"test {100 * event['test_accuracy']:.1f} %  {event['samples_per_s']:.0f} samples/s  "
                 f"step {event['step_ms']:.1f} ms = compute {event['compute_ms']:.1f} + comm {event['comm_ms']:.1f}"
                 f" + wait {event['wait_ms']:.1f} + data {event['data_ms']:.1f}"
+                + (f"  {event['tflops']:.3g} TFLOP/s" if event.get("tflops") is not None else "")
                 + (f"  MFU {event['mfu']:.1%}" if event.get("mfu") is not None else ""))
 
     def close(self) -> None:
@@ -238,12 +240,19 @@ class _TrainView:
     def summary(self, done: dict) -> None:
         from rich.table import Table
 
+        from rich import box
+
+        # below 120 columns the table drops its lines and the columns the epoch lines above already show
+        # (data, TFLOP/s), so that every number stays whole in an 80-column terminal
+        wide = self.console.width >= 120
+        columns = [(k, h) for k, h in self.COLUMNS if wide or k not in self.NARROW_DROPS]
         table = Table(title=f"{done['model']} on {done['data']}: {done['ranks']} ranks, {done['engine']}, "
-                            f"ms per step")
-        for _, header in self.COLUMNS:
-            table.add_column(header, justify="right")
+                            f"ms per step", box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
+                      pad_edge=wide, collapse_padding=not wide)
+        for _, header in columns:
+            table.add_column(header, justify="right", no_wrap=True)
         for row in done["epochs"]:
-            table.add_row(*("—" if row.get(k) is None else self.FORMATS[k].format(row[k]) for k, _ in self.COLUMNS))
+            table.add_row(*("—" if row.get(k) is None else self.FORMATS[k].format(row[k]) for k, _ in columns))
         predicted = done.get("predicted") or {}
         if "step_ms" in predicted:
             table.add_section()
@@ -251,7 +260,7 @@ class _TrainView:
                       "step_ms": f"{predicted['step_ms']:.1f}", "compute_ms": f"{predicted['compute_ms']:.1f}",
                       "comm_ms": f"{predicted['comm_ms']:.1f}", "wait_ms": f"{predicted['wait_ms']:.1f}",
                       "data_ms": f"{predicted['data_ms']:.1f}"}
-            table.add_row(*(values.get(k, "") for k, _ in self.COLUMNS))
+            table.add_row(*(values.get(k, "") for k, _ in columns))
         self.console.print(table)
         self.console.print(f"test accuracy {100 * done['test_accuracy']:.1f} %; checkpoint {done['checkpoint']}")
         if done.get("shard", "none") != "none":
