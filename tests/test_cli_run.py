@@ -315,7 +315,9 @@ def test_each_ranks_lines_are_tagged_and_logged(engine, tmp_path):
     for rank in (0, 1):  # the log as the rank wrote it, both streams
         assert sorted((tmp_path / f"rank-{rank}.log").read_text().splitlines()) == sorted(
             [f"out {rank}", f"err {rank}", f"unfinished {rank}"])
-    untagged = gpurig_run("-n", 2, "--engine", engine, "--", "python", "-c", "print('plain')")
+    # one write per line: untagged, the ranks share the launcher's stdout as under mpirun or torchrun, and an
+    # unbuffered print's text and newline (two writes) can interleave with the other rank's ('plainplain')
+    untagged = gpurig_run("-n", 2, "--engine", engine, "--", "python", "-c", "import sys; sys.stdout.write('plain\\n')")
     assert untagged.stdout.splitlines() == ["plain", "plain"]  # not a terminal: no tags unless asked
 
 

@@ -132,7 +132,8 @@ def _config(args):
     return TrainConfig(model=args.model, data=args.data, epochs=args.epochs, global_batch=args.global_batch,
                        lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
-                       compression=args.compression or ("auto" if args.shard == "none" else "none"),
+                       compression=(args.compression if args.compression is not None  # '' is refused, not the default
+                                    else "auto" if args.shard == "none" else "none"),
                        shard=args.shard, parallel=args.parallel, predict=args.predict,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        keep_checkpoints=args.keep_checkpoints, checkpoint_every=args.checkpoint_every,
