@@ -94,15 +94,32 @@ def draw(rng: random.Random, plan: Plan, runs: int, engines: list[str]) -> list[
                    round(rng.uniform(0, 0.05), 4))) for i in range(runs)]
 
 
+def train_args(plan: Plan, directory: Path) -> list[str]:
+    """``gpurig train``'s words for the plan: without the prediction's measurements (10-15 s a run here, and a
+    fault is never drawn before the first steps).
+
+    >>> train_args(Plan(epochs=1), Path("ck"))[:3]
+    ['train', '--epochs', '1']
+    """
+    return ["train", "--epochs", str(plan.epochs), "--global-batch", str(plan.global_batch), "--compression", "none",
+            "--no-predict", "--json", "--checkpoint-dir", str(directory)]
+
+
+def emulate_line(plan: Plan, engine: str, max_restarts: int = 0) -> list[str]:
+    """``gpurig emulate`` on the plan's nodes, up to the ``--`` before the job's own command.
+
+    >>> emulate_line(Plan(), "torch", max_restarts=3)[3:]
+    ['emulate', '--nodes', '2', '--ranks-per-node', '1', '--rate', '10gbit', '--engine', 'torch', '--max-restarts', '3', '--']
+    """
+    return [sys.executable, "-m", "gpurig", "emulate", "--nodes", str(plan.nodes), "--ranks-per-node",
+            str(plan.ranks_per_node), "--rate", plan.rate, "--engine", engine, "--max-restarts", str(max_restarts),
+            "--"]
+
+
 def train(plan: Plan, engine: str, directory: Path, resume: bool = False, env: dict | None = None,
           timeout: float = 600) -> subprocess.CompletedProcess:
-    """``gpurig train`` on emulated nodes, as ``gpurig emulate`` runs it (without the prediction's
-    measurements: 10-15 s a run here, and a fault is never drawn before the first steps)."""
-    line = [sys.executable, "-m", "gpurig", "emulate", "--nodes", str(plan.nodes), "--ranks-per-node",
-            str(plan.ranks_per_node), "--rate", plan.rate, "--engine", engine, "--",
-            sys.executable, "-m", "gpurig", "train", "--epochs", str(plan.epochs), "--global-batch",
-            str(plan.global_batch), "--compression", "none", "--no-predict", "--json", "--checkpoint-dir",
-            str(directory)]
+    """``gpurig train`` on emulated nodes, as ``gpurig emulate`` runs it."""
+    line = emulate_line(plan, engine) + [sys.executable, "-m", "gpurig", *train_args(plan, directory)]
     if resume:
         line.append("--resume")
     return subprocess.run(line, capture_output=True, text=True, timeout=timeout,

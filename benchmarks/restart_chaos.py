@@ -1,6 +1,7 @@
 """Chaos with restarts: a random rank killed or stopped at a random step, and the job goes on by itself.
 
     .venv/bin/python benchmarks/restart_chaos.py --runs 20 --seed 3 --out /tmp/restart_chaos.md
+    .venv/bin/python benchmarks/restart_chaos.py --runs 20 --seed 3 --nodes 2 --out /tmp/restart_chaos_nodes.md
 
 Each run is ``gpurig train -n 2 --max-restarts 3`` (MPI and Gloo in turn) with a
 fault drawn from the seed (:func:`chaos.draw`: rank, SIGKILL or SIGSTOP, step,
@@ -11,6 +12,13 @@ epoch checkpoint. Every run must finish (exit 0) with the weights of an
 uninterrupted run; the time from the fault to the first step after the restart
 (``GPURIG_FAULT_LOG``) is compared. The failure timeout (heartbeats) is the same
 for both, ``--failure-timeout`` seconds.
+
+With ``--nodes N`` (root: network namespaces) the gpurig runs are
+``gpurig emulate --nodes N --max-restarts 3 -- gpurig train ...`` instead, one
+rank per emulated node (:func:`chaos.emulate_line`, as ``benchmarks/chaos.py``
+runs them); torchrun, which runs on one machine, is left out. With 2 ranks every
+engine and node layout sums the same two numbers, so one uninterrupted run on
+this machine is the reference for all.
 """
 
 from __future__ import annotations
@@ -49,30 +57,29 @@ class Outcome:
         return self.exit_code == 0 and self.weights_match
 
 
-def train_line(plan: Plan, directory: Path) -> list[str]:
-    """``gpurig train``'s flags for the plan (no prediction: a fault is never drawn before the first steps)."""
-    return ["train", "--epochs", str(plan.epochs), "--global-batch", str(plan.global_batch), "--compression", "none",
-            "--no-predict", "--json", "--checkpoint-dir", str(directory)]
-
-
-def command(launcher: str, plan: Plan, directory: Path) -> list[str]:
-    """The command line of one run under ``launcher`` (gpurig-mpi, gpurig-torch or torchrun)."""
+def command(launcher: str, plan: Plan, directory: Path, emulated: bool = False) -> list[str]:
+    """The command line of one run under ``launcher`` (gpurig-mpi, gpurig-torch or torchrun); ``emulated``: the
+    gpurig launchers on ``plan.nodes`` emulated nodes."""
+    train = chaos.train_args(plan, directory)
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.ranks), "--max-restarts",
-                str(MAX_RESTARTS), "-m", "gpurig", *train_line(plan, directory)]
-    return [sys.executable, "-m", "gpurig", *train_line(plan, directory), "-n", str(plan.ranks), "--engine",
-            launcher.removeprefix("gpurig-"), "--max-restarts", str(MAX_RESTARTS)]
+                str(MAX_RESTARTS), "-m", "gpurig", *train]
+    engine = launcher.removeprefix("gpurig-")
+    if emulated:
+        return chaos.emulate_line(plan, engine, MAX_RESTARTS) + [sys.executable, "-m", "gpurig", *train]
+    return [sys.executable, "-m", "gpurig", *train, "-n", str(plan.ranks), "--engine", engine, "--max-restarts",
+            str(MAX_RESTARTS)]
 
 
 def run_once(launcher: str, plan: Plan, directory: Path, fault=None, log: Path | None = None,
-             timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
+             timeout: float = 600, emulated: bool = False) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "GPURIG_FAILURE_TIMEOUT": str(plan.failure_timeout)}
     if fault is not None:
         env.update({"GPURIG_FAULT": str(fault), "GPURIG_FAULT_LOG": str(log)})
     started = time.monotonic()
     try:
-        done = subprocess.run(command(launcher, plan, directory), capture_output=True, text=True, timeout=timeout,
-                              env=env)
+        done = subprocess.run(command(launcher, plan, directory, emulated), capture_output=True, text=True,
+                              timeout=timeout, env=env)
     except subprocess.TimeoutExpired as expired:  # a hang: a failed run, not the end of the benchmark
         text = [t.decode() if isinstance(t, bytes) else (t or "") for t in (expired.stdout, expired.stderr)]
         done = subprocess.CompletedProcess(expired.cmd, "timeout", *text)
@@ -99,10 +106,12 @@ def fault_to_step(log: Path) -> float | None:
     return round(min(resumed) - fired, 2) if resumed else None
 
 
-def table(outcomes: list[Outcome], plan: Plan, seed: int) -> str:
+def table(outcomes: list[Outcome], plan: Plan, seed: int, emulated: bool = False) -> str:
     """The runs, and per launcher the runs that finished right and the median time from fault to step, as Markdown."""
+    where = (f"on {plan.nodes} emulated nodes x {plan.ranks_per_node} rank(s) at {plan.rate}" if emulated
+             else f"{plan.ranks} ranks")
     head = (f"**Chaos with restarts: seed {seed}, gpurig train (mlp, {plan.epochs} epochs, global batch "
-            f"{plan.global_batch}, {plan.steps} steps, 2 ranks), --max-restarts {MAX_RESTARTS}, failure timeout "
+            f"{plan.global_batch}, {plan.steps} steps, {where}), --max-restarts {MAX_RESTARTS}, failure timeout "
             f"{plan.failure_timeout:g} s**\n\n| run | fault (rank, step, signal, delay s) | launcher | exit | restarts | "
             "weights = uninterrupted | fault to first step after restart, s |\n|---:|---|---|---:|---:|---|---:|\n")
     rows = [f"| {o.run} | {o.fault} | {o.launcher} | {o.exit_code} | {o.restarts if o.restarts is not None else '-'} | "
@@ -130,9 +139,16 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--global-batch", type=int, default=256)
     p.add_argument("--failure-timeout", type=float, default=3.0)
+    p.add_argument("--nodes", type=int, default=0,
+                   help="run gpurig's side on this many emulated nodes, one rank each (needs root); no torchrun then")
+    p.add_argument("--rate", default="10gbit", help="the emulated links' rate (with --nodes)")
     p.add_argument("--out", default=None, help="write the table as Markdown here (and the JSON beside it)")
     args = p.parse_args(argv)
-    plan = Plan(nodes=2, epochs=args.epochs, global_batch=args.global_batch, failure_timeout=args.failure_timeout)
+    emulated = args.nodes > 0
+    if emulated and args.nodes < 2:
+        p.error("--nodes must be at least 2")
+    plan = Plan(nodes=args.nodes if emulated else 2, rate=args.rate, epochs=args.epochs,
+                global_batch=args.global_batch, failure_timeout=args.failure_timeout)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     drawn = chaos.draw(random.Random(args.seed), plan, args.runs, engines)
     outcomes = []
@@ -140,9 +156,9 @@ def main(argv=None) -> int:
         work = Path(tmp)
         reference = summary(run_once("gpurig-mpi", plan, work / "reference")[0])["weights_digest"]
         for number, (engine, fault) in enumerate(drawn, start=1):
-            for launcher in [f"gpurig-{engine}"] + ([] if args.no_torchrun else ["torchrun"]):
+            for launcher in [f"gpurig-{engine}"] + ([] if args.no_torchrun or emulated else ["torchrun"]):
                 directory, log = work / f"run{number}-{launcher}", work / f"run{number}-{launcher}.fault"
-                done, wall = run_once(launcher, plan, directory, fault, log)
+                done, wall = run_once(launcher, plan, directory, fault, log, emulated=emulated)
                 result = summary(done)
                 outcome = Outcome(number, launcher, str(fault), done.returncode,
                                   result.get("restarts") if result else None,
@@ -153,13 +169,14 @@ def main(argv=None) -> int:
                       f"{outcome.fault_to_step_s} s", file=sys.stderr, flush=True)
                 if not outcome.ok:
                     print(done.stderr[-1500:], file=sys.stderr, flush=True)
-    text = table(outcomes, plan, args.seed)
+                if args.out:  # as it goes: a long run cut short still leaves its runs
+                    Path(args.out).with_suffix(".json").write_text(json.dumps(
+                        {"seed": args.seed, "plan": asdict(plan), "emulated": emulated, "reference": reference,
+                         "runs": [asdict(o) for o in outcomes]}, indent=2))
+    text = table(outcomes, plan, args.seed, emulated)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
-        Path(args.out).with_suffix(".json").write_text(json.dumps(
-            {"seed": args.seed, "plan": asdict(plan), "reference": reference,
-             "runs": [asdict(o) for o in outcomes]}, indent=2))
     return 0 if all(o.ok for o in outcomes if o.launcher != "torchrun") else 1
 
 

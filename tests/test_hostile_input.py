@@ -249,7 +249,7 @@ SWEEP = [
     (["plan", "--gpu", "2080ti", "-c", "0"], "count: 0 GPUs is outside 1–1024 GPUs"),
     (["run", "-n", "2", "--master-addr", "", "--", "true"], "--master-addr '': give a value or leave the flag out"),
     (["run", "-n", "2", "--log-dir", "", "--", "true"], "--log-dir '': give a value or leave the flag out"),
-    (["emulate", "--engine", "torch", "--max-restarts", "1", "--", "true"], "--max-restarts in gpurig emulate is for"),
+    (["emulate", "--max-restarts", "-1", "--", "true"], "--max-restarts must be 0 or more, got -1"),
     (["bench", "--out", "/dev/null/profile.json"], "--out /dev/null/profile.json: /dev/null is not a directory"),
 ]
 

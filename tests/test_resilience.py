@@ -96,6 +96,22 @@ def test_a_restart_goes_on_without_a_lost_host(uninterrupted, tmp_path):
         assert torch.allclose(mine[name], tensor, rtol=1e-4, atol=1e-6), name
 
 
+@pytest.mark.skipif(unavailable() is not None, reason=f"network namespaces unavailable: {unavailable()}")
+def test_emulated_torch_nodes_restart_and_end_as_an_uninterrupted_run(uninterrupted, tmp_path):
+    """gpurig emulate --engine torch --max-restarts: rank 1 (node 2) killed in step 12; the ranks are started again
+    on both nodes (a fresh rendezvous port), resume from the checkpoint after step 9 and end bit for bit as the
+    uninterrupted run; the summary counts the restart."""
+    done = gpurig("emulate", "--nodes", 2, "--rate", "10gbit", "--engine", "torch", "--max-restarts", 1, "--",
+                  "python", "-m", "gpurig", *TRAIN, "--checkpoint-every", 3, "--checkpoint-dir", tmp_path,
+                  "--failure-timeout", PLAN.failure_timeout, env={"GPURIG_FAULT": "rank=1 step=12 signal=SIGKILL"},
+                  timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["restarts"] == 1 and summary["weights_digest"] == uninterrupted["weights_digest"]
+    assert "rank 1 on host node2 was killed by SIGKILL" in done.stderr
+    assert "restart 1 of 1: starting the 2 ranks again" in done.stderr
+
+
 def test_resume_on_another_rank_count(uninterrupted, tmp_path):
     """Data parallelism replicates model and optimizer: 2 ranks' checkpoint after epoch 1, then 1 rank on to epoch 2
     (the same global batch), ends where the uninterrupted 2-rank run did, up to floating-point summation order."""

@@ -56,6 +56,23 @@ def test_train_reports_tflops_per_epoch(tmp_path, monkeypatch):
     assert summary["peak"] == PEAK_UNKNOWN and epoch["mfu"] is None
 
 
+def test_train_table_shows_tflops_and_mfu_whole_in_a_log(tmp_path, monkeypatch):
+    """Into a pipe or a log (no terminal, rich's 80 columns) the table's TFLOP/s and MFU were cut to "0.0…" and "—":
+    every column is whole, and an unknown MFU says why."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(gpurig.__file__).resolve().parents[1]),
+                                                      *filter(None, [os.environ.get("PYTHONPATH")])]))
+    code, out, err = run_cli(["train", "-n", "1", "--epochs", "1", "--global-batch", "512", "--no-predict",
+                              "--compression", "none", "--checkpoint-dir", str(tmp_path)])
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if line.startswith("┃") and "samples/s" in line)
+    assert "TFLOP/s" in header and "MFU" in header and "…" not in out
+    row = next(line for line in out.splitlines() if line.startswith("│") and "%" in line)
+    assert float(row.split("│")[-3]) > 0  # the TFLOP/s cell, whole
+    assert f"MFU: — ({PEAK_UNKNOWN}, or train without --no-predict)" in " ".join(out.split())
+
+
 def test_predict_reports_the_mfu_it_expects():
     code, out, err = run_cli(["predict", "--model", "gpt2", "--cluster", "8 H100", "--json"])
     assert code == 0, err

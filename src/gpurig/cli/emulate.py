@@ -8,6 +8,7 @@ EPILOG = """\
 examples:
   gpurig emulate --nodes 2 --rate 1gbit -- gpurig train --compression int8
   gpurig emulate --nodes 4 --rate 10gbit --engine torch -- python my_script.py
+  gpurig emulate --nodes 2 --max-restarts 3 -- gpurig train --checkpoint-every 5   # a failed job starts again
 
 Each node is a Linux network namespace with its own hostname; links are limited
 with tc (real TCP through a real limit; no added latency). Needs root, iproute2
@@ -33,7 +34,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each node (default 1)")
     p.add_argument("--engine", default="mpi", help="mpi (default) or torch")
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
-                   help="start the job again after a failure, up to K times, on the nodes that remain (MPI)")
+                   help="start the job again after a failure, up to K times (MPI: on the nodes that remain)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     p.set_defaults(handler=run)
 
@@ -56,8 +57,6 @@ def run(args) -> int:
     parse_rate(args.rate)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
-    if args.max_restarts and args.engine != "mpi":
-        raise UsageError("--max-restarts in gpurig emulate is for --engine mpi (gpurig run restarts the mpirun job)")
     with Cluster(nodes=args.nodes, rate=args.rate) as cluster:
         return cluster.run(command, engine=args.engine, ranks_per_node=args.ranks_per_node,
                            max_restarts=args.max_restarts)

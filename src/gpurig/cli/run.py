@@ -37,10 +37,17 @@ Ctrl-C stops every rank. Under srun, pass -K (--kill-on-bad-exit) so that SLURM
 stops the other tasks when one fails.
 
 With --max-restarts K the job is then started again, up to K times, on the same
-ranks; each rank sees GPURIG_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (torchrun's)
-and resumes from its own checkpoints (gpurig train does so by itself). While an
-attempt runs, the next one's ranks wait ready, their imports done, so a restart
-costs the program's own start only (Python ranks, every rank on this machine).
+ranks (MPI: without hosts that are gone); each rank sees GPURIG_RESTART_COUNT and
+TORCHELASTIC_RESTART_COUNT (torchrun's) and resumes from its own checkpoints
+(gpurig train does so by itself; its --checkpoint-every STEPS bounds what is lost
+to STEPS steps). While an attempt runs, the next one's ranks wait ready, their
+imports done, so a restart costs the program's own start only (Python ranks,
+every rank on this machine).
+
+A timeline (Horovod's, as a Chrome trace for ui.perfetto.dev): in your script,
+`with gpurig.timeline("trace.json") as t:` around the loop records every rank's
+DataParallel buckets, and `with t.span("forward"):` your own phases (gpurig train
+--timeline does it for its models).
 
 At a terminal each line a rank prints begins with [rankR]: (--tag-output forces it,
 --no-tag-output turns it off); --log-dir DIR also keeps each rank's lines in

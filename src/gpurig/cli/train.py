@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -27,7 +28,12 @@ examples:
   gpurig train --checkpoint-every 50 --max-restarts 3   # restart by itself, losing at most 50 steps
 
 Each step is reported split into compute, communication not hidden under the
-backward pass (comm), waiting for slower ranks (wait) and data loading (data).
+backward pass (comm), waiting for slower ranks (wait) and data loading (data),
+and each epoch's achieved TFLOP/s (the model's forward and backward FLOPs per
+second, all ranks; in --json: tflops, mfu, flops_per_step, peak) and MFU, of the
+peak: the catalog's on a GPU, on CPU ranks the GEMM rate this job's calibration
+measured (else runs/bench/profile.json from gpurig bench; with neither, as with
+--no-predict, MFU is not known). --timeline FILE draws every rank's steps.
 With --parallel model or hybrid, comm is the activations exchanged by the split
 layers (all of it waited for) plus, in hybrid, the averaged gradients.
 
@@ -193,6 +199,8 @@ class _TrainView:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.console = Console()
+        if not self.console.is_terminal and "COLUMNS" not in os.environ:
+            self.console = Console(width=120)  # a log or a pipe: rich's 80 columns would cut the table's numbers
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
                                  console=self.console, transient=True)
@@ -268,8 +276,11 @@ class _TrainView:
             held = ", ".join(f"{b / 2**20:.2f}" for b in done["optimizer_state_bytes_per_rank"])
             self.console.print(f"optimizer state held per rank (--shard {done['shard']}): {held} MB")
         if done.get("peak"):
-            self.console.print(f"TFLOP/s: the model's forward and backward FLOPs per second, all ranks; MFU: of "
-                               f"{done['ranks']} x {done['peak']}", markup=False, highlight=False)
+            known = any(row.get("mfu") is not None for row in done["epochs"])
+            hint = "" if predicted else ", or train without --no-predict"  # its calibration measures the peak
+            of = f"of {done['ranks']} x {done['peak']}" if known else f"— ({done['peak']}{hint})"
+            self.console.print(f"TFLOP/s: the model's forward and backward FLOPs per second, all ranks; MFU: {of}",
+                               markup=False, highlight=False)
         chose = choice_line(done)
         if chose:
             self.console.print(chose)

@@ -14,6 +14,9 @@ no netem, so no added latency). Ranks start inside the namespaces:
   each entering its node; rendezvous at the first node, Gloo bound to the
   emulated interface.
 
+With ``max_restarts`` a failed job is started again, as ``gpurig run --max-restarts``
+does it (MPI: ``gpurig run`` itself, leaving out nodes that are gone).
+
 Everything is removed again on exit, also after a failure or Ctrl-C.
 """
 
@@ -210,7 +213,7 @@ class Cluster:
     def run(self, command: list[str], engine: str = "mpi", ranks_per_node: int = 1, env: dict | None = None,
             max_restarts: int = 0) -> int:
         """Run ``command`` on every node (``ranks_per_node`` each); return the job's exit code. With
-        ``max_restarts`` (MPI) the job starts again after a failure, without the nodes that are gone."""
+        ``max_restarts`` the job starts again after a failure (MPI: without the nodes that are gone)."""
         nprocs = self.nodes * ranks_per_node
         env = {**(os.environ if env is None else env), MAP_VARIABLE: json.dumps(self.node_map()),
                "GLOO_SOCKET_IFNAME": IFACE, IFACE_VARIABLE: IFACE}
@@ -227,30 +230,45 @@ class Cluster:
             line = self.enter(0) + [sys.executable, "-m", "gpurig", "run", "-n", str(nprocs), "--hosts", hosts,
                                     "--mpi-args", mpi_args, "--max-restarts", str(max_restarts), "--", *command]
             return subprocess.run(line, env=env).returncode
-        return self._run_torch(command, nprocs, ranks_per_node, env)
+        return self._run_torch(command, nprocs, ranks_per_node, env, max_restarts)
 
-    def _run_torch(self, command: list[str], nprocs: int, ranks_per_node: int, env: dict) -> int:
-        """torch ranks, spawned and watched here, each entering its node; the first failure is named."""
-        from gpurig.launch.job import summary
-        from gpurig.launch.local import run_local
+    def _run_torch(self, command: list[str], nprocs: int, ranks_per_node: int, env: dict,
+                   max_restarts: int = 0) -> int:
+        """torch ranks, spawned and watched here, each entering its node; the first failure is named, and the job
+        started again up to ``max_restarts`` times (every node stays: a lost host is an MPI-only notion here)."""
+        from gpurig.launch.env import MAX_RESTARTS_VARIABLE, RESTART_VARIABLES
+        from gpurig.launch.job import restart_notice, summary
         from gpurig.launch.processes import as_rank_program
         from gpurig.launch.rank_env import rank_path
-        from gpurig.launch.status import STATUS_DIR_VARIABLE, first_failure
 
         program = [sys.executable, "-m", "gpurig.launch.emulator", "task", "--",
                    *as_rank_program(command, rank_path(env))]
+        env = {**env, MAX_RESTARTS_VARIABLE: str(max_restarts)}
+        for attempt in range(max_restarts + 1):
+            # a port of its own per attempt: the last attempt's store may still hold its port
+            failure = self._torch_attempt(program, nprocs, ranks_per_node,
+                                          {**env, **dict.fromkeys(RESTART_VARIABLES, str(attempt))}, 29500 + attempt)
+            if failure is None:
+                return 0
+            print(summary(failure, nprocs - 1), file=sys.stderr, flush=True)
+            if attempt < max_restarts:
+                print(restart_notice(attempt + 1, max_restarts, nprocs), file=sys.stderr, flush=True)
+        return failure.exit_code
+
+    def _torch_attempt(self, program: list[str], nprocs: int, ranks_per_node: int, env: dict, port: int):
+        """One start of the torch ranks: the first failure (as the ranks reported it), or None."""
+        from gpurig.launch.local import run_local
+        from gpurig.launch.rank_env import rank_path
+        from gpurig.launch.status import STATUS_DIR_VARIABLE, first_failure
+
         with tempfile.TemporaryDirectory(prefix="gpurig-emulate-") as status_dir:  # one filesystem for all nodes
             rank_envs = [{**env, "GPURIG_ENGINE": "torch", "RANK": str(rank), "WORLD_SIZE": str(nprocs),
                           "LOCAL_RANK": str(rank % ranks_per_node), "LOCAL_WORLD_SIZE": str(ranks_per_node),
-                          "MASTER_ADDR": self.address(0), "MASTER_PORT": "29500", "PATH": rank_path(env),
+                          "MASTER_ADDR": self.address(0), "MASTER_PORT": str(port), "PATH": rank_path(env),
                           STATUS_DIR_VARIABLE: status_dir, "GPURIG_EMULATOR_NODE": str(rank // ranks_per_node)}
                          for rank in range(nprocs)]
             failure = run_local(program, rank_envs)
-            if failure is None:
-                return 0
-            failure = first_failure(status_dir) or failure
-        print(summary(failure, nprocs - 1), file=sys.stderr, flush=True)
-        return failure.exit_code
+            return failure and (first_failure(status_dir) or failure)
 
 
 def remove_orphans() -> list[str]:

@@ -189,8 +189,7 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
                 return failure.exit_code
             if engine == "mpi" and len(host_list) > 1:  # a host that is gone: the restart runs on those that remain
                 host_list, nprocs = without_lost_hosts(host_list, nprocs, env, mpi_args)
-            print(f"gpurig run: restart {attempt + 1} of {max_restarts}: starting the {nprocs} rank"
-                  f"{'s' * (nprocs != 1)} again", file=sys.stderr, flush=True)
+            print(restart_notice(attempt + 1, max_restarts, nprocs), file=sys.stderr, flush=True)
             if on_restart is not None:
                 on_restart(attempt + 1, failure)
     finally:
@@ -198,6 +197,15 @@ def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | N
             standby.discard()
         job_over.set()
     return failure.exit_code
+
+
+def restart_notice(count: int, max_restarts: int, nprocs: int) -> str:
+    """The line a launcher prints as it starts the job again.
+
+    >>> restart_notice(1, 3, 2)
+    'gpurig run: restart 1 of 3: starting the 2 ranks again'
+    """
+    return f"gpurig run: restart {count} of {max_restarts}: starting the {nprocs} rank{'s' * (nprocs != 1)} again"
 
 
 def without_lost_hosts(host_list: list[tuple[str, int]], nprocs: int, env: dict,

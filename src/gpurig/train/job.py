@@ -33,7 +33,7 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     ('done', 0)
     """
     from gpurig import launch
-    from gpurig.launch.env import detect_engine, in_launched_job, rank_from_env
+    from gpurig.launch.env import detect_engine, in_launched_job, rank_from_env, restart_count
     from gpurig.launch.settings import job_environment
 
     if in_launched_job():
@@ -49,6 +49,8 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
 
         warnings_from_rank_zero(rank_from_env())
         event = run_rank(config)
+        if event.get("event") == "done":  # the launcher restarted the job this many times (gpurig's, torchrun's)
+            event["restarts"] = restart_count()
         code = event.get("code", 0)
         if code:  # rank 0 says why; every rank's wrapper need not add "exited with code 1"
             from gpurig.launch.progress import ProgressWriter
