@@ -227,7 +227,13 @@ class Guard:
     def _exchange(self, signatures: list[Signature], first_seq: int) -> None:
         block = self._block.fill(batch_digest(signatures))
         staged = self.stage(block)
-        self.engine.allreduce_sum(staged)
+        if hasattr(self.engine, "start_allreduce"):
+            # the same collective as post_expect's: where one rank posted its check early and another checks a
+            # collective of its own at that point, the two must match, and MPI matches no blocking collective
+            # with a nonblocking one
+            self.engine.start_allreduce(staged).wait()
+        else:
+            self.engine.allreduce_sum(staged)
         self._judge(signatures, None if staged is block else staged, first_seq)
 
     def _judge(self, signatures: list[Signature], staged, first_seq: int) -> None:
