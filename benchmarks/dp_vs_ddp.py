@@ -16,7 +16,11 @@ hand-off for comparison: the last bucket allreduced blocking (the default across
 nodes), that with the earlier buckets handed to a Python thread
 (``common.ThreadHandoff``), and every bucket handed to the thread (the design
 before issue 23); the same pair again with 1 MB buckets, where per-bucket
-overhead shows.
+overhead shows. Issue 23's third pass added, on both engines, the checks as
+before it (the collective check blocking at the first bucket, the numerical
+guard's sum after the wait: ``BlockingCheck``, ``GuardAfter``), and over MPI
+``MPI_Wait``'s busy wait instead of the polite one (``MPIEngine.wait_spin_s``).
+``--variants "a;b"`` runs only those (each with its DDP reference).
 
     gpurig run -n 2 -- python benchmarks/dp_vs_ddp.py --model mlp --out /tmp/dp.json
 """

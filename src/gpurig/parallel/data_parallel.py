@@ -351,8 +351,8 @@ class DataParallel(torch.nn.Module):
             self._finalize_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
             # The step's collective check leaves now and travels while backward computes; it is judged before
-            # the first bucket's data moves (gpurig.comm.guard). A blocking check at the first bucket cost
-            # gpurig/Gloo 1-6 % of the step against DDP (docs/benchmarks.md).
+            # the first bucket's data moves (gpurig.comm.guard). Blocking at the first bucket, it was a rendezvous
+            # with the other ranks on the critical path (docs/benchmarks.md, issue 23's third pass).
             self._checked = self.comm.expect_async(self._step_signatures())
         bucket = self.buckets[self._bucket_of[id(param)]]
         bucket.ready += 1
