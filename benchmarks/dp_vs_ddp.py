@@ -86,6 +86,8 @@ def main():
                                 nonfinite="ignore"), "DDP / gloo"),
         "gpurig / gloo, checks as before (blocking check, guard's sum after)": (
             GuardAfter(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
+        "gpurig / gloo, check blocking (the guard's flag as now)": (
+            gpurig.DataParallel(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
         "gpurig / mpi": (gpurig.DataParallel(copy.deepcopy(base), mpi), "DDP / gloo"),
         "gpurig / mpi, MPI_Wait (before)": (gpurig.DataParallel(copy.deepcopy(base), busy), "DDP / gloo"),
         "gpurig / mpi, checks as before (blocking check, guard's sum after)": (
