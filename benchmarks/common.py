@@ -192,6 +192,9 @@ class ThreadHandoff(Communicator):
             return super()._can_start(*tensors, begins=begins)
         return False
 
+    def expect_async(self, signatures) -> bool:
+        return getattr(self.engine, "native_async", False) and super().expect_async(signatures)
+
     def expect(self, signatures) -> None:
         if getattr(self.engine, "native_async", False):
             return super().expect(signatures)

@@ -16,7 +16,11 @@ hand-off for comparison: the last bucket allreduced blocking (the default across
 nodes), that with the earlier buckets handed to a Python thread
 (``common.ThreadHandoff``), and every bucket handed to the thread (the design
 before issue 23); the same pair again with 1 MB buckets, where per-bucket
-overhead shows.
+overhead shows. Issue 23's third pass added, on both engines, the checks as
+before it (the collective check blocking at the first bucket, the numerical
+guard's sum after the wait: ``BlockingCheck``, ``GuardAfter``), and over MPI
+``MPI_Wait``'s busy wait instead of the polite one (``MPIEngine.wait_spin_s``).
+``--variants "a;b"`` runs only those (each with its DDP reference).
 
     gpurig run -n 2 -- python benchmarks/dp_vs_ddp.py --model mlp --out /tmp/dp.json
 """
@@ -29,9 +33,28 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gpurig
 from gpurig import models
 from gpurig.comm import Communicator
+from gpurig.comm.mpi_engine import MPIEngine
 from gpurig.comm.torch_engine import TorchEngine
 from common import (ThreadHandoff, batches, both_engines, interleave, median, paired_ratio, slowest_rank, spread,
                     step_benchmark_args, training_block, write_result)
+
+
+class BlockingCheck(Communicator):
+    """The Communicator with the step's collective check blocking at the first bucket, as before issue 23's third
+    pass (comparison only; the default begins it at backward's first gradient, ``expect_async``)."""
+
+    def expect_async(self, signatures) -> bool:
+        return False
+
+
+class GuardAfter(gpurig.DataParallel):
+    """DataParallel with the numerical guard's sum over every averaged bucket after the wait, as before issue 23's
+    third pass (comparison only; the default flags the gradients while copying them in, ``numerics.copy_flagged``)."""
+
+    def _build_buckets(self) -> None:
+        super()._build_buckets()
+        for bucket in self.buckets:
+            bucket.flagged = False
 
 
 class LastBlocking(gpurig.DataParallel):
@@ -44,9 +67,13 @@ class LastBlocking(gpurig.DataParallel):
 
 def main():
     p = step_benchmark_args(__doc__)
+    p.add_argument("--variants", help="variant names to run, separated by ';' (default: all); each one's DDP "
+                                      "reference runs with it")
     args = p.parse_args()
 
     mpi, gloo = both_engines()
+    busy = Communicator(MPIEngine())  # waits as before issue 23's third pass: MPI_Wait, busy-polling
+    busy.engine.wait_spin_s = None
     torch.manual_seed(0)
     base = models.build(args.model)
     data = batches(args.block, args.per_rank_batch, mpi.rank)
@@ -57,7 +84,14 @@ def main():
         "gpurig / gloo, without its checks": (
             gpurig.DataParallel(copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False),
                                 nonfinite="ignore"), "DDP / gloo"),
+        "gpurig / gloo, checks as before (blocking check, guard's sum after)": (
+            GuardAfter(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
+        "gpurig / gloo, check blocking (the guard's flag as now)": (
+            gpurig.DataParallel(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
         "gpurig / mpi": (gpurig.DataParallel(copy.deepcopy(base), mpi), "DDP / gloo"),
+        "gpurig / mpi, MPI_Wait (before)": (gpurig.DataParallel(copy.deepcopy(base), busy), "DDP / gloo"),
+        "gpurig / mpi, checks as before (blocking check, guard's sum after)": (
+            GuardAfter(copy.deepcopy(base), BlockingCheck(mpi.engine)), "DDP / gloo"),
         "gpurig / mpi, last bucket blocking": (LastBlocking(copy.deepcopy(base), mpi), "DDP / gloo"),
         "gpurig / mpi, last bucket blocking, earlier ones on a thread": (
             LastBlocking(copy.deepcopy(base), ThreadHandoff(mpi.engine)), "DDP / gloo"),
@@ -72,6 +106,13 @@ def main():
             LastBlocking(copy.deepcopy(base), ThreadHandoff(mpi.engine), bucket_cap_mb=1),
             "DDP / gloo, 1 MB buckets"),
     }
+    if args.variants:
+        wanted = [name.strip() for name in args.variants.split(";")]
+        unknown = [name for name in wanted if name not in variants]
+        if unknown:
+            p.error(f"unknown variants {unknown}; choose from {list(variants)}")
+        wanted += [variants[name][1] for name in wanted]
+        variants = {name: v for name, v in variants.items() if name in wanted}
     blocks = {name: training_block(model, data) for name, (model, _) in variants.items()}
     seconds = interleave(blocks, args.rounds, args.warmup)
     seconds = {name: slowest_rank(mpi, s) for name, s in seconds.items()}

@@ -3,12 +3,13 @@
 The cases run inside the ranks (tests/workers/mismatch.py): different names,
 shapes (a different size, which would otherwise crash the engines, and the same
 size), dtypes, reductions, order, collective, broadcast root, an async
-collective, DataParallel bucket layouts; and the numerical guard's stop and skip.
+collective, DataParallel bucket layouts, a rank that calls another collective where the others
+begin backward (their check already posted); and the numerical guard's stop and skip.
 """
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 13
+CASES = 14
 
 
 def test_mismatches_are_errors_on_every_rank(engine, tmp_path):

@@ -112,6 +112,24 @@ def _():
              .sum().backward(), "differs across ranks", "bucket")
 
 
+@case("DataParallel: a rank calls another collective where the others begin backward")
+def _():
+    """The others' check of the step leaves at backward's first gradient, nonblocking; it meets the odd rank's
+    check of its own collective, and every rank raises before any data moves."""
+    torch.manual_seed(0)
+    model = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Linear(64, 4)))
+
+    def step():
+        if odd:
+            comm.allreduce(torch.ones(100_001), op="sum", name="extra")
+        model(torch.ones(2, 8)).sum().backward()
+
+    try:
+        mismatch(step, "differs across ranks", "rank 1 allreduce 'extra' float32[100001] sum", "bucket 0")
+    finally:
+        model.remove_hooks()
+
+
 def nan_model(nonfinite):
     """A model whose last bias gets a NaN gradient on rank 1 only, while ``poison`` is set; the average carries
     it to every rank."""

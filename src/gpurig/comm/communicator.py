@@ -192,6 +192,7 @@ class Communicator:
             with self._lock:
                 result = fn()
             return result if blocking else _completed(result)
+        self._settle_posted()
         return Handle(self._worker.submit(fn))
 
     def _guarded(self, signature: Signature, nbytes: int, fn):
@@ -239,6 +240,20 @@ class Communicator:
         # costs more than it does).
         self._run(announce, blocking=self._worker.idle() and not self._worker.on_worker_thread())
 
+    def expect_async(self, signatures: list[Signature]) -> bool:
+        """Begin :meth:`expect`'s check without waiting for it; False where it could not be begun so (call
+        :meth:`expect` then). It travels while the caller computes and is judged before the first of the
+        collectives it announces moves any data (:meth:`progress` judges it earlier once it has arrived).
+
+        >>> comm.expect_async(signatures)     # backward's first gradient: the check leaves   # doctest: +SKIP
+        True
+        """
+        # On this thread only when nothing is queued: a queued job's collectives come first on every rank.
+        if not self._worker.idle() or self._worker.on_worker_thread():
+            return False
+        with self._engine_errors():
+            return self.guard.post_expect(signatures)
+
     def run_async(self, job) -> Handle:
         """Run ``job()`` on the background thread, in order with other asynchronous collectives.
 
@@ -250,7 +265,15 @@ class Communicator:
         >>> handle.wait()                                                     # doctest: +SKIP
         tensor([1., 1.])
         """
+        self._settle_posted()
         return Handle(self._worker.submit(job))
+
+    def _settle_posted(self) -> None:
+        """Judge a check :meth:`expect_async` began, here, before anything is queued behind it (the guard is
+        then touched by one thread at a time)."""
+        if self.guard.posted:
+            with self._engine_errors():
+                self.guard.settle()
 
     def _check(self, tensor, what: str) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -312,6 +335,8 @@ class Communicator:
         >>> comm.progress()                                     # doctest: +SKIP
         1
         """
+        with self._engine_errors():
+            self.guard.poll()
         self._started = [h for h in self._started if h._finish is not None and not h.is_completed()]
         return len(self._started)
 
@@ -603,6 +628,8 @@ class Communicator:
 
     def shutdown(self) -> None:
         """Finish queued collectives, tell the watch this rank finished, and release the engine."""
+        with contextlib.suppress(CollectiveMismatchError, RuntimeError):
+            self._settle_posted()  # a check begun for collectives that never came: every rank posted it
         self._worker.drain()
         self._worker.stop()
         if self.watch is not None:

@@ -10,8 +10,12 @@ come first: ranks that hand an engine tensors of different sizes make it
 corrupt memory or abort the process (Open MPI: MPI_ERR_TRUNCATE on one rank,
 wrong numbers on the other; Gloo: "Received data size doesn't match", then
 SIGABRT). A caller that knows its next collectives (DataParallel: one per
-bucket) checks them all with one exchange (:meth:`Guard.expect`). Only on a
-mismatch do the ranks swap full descriptions, to say which ranks differ and how.
+bucket) checks them all with one exchange (:meth:`Guard.expect`), and may begin
+that exchange early and nonblocking (:meth:`Guard.post_expect`: DataParallel
+does at backward's first gradient), so that it travels while backward computes
+and is judged, before any data moves, when the first announced collective
+begins. Only on a mismatch do the ranks swap full descriptions, to say which
+ranks differ and how.
 
 What each rank is doing — the number of its current collective, what it is,
 since when — is kept in :attr:`Guard.progress` for the failure watch
@@ -101,14 +105,18 @@ class Guard:
         self._block = CheckBuffer(engine.size)
         self._expected: collections.deque = collections.deque()
         self._batch_error: CollectiveMismatchError | None = None  # the announced batch's failed check
+        self._posted: tuple | None = None  # (signatures, staged block, engine request): post_expect's exchange
 
     def begin(self, signature: Signature, nbytes: int, check: bool = True) -> None:
         """Before a collective's data moves: mark it in flight, then check it (unless :meth:`expect` did).
 
         A collective announced by a batch whose check failed raises that error
         instead (no rank sends it). One that was not announced ends the batch (its
-        caller stopped short, say on an error) and is checked on its own.
+        caller stopped short, say on an error) and is checked on its own. A check
+        :meth:`post_expect` began is judged first: it came first in the sequence.
         """
+        if self._posted is not None:
+            self.settle()
         if self._expected and self._expected[0] == signature:
             self._expected.popleft()
             error = self._batch_error
@@ -157,24 +165,79 @@ class Guard:
         reach their callers), and none of them moves data: ranks whose batches
         differ in length must not be left waiting.
         """
+        if self._posted is not None:
+            self.settle()
         if self.check and signatures:
-            self._expected.clear()
-            before = self.progress  # in flight meanwhile: a rank whose peers never come waits in this exchange
-            self._set(before.seq + 1, signatures[0], signatures[0].nbytes, True)
-            try:
-                self._exchange(signatures, before.seq + 1)
-                self._batch_error = None
-            except CollectiveMismatchError as error:
-                self._batch_error = error
-            # back to where it was (an engine error leaves it in flight: that is where it broke)
-            self._seq, self._signature, self._nbytes, self._in_flight, self._since = before
-            self._expected.extend(signatures)
+            self._announce(signatures, lambda first_seq: self._exchange(signatures, first_seq))
+
+    def post_expect(self, signatures: list[Signature]) -> bool:
+        """Begin :meth:`expect`'s exchange with the engine's nonblocking allreduce and return at once (True);
+        it is judged by :meth:`settle` — by the next collective this rank begins, at the latest — so no data
+        moves unchecked. The same point of every rank's sequence as :meth:`expect`; it is not posted (False)
+        where the engine has no nonblocking allreduce.
+
+        >>> guard.post_expect(signatures); ...; guard.begin(signatures[0], nbytes)   # judged here   # doctest: +SKIP
+        """
+        if self._posted is not None:
+            self.settle()
+        if not (self.check and signatures):
+            return True
+        if not hasattr(self.engine, "start_allreduce"):
+            return False
+        block = self._block.fill(batch_digest(signatures))
+        staged = self.stage(block)
+        self._posted = (signatures, staged, self.engine.start_allreduce(staged))
+        return True
+
+    @property
+    def posted(self) -> bool:
+        """Whether a check :meth:`post_expect` began is still to be judged."""
+        return self._posted is not None
+
+    def poll(self) -> None:
+        """Judge the posted check if its exchange has ended (an MPI_Test also moves it along)."""
+        if self._posted is not None and self._posted[2].is_completed():
+            self.settle()
+
+    def settle(self) -> None:
+        """Wait for the check :meth:`post_expect` began and judge it, as :meth:`expect` does."""
+        signatures, staged, request = self._posted
+
+        def judge(first_seq: int) -> None:
+            self._posted = None  # even if the wait fails: an engine error ends this collective's story
+            request.wait()
+            self._judge(signatures, None if staged is self._block.tensor else staged, first_seq)
+
+        self._announce(signatures, judge)
+
+    def _announce(self, signatures: list[Signature], exchange) -> None:
+        """Run ``exchange(first_seq)`` as the batch's check, recorded in flight; its verdict goes to the batch."""
+        self._expected.clear()
+        before = self.progress  # in flight meanwhile: a rank whose peers never come waits in this exchange
+        self._set(before.seq + 1, signatures[0], signatures[0].nbytes, True)
+        try:
+            exchange(before.seq + 1)
+            self._batch_error = None
+        except CollectiveMismatchError as error:
+            self._batch_error = error
+        # back to where it was (an engine error leaves it in flight: that is where it broke)
+        self._seq, self._signature, self._nbytes, self._in_flight, self._since = before
+        self._expected.extend(signatures)
 
     def _exchange(self, signatures: list[Signature], first_seq: int) -> None:
         block = self._block.fill(batch_digest(signatures))
         staged = self.stage(block)
-        self.engine.allreduce_sum(staged)
-        if self._block.agreed(None if staged is block else staged):
+        if hasattr(self.engine, "start_allreduce"):
+            # the same collective as post_expect's: where one rank posted its check early and another checks a
+            # collective of its own at that point, the two must match, and MPI matches no blocking collective
+            # with a nonblocking one
+            self.engine.start_allreduce(staged).wait()
+        else:
+            self.engine.allreduce_sum(staged)
+        self._judge(signatures, None if staged is block else staged, first_seq)
+
+    def _judge(self, signatures: list[Signature], staged, first_seq: int) -> None:
+        if self._block.agreed(staged):
             return
         everyone = self._gather([s.fields() for s in signatures])
         raise CollectiveMismatchError(describe_difference(first_seq, everyone))

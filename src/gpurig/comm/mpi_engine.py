@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 
 import torch
 
@@ -39,6 +40,28 @@ _HALF = (torch.float16, torch.bfloat16)
 # blocking Allreduce (half its message) stays one call: in pieces, each one more rendezvous, it lost 2-4x at
 # 16-64 MB on a loaded machine.
 ALLREDUCE_PIECE_BYTES = 8 * 2**20
+
+
+# How a nonblocking collective is waited for: MPI_Test for up to WAIT_SPIN_S, then MPI_Test between naps of
+# WAIT_NAP_S. MPI_Wait busy-polls Open MPI's shared memory; on cores shared with other jobs the waiting rank then
+# holds a core its late peer needs (docs/benchmarks.md, issue 23's third pass).
+WAIT_SPIN_S = 50e-6
+WAIT_NAP_S = 50e-6
+
+
+def wait_politely(request, spin_s: float | None = WAIT_SPIN_S, nap_s: float = WAIT_NAP_S) -> None:
+    """Wait for an mpi4py ``request``: test it, busy for ``spin_s`` at most, then between naps of ``nap_s``
+    (``spin_s=None``: ``MPI_Wait``).
+
+    >>> wait_politely(MPI.REQUEST_NULL)
+    """
+    if spin_s is None:
+        request.Wait()
+        return
+    give_up = time.perf_counter() + spin_s
+    while not request.Test():
+        if time.perf_counter() > give_up:
+            time.sleep(nap_s)
 
 
 def _half_sum(dtype):
@@ -99,11 +122,11 @@ class Request:
     inside MPI calls, so ``is_completed()`` (MPI_Test) also drives it forward.
     """
 
-    def __init__(self, request, *buffers):
-        self._request, self._buffers = request, buffers
+    def __init__(self, request, *buffers, spin_s: float | None = WAIT_SPIN_S):
+        self._request, self._buffers, self._spin_s = request, buffers, spin_s
 
     def wait(self) -> None:
-        self._request.Wait()
+        wait_politely(self._request, self._spin_s)
         self._buffers = ()
 
     def is_completed(self) -> bool:
@@ -116,13 +139,13 @@ class ChainedRequest:
     holds more than one piece's temporary buffer.
     """
 
-    def __init__(self, begin, pieces: list[torch.Tensor], tensor: torch.Tensor):
-        self._begin, self._pieces, self._tensor = begin, list(pieces), tensor
+    def __init__(self, begin, pieces: list[torch.Tensor], tensor: torch.Tensor, spin_s: float | None = WAIT_SPIN_S):
+        self._begin, self._pieces, self._tensor, self._spin_s = begin, list(pieces), tensor, spin_s
         self._request = begin(self._pieces.pop(0))
 
     def wait(self) -> None:
         while self._request is not None:
-            self._request.Wait()
+            wait_politely(self._request, self._spin_s)
             self._next()
         self._tensor = None
 
@@ -155,6 +178,7 @@ class MPIEngine:
     """
 
     name = "mpi"
+    wait_spin_s: float | None = WAIT_SPIN_S  # how its requests are waited for (wait_politely; None: MPI_Wait)
 
     def __init__(self, comm=None):
         self.comm = comm or MPI.COMM_WORLD
@@ -225,21 +249,21 @@ class MPIEngine:
         op, pieces = self._sum_op(tensor.dtype), allreduce_pieces(tensor)
         if len(pieces) > 1:
             return ChainedRequest(lambda piece: self.comm.Iallreduce(MPI.IN_PLACE, self._whole(piece), op=op),
-                                  pieces, tensor)
-        return Request(self.comm.Iallreduce(MPI.IN_PLACE, self._whole(tensor), op=op), tensor)
+                                  pieces, tensor, spin_s=self.wait_spin_s)
+        return Request(self.comm.Iallreduce(MPI.IN_PLACE, self._whole(tensor), op=op), tensor, spin_s=self.wait_spin_s)
 
     def start_alltoall(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
         """Begin :meth:`alltoall` into ``out`` without waiting; MPI moves it whenever this rank calls MPI."""
-        return Request(self.comm.Ialltoall(self._buf(tensor), self._buf(out)), tensor, out)
+        return Request(self.comm.Ialltoall(self._buf(tensor), self._buf(out)), tensor, out, spin_s=self.wait_spin_s)
 
     def start_reduce_scatter(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
         """Begin a reduce-scatter (sum) of equal pieces into ``out`` (this rank's piece) without waiting."""
         return Request(self.comm.Ireduce_scatter_block(self._buf(tensor), self._buf(out), op=self._sum_op(tensor.dtype)),
-                       tensor, out)
+                       tensor, out, spin_s=self.wait_spin_s)
 
     def start_allgather(self, tensor: torch.Tensor, out: torch.Tensor) -> "Request":
         """Begin an allgather of equal pieces into ``out`` without waiting."""
-        return Request(self.comm.Iallgather(self._buf(tensor), self._buf(out)), tensor, out)
+        return Request(self.comm.Iallgather(self._buf(tensor), self._buf(out)), tensor, out, spin_s=self.wait_spin_s)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self.comm.Bcast(self._whole(tensor), root=root)

@@ -51,6 +51,9 @@ class Bucket:
 
     ``flat`` holds the gradients back to back, padded so that compressed
     chunks need no copy; ``state`` keeps the method's residuals between steps.
+    With ``flagged``, one more element after the gradients travels with them:
+    how many ranks flagged their gradients for the numerical guard
+    (:func:`gpurig.parallel.numerics.copy_flagged`).
     """
 
     params: list[torch.nn.Parameter]
@@ -61,10 +64,16 @@ class Bucket:
     ready: int = 0
     handle: comm_mod.Handle | None = None
     launched_at: float = 0.0
+    flagged: bool = False
 
     @property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
+
+    @property
+    def travelling(self) -> torch.Tensor:
+        """What an uncompressed allreduce of this bucket carries: the gradients, and the guard's flag if any."""
+        return self.flat[: self.numel + self.flagged]
 
     @property
     def shapes(self) -> list[torch.Size]:
@@ -247,6 +256,7 @@ class DataParallel(torch.nn.Module):
         self._finalize_queued = False
         self._next_bucket = 0
         self._inline_s = 0.0   # this step's last bucket, allreduced blocking (_inline)
+        self._checked = False  # this step's collective check begun at backward's first gradient (expect_async)
         self._recent: collections.deque = collections.deque(maxlen=AUTO_CALIBRATION_STEPS)
         self._method_costs: list[dict] | None = None
         self._finished_at = 0.0  # when the last step's gradients were averaged
@@ -296,6 +306,8 @@ class DataParallel(torch.nn.Module):
         self._bucket_of: dict[int, int] = {}
         caps = int(cap_mb * 2**20), int(FIRST_BUCKET_MB * 2**20)
         method = "none" if self.auto else self.compression
+        # the guard's flag rides in the allreduce (numerics.copy_flagged); compressed and sharded buckets are summed
+        flagged = not self.compresses and self.shard == "none" and self.nonfinite != "ignore"
         for b, indices in enumerate(assign_buckets(self._params, *caps)):
             params = [self._params[i] for i in indices]
             offsets, total = [], 0
@@ -303,8 +315,8 @@ class DataParallel(torch.nn.Module):
                 offsets.append(total)
                 total += p.numel()
             # Padded to whole compressed chunks, so no method needs a copy (a few KB of zeros at most).
-            length = padded_bucket_length(total, self.comm.size, "int8") if self.compresses else total
-            self.buckets.append(Bucket(params, params[0].new_zeros(length), offsets, method=method))
+            length = padded_bucket_length(total, self.comm.size, "int8") if self.compresses else total + flagged
+            self.buckets.append(Bucket(params, params[0].new_zeros(length), offsets, method=method, flagged=flagged))
             for p in params:
                 self._bucket_of[id(p)] = b
 
@@ -338,9 +350,13 @@ class DataParallel(torch.nn.Module):
         if not self._finalize_queued:
             self._finalize_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            # The step's collective check leaves now and travels while backward computes; it is judged before
+            # the first bucket's data moves (gpurig.comm.guard). Blocking at the first bucket, it was a rendezvous
+            # with the other ranks on the critical path (docs/benchmarks.md, issue 23's third pass).
+            self._checked = self.comm.expect_async(self._step_signatures())
         bucket = self.buckets[self._bucket_of[id(param)]]
         bucket.ready += 1
-        if self._next_bucket:  # buckets begun on this thread move only while it calls the engine (Open MPI)
+        if self._next_bucket or self._checked:  # what was begun on this thread moves only inside engine calls (MPI)
             self.comm.progress()
         while self._next_bucket < len(self.buckets) and self._bucket_full(self.buckets[self._next_bucket]):
             self._launch(self.buckets[self._next_bucket])
@@ -349,6 +365,11 @@ class DataParallel(torch.nn.Module):
     @staticmethod
     def _bucket_full(bucket: Bucket) -> bool:
         return bucket.ready == len(bucket.params)
+
+    def _step_signatures(self) -> list[Signature]:
+        """Every collective of this step's backward, in order: the buckets', or ZeRO's."""
+        return self._signatures() if self.zero is None else \
+            self.zero.signatures(self.methods, check_finite=self.nonfinite != "ignore")
 
     def _signatures(self) -> list[Signature]:
         """What this step's buckets submit, in the order they do.
@@ -360,7 +381,7 @@ class DataParallel(torch.nn.Module):
         if self._announced[0] != methods:
             order, pending = [], []
             for i, (bucket, method) in enumerate(zip(self.buckets, methods)):
-                n = len(bucket.flat) if method != "none" else bucket.numel
+                n = len(bucket.flat) if method != "none" else len(bucket.travelling)
                 begun, finished = collectives(n, self.comm.size, method, f"bucket {i}", bucket.shapes)
                 order += begun
                 if method != "none":
@@ -377,9 +398,8 @@ class DataParallel(torch.nn.Module):
         # Launch order is the bucket order on every rank, whatever order autograd finished in.
         # Uncompressed, dividing by the rank count while copying in saves a pass (DDP does the same).
         index, copy_started = self._next_bucket, time.perf_counter()
-        if index == 0:  # one check of the whole step's collectives against the other ranks' (gpurig.comm.guard)
-            self.comm.expect(self._signatures() if self.zero is None
-                             else self.zero.signatures(self.methods, check_finite=self.nonfinite != "ignore"))
+        if index == 0 and not self._checked:  # one check of the step's collectives against the other ranks'
+            self.comm.expect(self._step_signatures())
         if self.zero is not None:
             self.zero.launch(bucket, index, inline=bucket.method == "none" and self._inline(index))
             self._next_bucket += 1
@@ -387,10 +407,15 @@ class DataParallel(torch.nn.Module):
         plain = bucket.method == "none"
         scale = 1.0 / self.comm.size if plain else 1.0
         with torch.no_grad():
+            flag = bucket.flat[bucket.numel: bucket.numel + 1] if bucket.flagged else None
+            if flag is not None:
+                flag.zero_()
             for p, start in zip(bucket.params, bucket.offsets):
                 piece = bucket.flat[start: start + p.numel()]
                 if p.grad is None:
                     piece.zero_()
+                elif flag is not None:
+                    numerics.copy_flagged(p.grad, piece, scale, flag)
                 else:
                     torch.mul(p.grad.reshape(-1), scale, out=piece)
             if plain and bucket.state.sent is not None:  # what an earlier lossy method still owes, paid once
@@ -400,7 +425,7 @@ class DataParallel(torch.nn.Module):
         self._record("copy in", copy_started, bucket.launched_at, index)
         name = f"bucket {index}"
         if plain and not self._pipelined and self._inline(index):
-            self.comm.allreduce(bucket.flat[: bucket.numel], op="sum", name=name)
+            self.comm.allreduce(bucket.travelling, op="sum", name=name)
             bucket.handle = None
             # nothing hides it: backward's end would have waited this long for it (auto reads it as exposed),
             # and it had no time to hide under (auto's lead: from here to backward's end)
@@ -409,9 +434,9 @@ class DataParallel(torch.nn.Module):
             self._inline_s += done - bucket.launched_at
             bucket.launched_at = done
         elif plain and not self._pipelined:
-            bucket.handle = self.comm.allreduce_async(bucket.flat[: bucket.numel], op="sum", name=name)
+            bucket.handle = self.comm.allreduce_async(bucket.travelling, op="sum", name=name)
         elif plain:  # on the background thread too, so its place among the compressed buckets' is the same everywhere
-            bucket.handle = self.comm.run_async(lambda: self.comm.allreduce(bucket.flat[: bucket.numel], "sum", name))
+            bucket.handle = self.comm.run_async(lambda: self.comm.allreduce(bucket.travelling, "sum", name))
         else:
             bucket.handle = self.comm.run_async(lambda: self._begin_compressed(bucket, name))
         if plain:
@@ -491,7 +516,7 @@ class DataParallel(torch.nn.Module):
                     p.grad = bucket.flat[offset: offset + p.numel()].view_as(p)
             bucket.ready = 0
             bucket.handle = None
-        self._next_bucket = 0
+        self._next_bucket, self._checked = 0, False
         self.stats.steps += 1
         self.stats.exposed_s += waited
         self.stats.last_exposed_s = waited
@@ -517,8 +542,9 @@ class DataParallel(torch.nn.Module):
         if self.zero is not None:  # each rank holds its shard: they agree with one tiny allreduce
             self.finite, bad = self.zero.all_finite(self._names)
             bad = bad or ("a parameter", "NaN or Inf")
-        else:
-            self.finite = numerics.all_finite([b.flat[: b.numel] for b in self.buckets])
+        else:  # a bucket no rank flagged is finite (numerics.copy_flagged); the others are summed
+            self.finite = numerics.all_finite([b.flat[: b.numel] for b in self.buckets
+                                               if not b.flagged or b.flat[b.numel].item() != 0])
             bad = None if self.finite else \
                 numerics.first_nonfinite([(self._names.get(id(p), "?"), p.grad) for p in self._params])
         if self.finite:

@@ -1,4 +1,4 @@
-"""The 8-bit codecs' CPU kernels in C, compiled once per machine with its C compiler and loaded with ctypes.
+"""The 8-bit codecs' CPU kernels in C (and the numerical guard's copy), compiled once per machine, loaded with ctypes.
 
 On a CPU rank the codec is memory-bound: the torch version of encode-with-
 feedback reads and writes the gradient seven times (add the residual, max,
@@ -93,6 +93,8 @@ def _load():
     lib.dynamic_encode_feedback.restype = None
     lib.dynamic_decode.argtypes = [pointer, pointer, pointer, size, size, pointer]
     lib.dynamic_decode.restype = None
+    lib.scale_copy_flag.argtypes = [pointer, pointer, size, ctypes.c_float]
+    lib.scale_copy_flag.restype = ctypes.c_int
     for name in ("fp16_encode_feedback", "bf16_encode_feedback"):  # fp16: where the compiler has _Float16
         if hasattr(lib, name):
             getattr(lib, name).argtypes = [pointer, pointer, ctypes.c_int, pointer, size]

@@ -137,3 +137,19 @@ void bf16_encode_feedback(float *restrict x, float *restrict residual, int add_r
         residual[i] = v - back;
     }
 }
+
+/* out = x * scale, and whether any |x| reaches 2^119 or is not finite (the numerical guard's look at the
+ * gradients, made while copying them into their bucket). Exponent fields are compared as integers, so the loop
+ * vectorizes without -ffast-math. Averaged over any number of ranks up to 2^8, values below 2^119 cannot
+ * overflow, so where no rank flags its input the average is finite. */
+int scale_copy_flag(const float *restrict x, float *restrict out, long n, float scale) {
+    uint32_t worst = 0;
+    for (long i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], 4);
+        bits &= 0x7f800000u;
+        worst = bits > worst ? bits : worst;
+        out[i] = x[i] * scale;
+    }
+    return worst >= (246u << 23);
+}
