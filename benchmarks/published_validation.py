@@ -79,7 +79,8 @@ MODELS = {
 
 PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 # The fitted constants (the per-layer host cost is measured: these batches are too large to show it).
-FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency) if f.name not in ("layer_overhead_s", "architecture"))
+FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency)
+               if f.name not in ("layer_overhead_s", "architecture", "cuda_architecture"))  # Kepler's: no rows
 # Where the fit starts: the datasheet-minded guesses, with the two effects that have no neutral value switched on.
 START = GpuEfficiency(tensor_gemm=0.8, cuda_gemm=0.9, conv=1.0, conv_cuda=1.0, memory=0.8, unhidden=0.3,
                       flops_per_value=40.0)

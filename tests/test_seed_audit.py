@@ -258,6 +258,22 @@ def test_predict_prices_the_copy_as_plan_does_0_with_pinned_prefetch_and_a_block
     assert pageable["step"]["data_ms"] == pytest.approx(rules.copy_ms("3.0", 4), rel=0.08)
 
 
+# -- 3. GPU generations --------------------------------------------------------------------------------------------
+
+def test_gpu_generations_kepler_runs_its_cuda_cores_slower_than_maxwell():                      # audit #38
+    """"Kepler (GTX Titan) is much slower than Maxwell (GTX Titan X) even though they have comparable bandwidth";
+    "Titan -> 980 another +20 %". Kepler's cores run at 1/1.35 of Maxwell's per core (NVIDIA's Maxwell
+    whitepaper): without that the Titan came out 6 % faster than a 980. The guide's "680 -> Titan +15 %" stays
+    apart: both are Kepler, and the Titan has 1.45x the 680's FLOPS and 1.5x its bandwidth (docs/seeds.md)."""
+    def step(gpu):
+        return predict(PredictRequest(model="alexnet", cluster=f"1 node x 1 {gpu}", batch=128))["step"]["step_ms"]
+
+    titan, gtx_980, titan_x = step("GTX Titan"), step("GTX 980"), step("GTX Titan X")
+    assert abs(titan / gtx_980 - 1.20) <= 0.10                   # the guide's step, within 10 points
+    assert titan / titan_x > 1.5                                  # "much slower" at comparable bandwidth
+    assert 1.2 < gtx_980 / titan_x < 1.7                          # "Titan X 150 % of a 980" (a comment)
+
+
 # -- 4. both scalings ------------------------------------------------------------------------------------------------
 
 def test_the_posts_compare_at_a_fixed_global_batch_and_predict_says_which_scaling_is_which():   # audit #20, #30

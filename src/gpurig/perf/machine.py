@@ -53,6 +53,12 @@ class GpuEfficiency:
     architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.40), ("Hopper", 0.603), ("Turing", 0.391),
                                                    ("Volta", 0.970))
 
+    # Per GPU architecture, its CUDA cores' achieved rate against ``cuda_gemm``'s, which the published rows (Pascal
+    # and later, whose SM is Maxwell's) fix. Not fitted (no published row is older): NVIDIA's GeForce GTX 750 Ti
+    # whitepaper (2014) gives Maxwell's SM 1.35x the performance per CUDA core of Kepler's (issue and scheduling:
+    # Kepler's cores idle unless two independent instructions are ready), so Kepler runs at 1 / 1.35.
+    cuda_architecture: tuple[tuple[str, float], ...] = (("Kepler", 0.741),)
+
     def architecture_scale(self, architecture: str) -> float:
         """The tensor-core factor of ``architecture`` (1 where none was fitted).
 
@@ -62,6 +68,14 @@ class GpuEfficiency:
         1.0
         """
         return dict(self.architecture).get(architecture, 1.0)
+
+    def cuda_core_scale(self, architecture: str) -> float:
+        """The CUDA-core factor of ``architecture`` against ``cuda_gemm`` (1 from Maxwell on).
+
+        >>> GpuEfficiency().cuda_core_scale("Kepler"), GpuEfficiency().cuda_core_scale("Maxwell")
+        (0.741, 1.0)
+        """
+        return dict(self.cuda_architecture).get(architecture, 1.0)
 
 
 GPU_EFFICIENCY = GpuEfficiency()
@@ -97,9 +111,10 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     units = getattr(gpu, "compute_units", None)
 
     tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture)
+    cuda = e.cuda_gemm * e.cuda_core_scale(gpu.architecture)
 
     def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0) -> GemmModel:
-        rate = tflops * 1e12 * (tensor if tensor_cores else e.cuda_gemm) * scale
+        rate = tflops * 1e12 * (tensor if tensor_cores else cuda) * scale
         return GemmModel(KERNEL_OVERHEAD_S, rate, memory, TILES if tensor_cores else OLD_TILE, units, e.unhidden)
 
     linear = gemm(p.linear_tflops, p.linear_tensor_cores)
@@ -113,7 +128,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     return Device(gpu.name, linear, memory, e.layer_overhead_s, is_gpu=True, codec_seconds_per_value=per_value,
                   jitter=JITTER, conv_gemm=conv if conv != linear else None, element_bytes=p.element_bytes,
                   cast_bytes_per_param=p.cast_bytes_per_param, flops_per_value=e.flops_per_value,
-                  vector_flops_per_s=gpu.fp32_tflops * 1e12 * e.cuda_gemm,
+                  vector_flops_per_s=gpu.fp32_tflops * 1e12 * cuda,
                   cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache)
 
 
