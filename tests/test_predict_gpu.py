@@ -98,10 +98,10 @@ def test_an_older_software_release_scales_every_compute_rate_by_its_factor():
     assert machine.gpu_device(v100, "fp32", e, "pytorch-1.4").gemm.flops_per_s == \
         machine.gpu_device(v100, "fp32", e).gemm.flops_per_s           # its mixed-precision factor only
     request = dict(model="bert-base", cluster="1 x V100", batch=32, tokens=384, precision="fp16")
-    shipped = dict(machine.GPU_EFFICIENCY.software)[("pytorch-1.4", "mixed")]
+    assert dict(machine.GPU_EFFICIENCY.software)[("pytorch-1.4", "mixed")] < 1     # fitted: apex AMP was slower
     slower = predict(PredictRequest(**request, software="pytorch-1.4"))
     assert slower["software"] == "pytorch-1.4"
-    assert slower["samples_per_s"] < predict(PredictRequest(**request))["samples_per_s"] * (1 if shipped < 1 else 2)
+    assert slower["samples_per_s"] < predict(PredictRequest(**request))["samples_per_s"]
 
 
 def test_mixed_precision_convolutions_have_their_own_efficiency():

@@ -31,21 +31,22 @@ class GpuEfficiency:
     """What fraction of its datasheet peaks a GPU reaches in training, when nothing of it is measured.
 
     Fitted to published training throughputs (``benchmarks/published_validation.py``: 238 single-GPU
-    rows of BERT-base, SSD300 and Transformer-XL base and large on 21 GPUs; the fit and its cross-validation are
-    in docs/predict.md), never to the held-out ResNet-50 v1.5 and BERT-large results.
+    rows of BERT-base, SSD300 and Transformer-XL base and large on 21 GPUs, each with the software release it ran
+    on; the fit and its cross-validation are in docs/predict.md), never to the held-out ResNet-50 v1.5 and
+    BERT-large results.
     """
 
     tensor_gemm: float = 0.5405     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
-    cuda_gemm: float = 0.7943       # of the FP32 CUDA-core peak, on large GEMMs
+    cuda_gemm: float = 0.8183       # of the FP32 CUDA-core peak, on large GEMMs
     conv: float = 1.331             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
     # the same in mixed precision: cuDNN's 16-bit kernels run channels-last (NHWC) with fused epilogues, which its
     # TF32 and NCHW paths do not; both bounded only by the tensor-core peak
-    conv_mixed: float = 1.0
+    conv_mixed: float = 0.9852
     conv_cuda: float = 2.25         # the same on CUDA cores, where cuDNN's Winograd kernels cut 3×3 FLOPs by 2.25x
     memory: float = 0.6625          # of peak memory bandwidth, on streaming kernels (norms, activations)
     unhidden: float = 0.4053        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
     flops_per_value: float = 43.26  # vector-unit operations per value that work outside GEMMs moves
-    cache: float = 1.133            # memory-bound work on the share of its tensors the last cache holds, against memory
+    cache: float = 1.15             # memory-bound work on the share of its tensors the last cache holds, against memory
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -53,15 +54,17 @@ class GpuEfficiency:
     # gets (Hopper's wgmma needs libraries newer than the published runs) and how far its boards sustain the
     # rated clock. Fitted like the rest; an architecture the published rows lack keeps 1.
     # Fitted only where the rows hold two GPUs of an architecture (one B200 keeps Blackwell at 1). Turing's rows
-    # are all NGC 20.01's, PyTorch 1.4 with apex AMP: its factor is that software's as much as the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.373), ("Hopper", 0.603), ("Turing", 0.5435),
+    # are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
+    # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.373), ("Hopper", 0.603), ("Turing", 0.5517),
                                                    ("Volta", 1.116))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
     software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.952),
-                                                           (("pytorch-1.4", "mixed"), 0.828),
-                                                           (("pytorch-1.7", "fp32"), 0.952))
+                                                           (("pytorch-1.4", "mixed"), 0.8158),
+                                                           (("pytorch-1.7", "fp32"), 0.9379),
+                                                           (("pytorch-1.7", "mixed"), 0.9852))
 
     def architecture_scale(self, architecture: str) -> float:
         """The tensor-core factor of ``architecture`` (1 where none was fitted).
@@ -109,10 +112,10 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
     >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
-    (68.2, (128, 128), 2)
+    (75.4, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (15.2, 87.8)
+    (16.0, 112.2)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)

@@ -112,6 +112,8 @@ class Device:
         0.01
         >>> Device("gpu", None, 1e12, cache_bytes=4e7, cache_speedup=2.5).stream_seconds(1e9, working_set=3e7)
         0.0004
+        >>> Device("gpu", None, 1e12, cache_bytes=4e7, cache_speedup=2.5).stream_seconds(1e9, working_set=8e7)
+        0.0007
         """
         # the share of the working set the cache holds streams at its rate, the rest at memory's
         held = min(1.0, self.cache_bytes / working_set) if working_set > 0 else 1.0
