@@ -48,6 +48,7 @@ from pathlib import Path
 from gpurig.models import PRESETS
 from gpurig.perf import machine
 from gpurig.perf.machine import GpuEfficiency
+from gpurig.perf.precision import MIXED
 from gpurig.perf.step import layer_costs
 from gpurig.predict import PredictRequest, load_hardware
 from gpurig.predict.configuration import step_at
@@ -80,20 +81,25 @@ MODELS = {
 PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 # The fitted constants (the per-layer host cost is measured: these batches are too large to show it).
 FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency)
-               if f.name not in ("layer_overhead_s", "architecture", "cuda_architecture"))  # Kepler's: no rows
+               if f.name not in ("layer_overhead_s", "architecture", "software", "cuda_architecture"))  # Kepler's: no rows
 # Where the fit starts: the datasheet-minded guesses, with the two effects that have no neutral value switched on.
-START = GpuEfficiency(tensor_gemm=0.8, cuda_gemm=0.9, conv=1.0, conv_cuda=1.0, memory=0.8, unhidden=0.3,
-                      flops_per_value=40.0)
-# Physical ranges: no kernel beats its peak (a convolution's implicit GEMM no faster than a GEMM's), except that
-# Winograd's 3×3 convolutions on CUDA cores skip up to 2.25x of the direct FLOPs the model counts.
-BOUNDS = {"tensor_gemm": (0.05, 1.0), "cuda_gemm": (0.05, 1.0), "conv": (0.2, 1.0), "conv_cuda": (0.2, 2.25),
+START = GpuEfficiency(tensor_gemm=0.8, cuda_gemm=0.9, conv=1.0, conv_mixed=1.0, conv_cuda=1.0, memory=0.8,
+                      unhidden=0.3, flops_per_value=40.0, architecture=(), software=())
+# Physical ranges: no kernel beats its peak (a tensor-core convolution may beat the GEMMs' fitted efficiency, not
+# the peak: :func:`_physical`), except that Winograd's 3×3 convolutions on CUDA cores skip up to 2.25x of the direct
+# FLOPs the model counts. An older software release is no faster than current PyTorch.
+BOUNDS = {"tensor_gemm": (0.05, 1.0), "cuda_gemm": (0.05, 1.0), "conv": (0.2, 5.0), "conv_mixed": (0.2, 5.0),
+          "conv_cuda": (0.2, 2.25),
           "memory": (0.05, 1.0),
           "unhidden": (0.0, 1.0),
           "flops_per_value": (0.0, 500.0),
           "cache": (1.0, 4.0),
-          "architecture:": (0.3, 3.0)}
+          "architecture:": (0.3, 3.0),
+          "software:": (0.3, 1.0)}
 ARCHITECTURE = "architecture:"
+SOFTWARE = "software:"
 FOLD_STEPS = (1.15, 1.05, 1.015)   # a fold's search from the all-rows fit: its finer steps
+WARM_STEPS = (1.4,) + FOLD_STEPS    # the all-rows fit's, from the shipped constants
 REFERENCE_ARCHITECTURE = "Ampere"
 
 
@@ -110,12 +116,13 @@ class Case:
     published: float
     optimizer: str
     source: str
+    software: str = "current"
 
     @property
     def request(self) -> PredictRequest:
         return PredictRequest(model=self.model, cluster=f"1 node x {self.gpus} {self.gpu}", batch=self.batch,
                               tokens=self.tokens, precision=self.precision, optimizer=self.optimizer,
-                              gpus=self.gpus)
+                              gpus=self.gpus, software=self.software)
 
 
 def precision_of(published: str, gpu: str) -> str | None:
@@ -127,6 +134,21 @@ def precision_of(published: str, gpu: str) -> str | None:
     if published == "fp32":
         return "tf32" if catalog.gpu(gpu).tf32_tflops else "fp32"
     return PRECISIONS.get(published)
+
+
+def software_of(table: str, gpu: str) -> str:
+    """The ``--software`` a published row ran on, from its ``table`` (benchmarks/data/README.md): Lambda's v0 table
+    is NGC 20.01 (PyTorch 1.4, apex AMP) before Ampere and NGC 20.10 (PyTorch 1.7) from Ampere on; its v1 (NGC
+    22.09) and v2 (NGC 24.xx) tables and NVIDIA's own READMEs (NGC 20.06-22.11 ...) are priced as current.
+
+    >>> software_of("Lambda v0 table (NGC pytorch:20.01-py3 pre-Ampere / 20.10-py3 Ampere); ...", "V100 SXM2 32 GB")
+    'pytorch-1.4'
+    >>> software_of("Lambda v0 table (NGC pytorch:20.01-py3 pre-Ampere / 20.10-py3 Ampere); ...", "RTX 3090")
+    'pytorch-1.7'
+    """
+    if not table.startswith("Lambda v0"):
+        return "current"
+    return "pytorch-1.7" if catalog.gpu(gpu).tf32_tflops else "pytorch-1.4"
 
 
 def load_cases(path: Path = DATA) -> list[Case]:
@@ -152,7 +174,7 @@ def load_cases(path: Path = DATA) -> list[Case]:
                 continue
             out.append(Case(model[0], gpu, int(row["gpus"]), precision, int(float(row["batch_per_gpu"])),
                             int(row["seq_len"]) if row["seq_len"] else None, published, model[1],
-                            row["table"]))
+                            row["table"], software_of(row["table"], gpu)))
     return out
 
 
@@ -168,27 +190,27 @@ def predicted(case: Case, efficiency: GpuEfficiency, gpus: int | None = None) ->
     """Samples per second ``gpurig predict`` gives ``case`` on ``gpus`` GPUs (default: the case's) with
     ``efficiency``: the same arithmetic as :func:`gpurig.predict.predict`, with the model described once."""
     return _throughput(case.model, case.gpu, gpus or case.gpus, case.precision, case.batch, case.tokens,
-                       case.optimizer, efficiency)
+                       case.optimizer, case.software, efficiency)
 
 
 @lru_cache(maxsize=1 << 14)
 def _throughput(model: str, gpu: str, n: int, precision: str, batch: int, tokens: int | None, optimizer: str,
-                efficiency: GpuEfficiency) -> float:
+                software: str, efficiency: GpuEfficiency) -> float:
     # several sources publish the same configuration: each is priced once per set of constants
     request = PredictRequest(model=model, cluster=f"1 node x {n} {gpu}", batch=batch, tokens=tokens,
-                             precision=precision, optimizer=optimizer, gpus=n)
+                             precision=precision, optimizer=optimizer, gpus=n, software=software)
     spec, layers = _prepared(model, batch, tokens)
     saved, machine.GPU_EFFICIENCY = machine.GPU_EFFICIENCY, efficiency
     try:
-        step = step_at(spec, layers, request, _hardware(request.cluster, request.precision), n)
+        step = step_at(spec, layers, request, _hardware(request.cluster, request.precision, software), n)
     finally:
         machine.GPU_EFFICIENCY = saved
     return n * batch / step.step_s
 
 
 @lru_cache(maxsize=None)
-def _hardware(cluster: str, precision: str):
-    return load_hardware(PredictRequest(model="bert-base", cluster=cluster, precision=precision))
+def _hardware(cluster: str, precision: str, software: str = "current"):
+    return load_hardware(PredictRequest(model="bert-base", cluster=cluster, precision=precision, software=software))
 
 
 def log_error(case: Case, efficiency: GpuEfficiency) -> float:
@@ -204,12 +226,20 @@ def parameters(cases: list[Case]) -> list[str]:
     for c in cases:
         gpus[catalog.gpu(c.gpu).architecture].add(c.gpu)
     architectures = sorted(a for a, names in gpus.items() if len(names) >= 2 and a != REFERENCE_ARCHITECTURE)
-    return list(FIELDS) + [ARCHITECTURE + a for a in architectures]
+    return list(FIELDS) + [ARCHITECTURE + a for a in architectures] + [SOFTWARE + "/".join(s) for s in releases(cases)]
+
+
+def releases(cases: list[Case]) -> list[tuple[str, str]]:
+    """The (release, "fp32" | "mixed") software factors ``cases`` can fit: every release but current that runs
+    some of them (current PyTorch is the reference, 1)."""
+    return sorted({(c.software, "mixed" if c.precision in MIXED else "fp32") for c in cases if c.software != "current"})
 
 
 def value_of(efficiency: GpuEfficiency, name: str) -> float:
     if name.startswith(ARCHITECTURE):
         return efficiency.architecture_scale(name[len(ARCHITECTURE):])
+    if name.startswith(SOFTWARE):
+        return dict(efficiency.software).get(tuple(name[len(SOFTWARE):].split("/")), 1.0)
     return getattr(efficiency, name)
 
 
@@ -218,6 +248,10 @@ def with_value(efficiency: GpuEfficiency, name: str, value: float) -> GpuEfficie
         scales = dict(efficiency.architecture)
         scales[name[len(ARCHITECTURE):]] = value
         return dataclasses.replace(efficiency, architecture=tuple(sorted(scales.items())))
+    if name.startswith(SOFTWARE):
+        scales = dict(efficiency.software)
+        scales[tuple(name[len(SOFTWARE):].split("/"))] = value
+        return dataclasses.replace(efficiency, software=tuple(sorted(scales.items())))
     return dataclasses.replace(efficiency, **{name: value})
 
 
@@ -240,7 +274,7 @@ def fit(cases: list[Case], start: GpuEfficiency | None = None,
         while improved:
             improved = False
             for name in parameters(cases):
-                low, high = BOUNDS.get(name, BOUNDS[ARCHITECTURE])
+                low, high = BOUNDS.get(name) or BOUNDS[name[:name.index(":") + 1]]
                 for factor in (step, 1 / step):
                     value = min(high, max(low, value_of(best, name) * factor))
                     trial = with_value(best, name, value)
@@ -253,8 +287,9 @@ def fit(cases: list[Case], start: GpuEfficiency | None = None,
 
 
 def _physical(e: GpuEfficiency) -> bool:
-    """No architecture's tensor cores beyond their peak."""
-    return all(e.tensor_gemm * scale <= 1.0 for _, scale in e.architecture)
+    """No architecture's tensor cores beyond their peak, in GEMMs or in convolutions."""
+    fastest = max([1.0] + [scale for _, scale in e.architecture])
+    return e.tensor_gemm * fastest * max(1.0, e.conv, e.conv_mixed) <= 1.0
 
 
 def cross_validate(cases: list[Case], group, start: GpuEfficiency) -> dict[int, float]:
@@ -286,7 +321,9 @@ def fold_start(fitted: GpuEfficiency, inside: list[Case]) -> GpuEfficiency:
     (('Volta', 0.9),)
     """
     present = {catalog.gpu(c.gpu).architecture for c in inside}
-    return dataclasses.replace(fitted, architecture=tuple((a, v) for a, v in fitted.architecture if a in present))
+    kept = set(releases(inside))
+    return dataclasses.replace(fitted, architecture=tuple((a, v) for a, v in fitted.architecture if a in present),
+                               software=tuple((s, v) for s, v in fitted.software if s in kept))
 
 
 def _fold(fold):
@@ -365,6 +402,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", action="store_true", help="print every single-GPU row")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+    p.add_argument("--cold", action="store_true", help="fit from START, not from the constants perf.machine ships")
     args = p.parse_args()
 
     from rich.console import Console
@@ -374,7 +412,9 @@ def main() -> int:
     cases = load_cases()
     single = [c for c in cases if c.gpus == 1]
     console.print(f"{len(cases)} published rows predictable ({len(single)} on one GPU) of {DATA.name}")
-    fitted = fit(single)
+    # the all-rows fit starts from the constants perf.machine ships (the last run's fit; --cold: from START, which
+    # took 15 min on two loaded cores), then each fold from it
+    fitted = fit(single) if args.cold else fit(single, machine.GPU_EFFICIENCY, steps=WARM_STEPS)
     console.print("fitted: " + ", ".join(f"{k}={value_of(fitted, k):.4g}" for k in parameters(single)))
     in_sample = {id(c): log_error(c, fitted) for c in single}
     # each fold refits every constant without the rows it predicts, starting from the all-rows fit (from START it
@@ -433,6 +473,12 @@ def main() -> int:
                          f"{c.published * math.exp(e):.1f}", f"{100 * (math.exp(e) - 1):+.1f} %")
         console.print(rows)
     if args.json:
+        results["rows"] = [{"model": c.model, "gpu": c.gpu, "precision": c.precision, "batch": c.batch,
+                            "software": c.software, "published": c.published,
+                            "fit_pct": round(100 * (math.exp(in_sample[id(c)]) - 1), 1),
+                            "leave_one_gpu_out_pct": round(100 * (math.exp(by_gpu[id(c)]) - 1), 1),
+                            "leave_one_model_out_pct": round(100 * (math.exp(by_model[id(c)]) - 1), 1)}
+                           for c in single]
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
 

@@ -76,6 +76,43 @@ def test_each_architecture_scales_its_own_tensor_cores_and_nothing_else():
     assert machine.gpu_device(h100, "fp32", halved).gemm.flops_per_s == machine.gpu_device(h100, "fp32", plain).gemm.flops_per_s
 
 
+def test_an_unknown_software_is_one_line_with_the_choices():
+    code, out, err = run_cli(["predict", "--model", "bert-base", "--cluster", "1 x A100", "--software", "tensorflow"])
+    assert code == 2 and out == ""
+    assert err.strip() == "gpurig: error: unknown software 'tensorflow'; choose one of: current, pytorch-1.7, pytorch-1.4"
+
+
+def test_a_measured_profile_refuses_a_software_it_did_not_run(tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"schema": "gpurig-profile/1", "device": "cpu"}')
+    code, _, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", profile, "--software", "pytorch-1.4"])
+    assert code == 2 and "--software pytorch-1.4" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_older_software_release_scales_every_compute_rate_by_its_factor():
+    e = machine.GpuEfficiency(software=((("pytorch-1.4", "mixed"), 0.5),))
+    v100 = catalog.gpu("V100")
+    old, new = machine.gpu_device(v100, "fp16", e, "pytorch-1.4"), machine.gpu_device(v100, "fp16", e)
+    assert old.gemm.flops_per_s == pytest.approx(0.5 * new.gemm.flops_per_s)
+    assert old.memory_bytes_per_s == pytest.approx(0.5 * new.memory_bytes_per_s)
+    assert machine.gpu_device(v100, "fp32", e, "pytorch-1.4").gemm.flops_per_s == \
+        machine.gpu_device(v100, "fp32", e).gemm.flops_per_s           # its mixed-precision factor only
+    request = dict(model="bert-base", cluster="1 x V100", batch=32, tokens=384, precision="fp16")
+    assert dict(machine.GPU_EFFICIENCY.software)[("pytorch-1.4", "mixed")] < 1     # fitted: apex AMP was slower
+    slower = predict(PredictRequest(**request, software="pytorch-1.4"))
+    assert slower["software"] == "pytorch-1.4"
+    assert slower["samples_per_s"] < predict(PredictRequest(**request))["samples_per_s"]
+
+
+def test_mixed_precision_convolutions_have_their_own_efficiency():
+    a100 = catalog.gpu("A100")
+    fast = machine.GpuEfficiency(conv_mixed=1.5)
+    assert machine.gpu_device(a100, "fp16", fast).conv_gemm.flops_per_s == pytest.approx(
+        1.5 * machine.GpuEfficiency(conv_mixed=1.0).tensor_gemm * 312e12)
+    assert machine.gpu_device(a100, "tf32", fast).conv_gemm.flops_per_s == \
+        machine.gpu_device(a100, "tf32").conv_gemm.flops_per_s
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_every_precision_is_priced_on_a_gpu_that_has_it(precision):
     h100 = samples_per_s("bert-base", "H100", precision, 32, 384)

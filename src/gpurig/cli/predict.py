@@ -49,6 +49,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--precision", default="fp32",
                    help="fp32 (default: PyTorch's, convolutions in TF32 on Ampere and later, matmuls in FP32), tf32, "
                         "fp16 or bf16 (automatic mixed precision), fp8 (Transformer Engine; Ada, Hopper and later)")
+    p.add_argument("--software", default="current",
+                   help="the framework release that runs it: current (default: PyTorch 1.13 or later), pytorch-1.7 "
+                        "(NGC 20.10) or pytorch-1.4 (NGC 20.01, apex AMP); older releases compute slower (fitted "
+                        "factors, docs/predict.md)")
     p.add_argument("--optimizer", default="momentum",
                    help="the update each step runs over the parameters: sgd, momentum (default, SGD with momentum), "
                         "adam or lamb")
@@ -83,7 +87,7 @@ def request_from(args):
                           compression=args.compression, precision=args.precision, engine=args.engine,
                           gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency,
                           optimizer=args.optimizer, shard=args.shard, pinned=not args.pageable,
-                          prefetch=not args.no_prefetch)
+                          prefetch=not args.no_prefetch, software=args.software)
 
 
 def run(args) -> int:
@@ -129,7 +133,8 @@ def show(result: dict) -> None:
                   f"{result['batch_per_gpu']} samples per GPU, on {result['gpus']} GPU(s) in {result['nodes']} "
                   f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
                   f"{result['precision']}, compression {result['compression']}"
-                  + (f", --shard {result['shard']}" if result.get("shard", "none") != "none" else ""))
+                  + (f", --shard {result['shard']}" if result.get("shard", "none") != "none" else "")
+                  + (f", on {result['software']}" if result.get("software", "current") != "current" else ""))
     if result.get("precision_note"):
         console.print(f"precision: {result['precision_note']}")
     columns = [("samples/s", None), ("step", "step_ms"), ("compute", "compute_ms"), ("comm", "comm_ms"),

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import FastestGemm, GemmModel, fit_gemm_model
-from gpurig.perf.precision import precision_on
+from gpurig.perf.precision import MIXED, precision_on
+from gpurig.perf.software import check as check_software
 from gpurig.perf.step import Device, layer_costs, layer_seconds, shape_key
 
 if TYPE_CHECKING:
@@ -30,18 +31,22 @@ class GpuEfficiency:
     """What fraction of its datasheet peaks a GPU reaches in training, when nothing of it is measured.
 
     Fitted to published training throughputs (``benchmarks/published_validation.py``: 238 single-GPU
-    rows of BERT-base, SSD300 and Transformer-XL base and large on 21 GPUs; the fit and its cross-validation are
-    in docs/predict.md), never to the held-out ResNet-50 v1.5 and BERT-large results.
+    rows of BERT-base, SSD300 and Transformer-XL base and large on 21 GPUs, each with the software release it ran
+    on; the fit and its cross-validation are in docs/predict.md), never to the held-out ResNet-50 v1.5 and
+    BERT-large results.
     """
 
-    tensor_gemm: float = 0.5625     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
-    cuda_gemm: float = 0.779        # of the FP32 CUDA-core peak, on large GEMMs
-    conv: float = 1.0               # a convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
+    tensor_gemm: float = 0.5405     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
+    cuda_gemm: float = 0.8183       # of the FP32 CUDA-core peak, on large GEMMs
+    conv: float = 1.331             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
+    # the same in mixed precision: cuDNN's 16-bit kernels run channels-last (NHWC) with fused epilogues, which its
+    # TF32 and NCHW paths do not; both bounded only by the tensor-core peak
+    conv_mixed: float = 0.9852
     conv_cuda: float = 2.25         # the same on CUDA cores, where cuDNN's Winograd kernels cut 3×3 FLOPs by 2.25x
-    memory: float = 0.707           # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.6455        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 41.72  # vector-unit operations per value that work outside GEMMs moves
-    cache: float = 1.119            # memory-bound work on tensors that fit the last cache, against memory's rate
+    memory: float = 0.6625          # of peak memory bandwidth, on streaming kernels (norms, activations)
+    unhidden: float = 0.4053        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 43.26  # vector-unit operations per value that work outside GEMMs moves
+    cache: float = 1.15             # memory-bound work on the share of its tensors the last cache holds, against memory
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -49,9 +54,17 @@ class GpuEfficiency:
     # gets (Hopper's wgmma needs libraries newer than the published runs) and how far its boards sustain the
     # rated clock. Fitted like the rest; an architecture the published rows lack keeps 1.
     # Fitted only where the rows hold two GPUs of an architecture (one B200 keeps Blackwell at 1). Turing's rows
-    # are all NGC 20.01's, PyTorch 1.4 with apex AMP: its factor is that software's as much as the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.40), ("Hopper", 0.603), ("Turing", 0.391),
-                                                   ("Volta", 0.970))
+    # are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
+    # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.373), ("Hopper", 0.603), ("Turing", 0.5517),
+                                                   ("Volta", 1.116))
+    # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
+    # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
+    # published rows lack keeps 1; current PyTorch is 1 by definition.
+    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.952),
+                                                           (("pytorch-1.4", "mixed"), 0.8158),
+                                                           (("pytorch-1.7", "fp32"), 0.9379),
+                                                           (("pytorch-1.7", "mixed"), 0.9852))
 
     # Per GPU architecture, its CUDA cores' achieved rate against ``cuda_gemm``'s, which the published rows (Pascal
     # and later, whose SM is Maxwell's) fix. Not fitted (no published row is older): NVIDIA's GeForce GTX 750 Ti
@@ -77,6 +90,17 @@ class GpuEfficiency:
         """
         return dict(self.cuda_architecture).get(architecture, 1.0)
 
+    def software_scale(self, release: str, precision: str) -> float:
+        """How fast ``release`` computes ``precision`` against current PyTorch (1 where none was fitted).
+
+        >>> e = GpuEfficiency(software=((("pytorch-1.4", "mixed"), 0.7),))
+        >>> e.software_scale("pytorch-1.4", "fp16"), e.software_scale("pytorch-1.4", "fp32"), e.software_scale("current", "fp16")
+        (0.7, 1.0, 1.0)
+        """
+        from gpurig.perf.precision import MIXED
+
+        return dict(self.software).get((release, "mixed" if precision in MIXED else "fp32"), 1.0)
+
 
 GPU_EFFICIENCY = GpuEfficiency()
 
@@ -94,31 +118,35 @@ TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 OLD_TILE = (64, 128)
 
 
-def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = None) -> Device:
-    """A catalog GPU as the cost model sees it at ``precision`` (:mod:`gpurig.perf.precision`).
+def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = None,
+               software: str = "current") -> Device:
+    """A catalog GPU as the cost model sees it at ``precision`` (:mod:`gpurig.perf.precision`), run by ``software``
+    (:mod:`gpurig.perf.software`: every compute rate times the release's factor).
 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
     >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
-    (68.2, (128, 128), 2)
+    (75.4, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (15.2, 87.8)
+    (16.0, 112.2)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
-    memory = gpu.memory_bandwidth_gbs * 1e9 * e.memory
+    speed = e.software_scale(check_software(software), precision)
+    memory = gpu.memory_bandwidth_gbs * 1e9 * e.memory * speed
     units = getattr(gpu, "compute_units", None)
 
     tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture)
     cuda = e.cuda_gemm * e.cuda_core_scale(gpu.architecture)
 
     def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0) -> GemmModel:
-        rate = tflops * 1e12 * (tensor if tensor_cores else cuda) * scale
+        rate = tflops * 1e12 * (tensor if tensor_cores else cuda) * scale * speed
         return GemmModel(KERNEL_OVERHEAD_S, rate, memory, TILES if tensor_cores else OLD_TILE, units, e.unhidden)
 
     linear = gemm(p.linear_tflops, p.linear_tensor_cores)
-    conv = gemm(p.conv_tflops, p.conv_tensor_cores, e.conv if p.conv_tensor_cores else e.conv_cuda)
+    tensor_conv = e.conv_mixed if precision in MIXED else e.conv
+    conv = gemm(p.conv_tflops, p.conv_tensor_cores, tensor_conv if p.conv_tensor_cores else e.conv_cuda)
     if p.conv_tensor_cores:
         # cuDNN tries every algorithm (DeepLearningExamples set cudnn.benchmark): on a GPU whose tensor cores are
         # slow for this type (GeForce TF32 is half rate) the CUDA cores' Winograd kernels can win
@@ -128,7 +156,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     return Device(gpu.name, linear, memory, e.layer_overhead_s, is_gpu=True, codec_seconds_per_value=per_value,
                   jitter=JITTER, conv_gemm=conv if conv != linear else None, element_bytes=p.element_bytes,
                   cast_bytes_per_param=p.cast_bytes_per_param, flops_per_value=e.flops_per_value,
-                  vector_flops_per_s=gpu.fp32_tflops * 1e12 * cuda,
+                  vector_flops_per_s=gpu.fp32_tflops * 1e12 * cuda * speed,
                   cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache)
 
 

@@ -96,8 +96,8 @@ class Device:
     # units: ``flops_per_value`` operations per value it moves, at ``vector_flops_per_s`` (0: memory alone).
     vector_flops_per_s: float = 0.0
     flops_per_value: float = 0.0
-    # A GPU's last cache: a layer whose input and output fit in it together streams at ``cache_speedup`` times
-    # the memory's rate (the tensor the kernel before it wrote is still there).
+    # A GPU's last cache: the share of a layer's input and output that fits in it together streams at
+    # ``cache_speedup`` times the memory's rate (the tensor the kernel before it wrote is still there).
     cache_bytes: float = 0.0
     cache_speedup: float = 1.0
 
@@ -112,9 +112,12 @@ class Device:
         0.01
         >>> Device("gpu", None, 1e12, cache_bytes=4e7, cache_speedup=2.5).stream_seconds(1e9, working_set=3e7)
         0.0004
+        >>> Device("gpu", None, 1e12, cache_bytes=4e7, cache_speedup=2.5).stream_seconds(1e9, working_set=8e7)
+        0.0007
         """
-        rate = self.memory_bytes_per_s * (self.cache_speedup if working_set <= self.cache_bytes else 1.0)
-        memory = nbytes / rate
+        # the share of the working set the cache holds streams at its rate, the rest at memory's
+        held = min(1.0, self.cache_bytes / working_set) if working_set > 0 else 1.0
+        memory = nbytes / self.memory_bytes_per_s * (1.0 - held + held / self.cache_speedup)
         if not self.vector_flops_per_s:
             return memory
         return max(memory, nbytes / self.element_bytes * self.flops_per_value / self.vector_flops_per_s)

@@ -59,7 +59,7 @@ def predict(request: PredictRequest) -> dict:
         "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
-        "shard": request.shard,
+        "shard": request.shard, "software": request.software,
         "precision_note": precision_on(hardware.gpu, request.precision).note if hardware.gpu is not None else "",
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck(),

@@ -58,6 +58,9 @@ def load_hardware(request: PredictRequest) -> Hardware:
         if request.precision != "fp32":
             raise UsageError(f"--precision {request.precision}: a measured profile prices fp32 (bench timed its "
                              "GEMMs in float32); predict from catalog parts, such as --cluster '1 x A100'")
+        if request.software != "current":
+            raise UsageError(f"--software {request.software}: a measured profile is timed on the software it ran; "
+                             "predict from catalog parts, such as --cluster '1 x A100'")
 
     if spec is not None and any(node.gpu is not None and node.gpus for node in spec.nodes):
         return _spec_hardware(spec, profile, request)
@@ -105,7 +108,7 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     measured = profile is not None and profile.get("device") not in (None, "cpu")
 
     def device_of(gpu, ranks):
-        return machine.profile_device(profile, ranks) if measured else machine.gpu_device(gpu, request.precision)
+        return machine.profile_device(profile, ranks) if measured else machine.gpu_device(gpu, request.precision, software=request.software)
 
     def placed(n: int) -> list[tuple]:
         out, left = [], n
@@ -125,7 +128,7 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     devices_in_use = None
     if len(models) > 1 and not measured:
         def devices_in_use(n):
-            return [machine.gpu_device(gpu, request.precision) for gpu in
+            return [machine.gpu_device(gpu, request.precision, software=request.software) for gpu in
                     {node.gpu.name: node.gpu for node, _ in placed(n)}.values()]
     h2d = min(_host_copy_rate(node) for node in machines) * host_copy_efficiency(request.pinned)
     disk = _disk_rate(spec, profile)

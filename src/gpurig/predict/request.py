@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gpurig.errors import UsageError
 from gpurig.perf.precision import check as check_precision
+from gpurig.perf.software import check as check_software
 from gpurig.perf.step import OPTIMIZER_BYTES
 
 PARALLEL = ("data", "model", "hybrid")
@@ -40,6 +41,7 @@ class PredictRequest:
     prefetch: bool = True
     pinned: bool = True
     network_efficiency: float | None = None  # of the network's data rate; default by kind (docs/predict.md)
+    software: str = "current"        # the framework release that runs it (gpurig.perf.software)
 
 
 def check(request: PredictRequest) -> None:
@@ -57,6 +59,7 @@ def check(request: PredictRequest) -> None:
     from gpurig.parallel.compression import parse_method
 
     check_precision(request.precision)
+    check_software(request.software)
     if request.optimizer not in OPTIMIZER_BYTES:
         raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZER_BYTES)}, got {request.optimizer!r}")
     if request.parallel not in PARALLEL:
