@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from gpurig.cli.common import WIDE_COLUMNS
+
 EPILOG = """\
 examples:
   gpurig bench --quick                           # every part, small sizes (about a minute)
@@ -156,7 +158,7 @@ def show(profile: dict, out, plots: list[str]) -> None:
     console = Console()
     # below 120 columns: no lines, no algbw (busbw is the one nccl-tests compares), codecs' chains by the codec's
     # name, so that every number shows whole in an 80-column terminal
-    wide = console.width >= 120
+    wide = console.width >= WIDE_COLUMNS
     for engine, collectives in profile.get("comm", {}).get("engines", {}).items():
         table = Table(title=f"{engine}, {profile['comm']['ranks']} ranks: time (µs), "
                             + ("algbw and busbw" if wide else "busbw") + " (GB/s); raw = the engine's own call"

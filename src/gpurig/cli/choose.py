@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from gpurig.cli.common import WIDE_COLUMNS
+
 EPILOG = """\
 examples:
   gpurig choose --model bert-base --batch 32 --tokens 128           # the recent GPUs at 1, 2 and 4
@@ -146,7 +148,7 @@ def show(result: dict) -> None:
                   f"{result['precision']}, {result['optimizer']}; {doing}; electricity ${result['price_per_kwh']:.2f}/kWh"
                   + (f"; budget ${result['budget_usd']:,.0f}" if result["budget_usd"] else "")
                   + f"; ranked by {result['objective']} per million samples")
-    wide = console.width >= 120
+    wide = console.width >= WIDE_COLUMNS
     columns = [("#", lambda r: f"{r['rank']}{'*' if r['pareto'] else ''}"),
                ("option", lambda r: short(r["option"])),
                ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),

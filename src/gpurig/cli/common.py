@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from gpurig.errors import UsageError
 
+# From this terminal width on, tables show every column; below it (80 columns) each verb keeps its key numbers
+# whole and leaves the rest out.
+WIDE_COLUMNS = 120
+
 
 def add_reliability_flags(p) -> None:
     """``--iface``, ``--failure-timeout``, ``--stall-timeout`` (``gpurig run`` and ``gpurig train``)."""

@@ -6,6 +6,8 @@ import argparse
 import json
 import re
 
+from gpurig.cli.common import WIDE_COLUMNS
+
 EPILOG = """\
 examples:
   gpurig plan --gpu "RTX 2080 Ti" --count 4 --cpu-threads 16 --ram-gb 64 --psu-watts 1600
@@ -211,7 +213,7 @@ def _list_gpus(as_json: bool) -> int:
                ("TDP W", lambda g: f"{g.tdp_w:g}", True), ("PCIe", lambda g: f"{g.pcie_gen} x{g.pcie_lanes}", False),
                ("cooler", lambda g: g.cooler or "-", False)]
     console = Console()
-    shown = [c for c in columns if c[2] or console.width >= 120]
+    shown = [c for c in columns if c[2] or console.width >= WIDE_COLUMNS]
     table = Table(title="gpurig catalog: GPUs (TC: dense tensor-core TFLOPS; sources in spec/data/gpus.csv)")
     for header, _, _ in shown:
         table.add_column(header, justify="left" if header == "name" else "right", no_wrap=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from gpurig.cli.common import WIDE_COLUMNS
+
 EPILOG = """\
 examples:
   gpurig predict --model resnet50 --cluster "2 nodes x 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand"
@@ -141,7 +143,7 @@ def show(result: dict) -> None:
                ("wait", "wait_ms"), ("data", "data_ms"), ("forward", "forward_ms"), ("backward", "backward_ms"),
                ("optimizer", "optimizer_ms"), ("comm total", "comm_total_ms"), ("codec", "codec_ms")]
     # an 80-column terminal gets the step's split and its detail as two tables, so every number shows whole
-    groups = [columns] if console.width >= 120 else [columns[:6], columns[6:]]
+    groups = [columns] if console.width >= WIDE_COLUMNS else [columns[:6], columns[6:]]
     for i, group in enumerate(groups):
         split = Table(title=f"one step on {result['gpus']} GPU(s), ms" if i == 0 else "compute and comm in detail, ms")
         for name, _ in group:

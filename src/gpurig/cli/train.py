@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from gpurig.cli.common import WIDE_COLUMNS
+
 
 EPILOG = """\
 examples:
@@ -200,7 +202,7 @@ class _TrainView:
 
         self.console = Console()
         if not self.console.is_terminal and "COLUMNS" not in os.environ:
-            self.console = Console(width=120)  # a log or a pipe: rich's 80 columns would cut the table's numbers
+            self.console = Console(width=WIDE_COLUMNS)  # a log or a pipe: rich's 80 columns would cut the table's numbers
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
                                  console=self.console, transient=True)
@@ -253,7 +255,7 @@ class _TrainView:
 
         # below 120 columns the table drops its lines and the columns the epoch lines above already show
         # (data, TFLOP/s), so that every number stays whole in an 80-column terminal
-        wide = self.console.width >= 120
+        wide = self.console.width >= WIDE_COLUMNS
         columns = [(k, h) for k, h in self.COLUMNS if wide or k not in self.NARROW_DROPS]
         table = Table(title=f"{done['model']} on {done['data']}: {done['ranks']} ranks, {done['engine']}, "
                             f"ms per step", box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
