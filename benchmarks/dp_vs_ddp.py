@@ -84,6 +84,9 @@ def main():
         "gpurig / gloo, without its checks": (
             gpurig.DataParallel(copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False),
                                 nonfinite="ignore"), "DDP / gloo"),
+        "gpurig / gloo, without the collective check (the guard's flag kept)": (
+            gpurig.DataParallel(copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False)),
+            "DDP / gloo"),
         "gpurig / gloo, checks as before (blocking check, guard's sum after)": (
             GuardAfter(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
         "gpurig / gloo, check blocking (the guard's flag as now)": (

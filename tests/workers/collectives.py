@@ -162,6 +162,21 @@ def _():
     assert torch.equal(second.wait(), torch.full((100,), 2 * total_r))
 
 
+@case("an_async_collective_queued_on_one_rank_and_begun_at_once_on_another")
+def _():
+    """Rank 0's background thread is still busy with a job when the async allreduce comes, the others' are
+    idle: every rank must still run the engine's same operation (MPI matches no blocking collective with a
+    nonblocking one; this hung when the queued one ran blocking)."""
+    import time
+
+    job = comm.run_async(lambda: time.sleep(0.3) if R == 0 else None)
+    if R != 0:
+        job.wait()
+    t = torch.full((1000,), float(R))
+    assert torch.equal(comm.allreduce_async(t, op="sum").wait(), torch.full((1000,), float(sum(range(P)))))
+    job.wait()
+
+
 @case("async_allreduce_begins_here_and_progress_finishes_it")
 def _():
     """No Python thread carries it: the engine's nonblocking call is begun on this thread (MPI's Iallreduce,

@@ -289,32 +289,33 @@ class Communicator:
                 and self._worker.idle() and not self._worker.on_worker_thread())
 
     def _can_start(self, *tensors: torch.Tensor, begins: str = "start_alltoall") -> bool:
-        """Whether a collective on ``tensors`` can be begun on this thread and left to finish on its own.
-
-        Needs an engine with the non-blocking operation (its method ``begins``)
-        that reads the tensors in place, and a thread that owns the order of
-        collectives: the background thread itself (a ``run_async`` job
-        pipelining its collectives), or the caller's when nothing is queued.
+        """Whether a collective on ``tensors`` is run with the engine's nonblocking operation (its method
+        ``begins``): the engine has it and reads the tensors in place. Whether it then begins on this thread or
+        behind a queued ``run_async`` job is :meth:`_begin`'s choice; which operation runs must not depend on it.
         """
         if not hasattr(self.engine, begins) or not all(self._engine_reads(t) for t in tensors):
             return False
-        if any(not t.is_contiguous() for t in tensors[1:]):  # an ``out`` the engine must write in place
-            return False
-        return self._worker.on_worker_thread() or self._worker.idle()
+        return all(t.is_contiguous() for t in tensors[1:])  # an ``out`` the engine must write in place
 
-    def _begin(self, signature: Signature, nbytes: int, work, start, blocking: bool):
+    def _begin(self, signature: Signature, nbytes: int, work, start, blocking: bool, done=None):
         """Run a collective: blocking, queued on the background thread, or begun here without waiting.
 
         ``work()`` runs it to the end and returns the result; ``start()`` begins
         it and returns (result, the engine's request); the handle's ``wait()``
-        then waits for that request.
+        then waits for that request and returns ``done(result)`` (default: result).
         """
         if blocking or start is None:
             return self._run(lambda: self._guarded(signature, nbytes, work), blocking)
+        if not (self._worker.on_worker_thread() or self._worker.idle()):
+            # Queued behind a run_async job (it goes first on every rank), and still begun with the engine's
+            # nonblocking operation: a rank whose thread was idle began it at once, and MPI never matches a
+            # blocking collective with a nonblocking one (a hang, before: tests/workers/collectives.py).
+            return self._run(lambda: self._begin(signature, nbytes, work, start, False, done).wait(), False)
         with self._engine_errors():
             self.guard.begin(signature, nbytes)
             result, request = start()
-        return self._track(Handle(work=request, finish=lambda: self._ended(result), errors=self._engine_errors))
+        finish = (lambda: self._ended(result)) if done is None else (lambda: self._ended(done(result)))
+        return self._track(Handle(work=request, finish=finish, errors=self._engine_errors))
 
     def _track(self, handle: Handle) -> Handle:
         if not self._worker.on_worker_thread():  # the background thread's jobs wait for their own
@@ -398,18 +399,14 @@ class Communicator:
                 tensor.copy_(buf.view(tensor.shape))
             return tensor
 
-        if not blocking and self._can_start(flat, begins="start_allreduce"):
-            with self._engine_errors():
-                self.guard.begin(signature, flat.nbytes)
-                work = self.engine.start_allreduce(flat)
-            return self._track(Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors))
-
         def work():
             buf = self._to_engine(flat)
             self.engine.allreduce_sum(buf)
             return finish(buf)
 
-        return self._run(lambda: self._guarded(signature, flat.nbytes, work), blocking)
+        can_start = not blocking and self._can_start(flat, begins="start_allreduce")
+        return self._begin(signature, flat.nbytes, work, (lambda: (flat, self.engine.start_allreduce(flat)))
+                           if can_start else None, blocking, done=finish)
 
     def _ended(self, result):
         self.guard.end()
