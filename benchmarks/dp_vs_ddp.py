@@ -65,6 +65,14 @@ class LastBlocking(gpurig.DataParallel):
         return index == len(self.buckets) - 1 and not getattr(self.comm.engine, "native_async", False)
 
 
+def engine_check(engine) -> Communicator:
+    """A communicator whose collective check goes through the engine on one machine too, as before the check
+    board (comparison only)."""
+    comm = Communicator(engine)
+    comm.guard.use_board = False
+    return comm
+
+
 def main():
     p = step_benchmark_args(__doc__)
     p.add_argument("--variants", help="variant names to run, separated by ';' (default: all); each one's DDP "
@@ -84,6 +92,10 @@ def main():
         "gpurig / gloo, without its checks": (
             gpurig.DataParallel(copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False),
                                 nonfinite="ignore"), "DDP / gloo"),
+        "gpurig / gloo, the check through the engine (before the board)": (
+            gpurig.DataParallel(copy.deepcopy(base), engine_check(TorchEngine(backend="gloo"))), "DDP / gloo"),
+        "gpurig / mpi, the check through the engine (before the board)": (
+            gpurig.DataParallel(copy.deepcopy(base), engine_check(MPIEngine())), "DDP / gloo"),
         "gpurig / gloo, without the collective check (the guard's flag kept)": (
             gpurig.DataParallel(copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False)),
             "DDP / gloo"),

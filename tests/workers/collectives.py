@@ -177,6 +177,19 @@ def _():
     job.wait()
 
 
+@case("checks_meet_on_a_shared_memory_board_that_leaves_no_file")
+def _():
+    """All ranks on this machine: the collective check goes through the board (gpurig.comm.checkboard), whose
+    file is gone once every rank mapped it."""
+    import glob
+    import os
+
+    comm.allreduce(torch.ones(3))
+    assert (comm.guard._board is not None) == (P > 1 and comm.guard.check)
+    if R == 0:
+        assert not glob.glob(f"/dev/shm/gpurig-check-{os.getpid()}-*")
+
+
 @case("async_allreduce_begins_here_and_progress_finishes_it")
 def _():
     """No Python thread carries it: the engine's nonblocking call is begun on this thread (MPI's Iallreduce,

@@ -5,7 +5,10 @@ every rank's request for every tensor, compares them and answers, a round trip
 through rank 0 per cycle. Here each rank contributes a 33-integer *check block*
 (the bits of a digest of what it submits, :mod:`gpurig.comm.signature`) to one
 tiny allreduce right before the data moves; no coordinator, no answer message:
-every rank sees the same sum and reaches the same verdict. The exchange must
+every rank sees the same sum and reaches the same verdict. Where every rank is
+on one machine the digests meet on a shared-memory board instead
+(:mod:`gpurig.comm.checkboard`), microseconds where the engine's tiny
+collective costs Gloo a millisecond. The exchange must
 come first: ranks that hand an engine tensors of different sizes make it
 corrupt memory or abort the process (Open MPI: MPI_ERR_TRUNCATE on one rank,
 wrong numbers on the other; Gloo: "Received data size doesn't match", then
@@ -31,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+from gpurig.comm.checkboard import BoardRequest, CheckBoard
 from gpurig.comm.signature import CheckBuffer, Signature, batch_digest, describe_difference
 from gpurig.launch.progress import ProgressWriter
 
@@ -95,6 +99,8 @@ class Guard:
     >>> guard.begin(Signature.of("allreduce", t, "loss"), t.nbytes); engine.allreduce_sum(t); guard.end()  # doctest: +SKIP
     """
 
+    use_board = True  # False: every check through the engine, also on one machine (set before the first)
+
     def __init__(self, engine, stage=lambda tensor: tensor, check: bool = True):
         self.engine = engine
         self.stage = stage
@@ -103,9 +109,13 @@ class Guard:
         self._seq, self._signature, self._nbytes, self._in_flight, self._since = 0, None, 0, False, 0.0
         self.progress_file = ProgressWriter()  # the rank wrapper's copy, for a rank that gets killed
         self._block = CheckBuffer(engine.size)
+        self._board: CheckBoard | None = None  # the check through shared memory (one machine), set up at the first
+        self._board_tried = False              # check, which every rank reaches at the same point
+        self._checks = 0                       # check exchanges so far: the board's sequence
+        self._poke = getattr(engine, "poke", None)
         self._expected: collections.deque = collections.deque()
         self._batch_error: CollectiveMismatchError | None = None  # the announced batch's failed check
-        self._posted: tuple | None = None  # (signatures, staged block, engine request): post_expect's exchange
+        self._posted: tuple | None = None  # (signatures, request): post_expect's exchange
 
     def begin(self, signature: Signature, nbytes: int, check: bool = True) -> None:
         """Before a collective's data moves: mark it in flight, then check it (unless :meth:`expect` did).
@@ -182,12 +192,31 @@ class Guard:
             self.settle()
         if not (self.check and signatures):
             return True
-        if not hasattr(self.engine, "start_allreduce"):
+        if self._shared_board() is None and not hasattr(self.engine, "start_allreduce"):
             return False
-        block = self._block.fill(batch_digest(signatures))
-        staged = self.stage(block)
-        self._posted = (signatures, staged, self.engine.start_allreduce(staged))
+        self._posted = (signatures, self._start(batch_digest(signatures)))
         return True
+
+    def _shared_board(self) -> CheckBoard | None:
+        if not self._board_tried:
+            self._board_tried = True
+            self._board = CheckBoard.open(self.engine, self.stage) if self.use_board else None
+        return self._board
+
+    def _start(self, digest: int):
+        """Begin one check exchange of ``digest``: on the board where the job has one, else the engine's
+        nonblocking allreduce of a check block (its blocking one for an engine without it, done on return)."""
+        board = self._shared_board()
+        if board is not None:
+            self._checks += 1
+            board.post(self._checks, digest)
+            return BoardRequest(board, self._checks, digest, self._poke)
+        block = self._block.fill(digest)
+        staged = self.stage(block)
+        if hasattr(self.engine, "start_allreduce"):
+            return EngineCheck(self.engine.start_allreduce(staged), self._block, staged)
+        self.engine.allreduce_sum(staged)
+        return EngineCheck(None, self._block, staged)
 
     @property
     def posted(self) -> bool:
@@ -196,17 +225,17 @@ class Guard:
 
     def poll(self) -> None:
         """Judge the posted check if its exchange has ended (an MPI_Test also moves it along)."""
-        if self._posted is not None and self._posted[2].is_completed():
+        if self._posted is not None and self._posted[1].is_completed():
             self.settle()
 
     def settle(self) -> None:
         """Wait for the check :meth:`post_expect` began and judge it, as :meth:`expect` does."""
-        signatures, staged, request = self._posted
+        signatures, request = self._posted
 
         def judge(first_seq: int) -> None:
             self._posted = None  # even if the wait fails: an engine error ends this collective's story
             request.wait()
-            self._judge(signatures, None if staged is self._block.tensor else staged, first_seq)
+            self._judge(signatures, request, first_seq)
 
         self._announce(signatures, judge)
 
@@ -225,19 +254,15 @@ class Guard:
         self._expected.extend(signatures)
 
     def _exchange(self, signatures: list[Signature], first_seq: int) -> None:
-        block = self._block.fill(batch_digest(signatures))
-        staged = self.stage(block)
-        if hasattr(self.engine, "start_allreduce"):
-            # the same collective as post_expect's: where one rank posted its check early and another checks a
-            # collective of its own at that point, the two must match, and MPI matches no blocking collective
-            # with a nonblocking one
-            self.engine.start_allreduce(staged).wait()
-        else:
-            self.engine.allreduce_sum(staged)
-        self._judge(signatures, None if staged is block else staged, first_seq)
+        # the same exchange as post_expect's: where one rank posted its check early and another checks a
+        # collective of its own at that point, the two must match (and MPI matches no blocking collective
+        # with a nonblocking one)
+        request = self._start(batch_digest(signatures))
+        request.wait()
+        self._judge(signatures, request, first_seq)
 
-    def _judge(self, signatures: list[Signature], staged, first_seq: int) -> None:
-        if self._block.agreed(staged):
+    def _judge(self, signatures: list[Signature], request, first_seq: int) -> None:
+        if request.agreed():
             return
         everyone = self._gather([s.fields() for s in signatures])
         raise CollectiveMismatchError(describe_difference(first_seq, everyone))
@@ -255,3 +280,20 @@ class Guard:
             out.append(json.loads(data[start:start + n]))
             start += n
         return out
+
+
+class EngineCheck:
+    """A check block in the engine's allreduce (``request``; None when it already ran blocking)."""
+
+    def __init__(self, request, block: CheckBuffer, staged: torch.Tensor):
+        self.request, self.block, self.staged = request, block, staged
+
+    def is_completed(self) -> bool:
+        return self.request is None or self.request.is_completed()
+
+    def wait(self) -> None:
+        if self.request is not None:
+            self.request.wait()
+
+    def agreed(self) -> bool:
+        return self.block.agreed(None if self.staged is self.block.tensor else self.staged)
