@@ -123,9 +123,11 @@ def _():
     model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6))
     dp = gpurig.DataParallel(model)
     dp(torch.randn(8, 6) + R)  # running stats diverge per rank ...
+    model[1].num_batches_tracked.fill_(10 + R)  # (an int64 buffer: every dtype travels in one broadcast)
     dp(torch.randn(8, 6))      # ... and the next forward takes rank 0's before computing
     stats = comm.allgather(model[1].running_mean.view(1, -1).clone())
     assert torch.allclose(stats, stats[0].expand_as(stats)) or P == 1
+    assert int(model[1].num_batches_tracked) == 11, model[1].num_batches_tracked
 
 
 @case("mismatched_models_name_first_difference")
