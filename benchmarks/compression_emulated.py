@@ -34,7 +34,8 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--bucket-mb", type=float, default=None, help="default: DataParallel's (25 MB, 4 MB compressed)")
-    p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated; default: all")
+    p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated; default: all; CODEC/before: "
+                   "without keeping a bucket's pieces moving until the next one (DataParallel.keep_moving)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     codecs = args.codecs.split(",")
@@ -46,7 +47,9 @@ def main():
     variants = {}
     for name in codecs:
         torch.manual_seed(0)
-        model = gpurig.DataParallel(models.mlp(), compression=name, bucket_cap_mb=args.bucket_mb)
+        method, _, before = name.partition("/")  # "int8/before": pieces left until the next bucket, as before
+        model = gpurig.DataParallel(models.mlp(), compression=method, bucket_cap_mb=args.bucket_mb)
+        model.keep_moving = before != "before"
         variants[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     times = {name: [] for name in codecs}
     sent = {name: [] for name in codecs}

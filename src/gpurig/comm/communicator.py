@@ -31,6 +31,7 @@ import math
 import queue
 import re
 import threading
+import time
 from concurrent.futures import Future
 
 import torch
@@ -97,6 +98,9 @@ class _Worker:
 
     def idle(self) -> bool:
         return self._last is None or self._last.done()
+
+    def nothing_queued(self) -> bool:
+        return self._queue.empty()
 
     def on_worker_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -267,6 +271,22 @@ class Communicator:
         """
         self._settle_posted()
         return Handle(self._worker.submit(job))
+
+    def keep_moving(self, handles, nap_s: float = 100e-6) -> bool:
+        """Inside a ``run_async`` job: let the engine move ``handles`` until they have all ended (True) or another
+        job is queued (False). Open MPI moves a nonblocking collective only inside MPI calls, so a job that
+        began one and returned would leave it until the next job's calls; this asks about it between naps of
+        ``nap_s`` meanwhile. Engines that move their own (Gloo, NCCL) return at once.
+
+        >>> comm.run_async(lambda: comm.keep_moving([comm.alltoall_async(t)]))   # doctest: +SKIP
+        """
+        if getattr(self.engine, "native_async", False):
+            return all(h.is_completed() for h in handles)
+        while not all(h.is_completed() for h in handles):
+            if not self._worker.nothing_queued():
+                return False
+            time.sleep(nap_s)
+        return True
 
     def _settle_posted(self) -> None:
         """Judge a check :meth:`expect_async` began, here, before anything is queued behind it (the guard is

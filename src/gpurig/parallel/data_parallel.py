@@ -472,6 +472,15 @@ class DataParallel(torch.nn.Module):
         self._record(f"encode + send ({bucket.method})", started, time.perf_counter(), begun.bucket_index)
         self._finish_in_flight()
         self._in_flight = begun
+        scattered = getattr(begun, "scattered", None)  # an element-wise codec's pieces (PowerSGD's are not)
+        if scattered and bucket is not self.buckets[-1] and self.keep_moving:
+            # MPI moves bytes only inside its calls, and nothing calls it until the next bucket is handed over
+            # (behind a slow link, backward's end): keep this bucket's pieces moving meanwhile. (Not its average
+            # sent back early: whether the next bucket is here yet differs across ranks, and the collectives'
+            # order must not.)
+            self.comm.keep_moving(scattered)
+
+    keep_moving = True  # False: leave a compressed bucket's pieces until the next bucket (before issue 23's fourth pass)
 
     def _finish_in_flight(self) -> None:
         pending, self._in_flight = self._in_flight, None
