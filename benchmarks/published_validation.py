@@ -1,6 +1,6 @@
 """gpurig predict from catalog parts against published GPU training throughputs: the fit and its cross-validation.
 
-    .venv/bin/python benchmarks/published_validation.py              # fit, cross-validate, print (~1 min)
+    .venv/bin/python benchmarks/published_validation.py              # fit, cross-validate, print (~1 h, 2 loaded cores)
     .venv/bin/python benchmarks/published_validation.py --rows       # and every row, predicted vs published
     .venv/bin/python benchmarks/published_validation.py --json /tmp/published.json
 
@@ -8,11 +8,13 @@ The data is benchmarks/data/published_gpu_training.csv (its README says where
 each row comes from). ResNet-50 v1.5 and BERT-large are not in it: they are
 held out of every source, to check the result, and nothing here reads them.
 A row is used when gpurig has its model as a preset, its GPU in the catalog,
-its batch published and PyTorch ran it (TensorFlow's XLA fuses the memory-bound
-work PyTorch runs kernel by kernel: its ResNeXt rows in mixed precision are 1.5x
-PyTorch's model); each is predicted as a new user would ask
-(``gpurig predict --model M --cluster "1 x GPU" --batch B --precision P``),
-through predict's own step arithmetic.
+its batch published (NVIDIA's PyTorch ResNeXt READMEs: from the ``configs.yml``
+their benchmark reads, benchmarks/data/README.md) and PyTorch ran it (TensorFlow's
+XLA fuses the memory-bound work PyTorch runs kernel by kernel); each is predicted
+as a new user would ask (``gpurig predict --model M --cluster "1 x GPU" --batch B
+--precision P --software S --memory-format F``, the release and the layout the
+row ran: :func:`software_of`, :func:`memory_format_of`), through predict's own
+step arithmetic.
 
 The model's free constants (:class:`gpurig.perf.machine.GpuEfficiency`: the
 efficiencies, and a tensor-core factor per GPU architecture other than Ampere's)
@@ -94,6 +96,7 @@ BOUNDS = {"tensor_gemm": (0.05, 1.0), "cuda_gemm": (0.05, 1.0), "conv": (0.2, 5.
           "unhidden": (0.0, 1.0),
           "flops_per_value": (0.0, 500.0),
           "cache": (1.0, 4.0),
+          "transposes": (0.0, 4.0),
           "architecture:": (0.3, 3.0),
           "software:": (0.3, 1.0)}
 ARCHITECTURE = "architecture:"
@@ -117,12 +120,13 @@ class Case:
     optimizer: str
     source: str
     software: str = "current"
+    memory_format: str = "contiguous"
 
     @property
     def request(self) -> PredictRequest:
         return PredictRequest(model=self.model, cluster=f"1 node x {self.gpus} {self.gpu}", batch=self.batch,
                               tokens=self.tokens, precision=self.precision, optimizer=self.optimizer,
-                              gpus=self.gpus, software=self.software)
+                              gpus=self.gpus, software=self.software, memory_format=self.memory_format)
 
 
 def precision_of(published: str, gpu: str) -> str | None:
@@ -151,6 +155,19 @@ def software_of(table: str, gpu: str) -> str:
     return "pytorch-1.7" if catalog.gpu(gpu).tf32_tflops else "pytorch-1.4"
 
 
+def memory_format_of(row: dict) -> str:
+    """The ``--memory-format`` a published row ran with: NVIDIA's own PyTorch convolutional nets run channels-last
+    (ConvNets' ``configs.yml`` sets ``memory_format: nhwc`` for AMP; SSD's ``main.py`` defaults to
+    ``--data-layout channels_last`` since November 2021, before the 22.10 container its table ran). Lambda's runs
+    state no layout: PyTorch's default, contiguous (its first table predates SSD's switch; its SSD300 rows in mixed
+    precision run 0.6x NVIDIA's own on the same A100 80 GB).
+
+    >>> memory_format_of({"source_repo": "NVIDIA/DeepLearningExamples"}), memory_format_of({"source_repo": "lambdal/x"})
+    ('channels-last', 'contiguous')
+    """
+    return "channels-last" if row["source_repo"] == "NVIDIA/DeepLearningExamples" else "contiguous"
+
+
 def load_cases(path: Path = DATA) -> list[Case]:
     """The rows gpurig can predict: a preset model, a catalog GPU, a published batch, one node."""
     out = []
@@ -174,7 +191,7 @@ def load_cases(path: Path = DATA) -> list[Case]:
                 continue
             out.append(Case(model[0], gpu, int(row["gpus"]), precision, int(float(row["batch_per_gpu"])),
                             int(row["seq_len"]) if row["seq_len"] else None, published, model[1],
-                            row["table"], software_of(row["table"], gpu)))
+                            row["table"], software_of(row["table"], gpu), memory_format_of(row)))
     return out
 
 
@@ -190,27 +207,30 @@ def predicted(case: Case, efficiency: GpuEfficiency, gpus: int | None = None) ->
     """Samples per second ``gpurig predict`` gives ``case`` on ``gpus`` GPUs (default: the case's) with
     ``efficiency``: the same arithmetic as :func:`gpurig.predict.predict`, with the model described once."""
     return _throughput(case.model, case.gpu, gpus or case.gpus, case.precision, case.batch, case.tokens,
-                       case.optimizer, case.software, efficiency)
+                       case.optimizer, case.software, efficiency, case.memory_format)
 
 
 @lru_cache(maxsize=1 << 14)
 def _throughput(model: str, gpu: str, n: int, precision: str, batch: int, tokens: int | None, optimizer: str,
-                software: str, efficiency: GpuEfficiency) -> float:
+                software: str, efficiency: GpuEfficiency, memory_format: str = "contiguous") -> float:
     # several sources publish the same configuration: each is priced once per set of constants
     request = PredictRequest(model=model, cluster=f"1 node x {n} {gpu}", batch=batch, tokens=tokens,
-                             precision=precision, optimizer=optimizer, gpus=n, software=software)
+                             precision=precision, optimizer=optimizer, gpus=n, software=software,
+                             memory_format=memory_format)
     spec, layers = _prepared(model, batch, tokens)
     saved, machine.GPU_EFFICIENCY = machine.GPU_EFFICIENCY, efficiency
     try:
-        step = step_at(spec, layers, request, _hardware(request.cluster, request.precision, software), n)
+        step = step_at(spec, layers, request, _hardware(request.cluster, request.precision, software,
+                                                        memory_format), n)
     finally:
         machine.GPU_EFFICIENCY = saved
     return n * batch / step.step_s
 
 
 @lru_cache(maxsize=None)
-def _hardware(cluster: str, precision: str, software: str = "current"):
-    return load_hardware(PredictRequest(model="bert-base", cluster=cluster, precision=precision, software=software))
+def _hardware(cluster: str, precision: str, software: str = "current", memory_format: str = "contiguous"):
+    return load_hardware(PredictRequest(model="bert-base", cluster=cluster, precision=precision, software=software,
+                                        memory_format=memory_format))
 
 
 def log_error(case: Case, efficiency: GpuEfficiency) -> float:
@@ -264,26 +284,54 @@ def fit(cases: list[Case], start: GpuEfficiency | None = None,
     their GPUs has) keeps its starting value.
     """
     best = start or START
-
-    def loss(e):
-        return sum(abs(log_error(c, e)) for c in cases)
-
-    best_loss = loss(best)
+    names = parameters(cases)
+    # a trial moves one constant: only the cases it can change are priced again (the rest keep their errors, and
+    # the sum runs over all in the same order, so the fit is the one that prices every case every time)
+    depends = {name: [i for i, c in enumerate(cases) if _depends_on(name, c)] for name in names}
+    errors = [abs(log_error(c, best)) for c in cases]
+    best_loss = sum(errors)
     for step in steps:
         improved = True
         while improved:
             improved = False
-            for name in parameters(cases):
+            for name in names:
                 low, high = BOUNDS.get(name) or BOUNDS[name[:name.index(":") + 1]]
                 for factor in (step, 1 / step):
                     value = min(high, max(low, value_of(best, name) * factor))
                     trial = with_value(best, name, value)
                     if not _physical(trial):
                         continue
-                    trial_loss = loss(trial)
+                    trial_errors = list(errors)
+                    for i in depends[name]:
+                        trial_errors[i] = abs(log_error(cases[i], trial))
+                    trial_loss = sum(trial_errors)
                     if trial_loss < best_loss - 1e-12:
-                        best, best_loss, improved = trial, trial_loss, True
+                        best, best_loss, errors, improved = trial, trial_loss, trial_errors, True
     return best
+
+
+def _depends_on(name: str, case: Case) -> bool:
+    """Whether ``case``'s prediction can change with the constant ``name`` (:func:`gpurig.perf.machine.gpu_device`):
+    an architecture's factor prices only its GPUs, a release's factor only its rows of that precision kind, the
+    convolutions' efficiencies only models with convolutions (``conv`` in FP32/TF32, ``conv_mixed`` in mixed
+    precision); every other constant prices every case.
+
+    >>> case = Case("bert-base", "V100 SXM2 16 GB", 1, "fp16", 8, 384, 1.0, "adam", "", "pytorch-1.4")
+    >>> [_depends_on(n, case) for n in ("memory", "conv", "architecture:Volta", "architecture:Hopper",
+    ...                                 "software:pytorch-1.4/mixed", "software:pytorch-1.4/fp32")]
+    [True, False, True, False, True, False]
+    """
+    if name.startswith(ARCHITECTURE):
+        return catalog.gpu(case.gpu).architecture == name[len(ARCHITECTURE):]
+    if name.startswith(SOFTWARE):
+        return (case.software, "mixed" if case.precision in MIXED else "fp32") == tuple(name[len(SOFTWARE):].split("/"))
+    if name in ("conv", "conv_mixed", "conv_cuda", "transposes"):
+        if not any(layer.kind == "conv" for layer in _prepared(case.model, case.batch, case.tokens)[1]):
+            return False
+        if name == "transposes":
+            return case.precision in MIXED and case.memory_format == "contiguous"
+        return name == "conv_cuda" or (name == "conv_mixed") == (case.precision in MIXED)
+    return True
 
 
 def _physical(e: GpuEfficiency) -> bool:
@@ -292,24 +340,35 @@ def _physical(e: GpuEfficiency) -> bool:
     return e.tensor_gemm * fastest * max(1.0, e.conv, e.conv_mixed) <= 1.0
 
 
-def cross_validate(cases: list[Case], group, start: GpuEfficiency) -> dict[int, float]:
-    """Each case's log error with the constants fitted to the cases outside its group (``group(case)``).
+def cross_validate(cases: list[Case], groups: dict, start: GpuEfficiency, log=None) -> dict[str, dict[int, float]]:
+    """Each case's log error with the constants fitted to the cases outside its group, for every way of grouping
+    in ``groups`` (name -> ``group(case)``): {name: {id(case): error}}.
 
-    The folds run in parallel, one process per core.
+    The folds of all groupings share one pool, one process per core; ``log`` (a file) gets a line as each ends
+    (they take minutes each on a loaded machine).
     """
     import multiprocessing
     import os
 
-    keys = sorted({group(c) for c in cases})
     folds = []
-    for key in keys:
-        inside = [c for c in cases if group(c) != key]
-        folds.append((inside, [c for c in cases if group(c) == key], fold_start(start, inside)))
+    for name, group in groups.items():
+        for key in sorted({group(c) for c in cases}):
+            inside = [c for c in cases if group(c) != key]
+            folds.append((name, key, inside, [c for c in cases if group(c) == key], fold_start(start, inside)))
+    results = defaultdict(dict)
     with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
-        results = pool.map(_fold, folds)
-    by_case = {(c.model, c.gpu, c.gpus, c.precision, c.batch, c.source, c.published): e
-               for fold in results for c, e in fold}
-    return {id(c): by_case[(c.model, c.gpu, c.gpus, c.precision, c.batch, c.source, c.published)] for c in cases}
+        for done, (name, key, fold) in enumerate(pool.imap_unordered(_fold, folds), 1):
+            for c, e in fold:
+                results[name][_key(c)] = e
+            if log is not None:
+                s = summary([e for _, e in fold])
+                print(f"fold {done}/{len(folds)}: {name} {key}: {s['rows']} rows, median {s['median_pct']} %, "
+                      f"worst {s['worst_pct']} %", file=log, flush=True)
+    return {name: {id(c): by_case[_key(c)] for c in cases} for name, by_case in results.items()}
+
+
+def _key(c: Case) -> tuple:
+    return (c.model, c.gpu, c.gpus, c.precision, c.batch, c.source, c.published)
 
 
 def fold_start(fitted: GpuEfficiency, inside: list[Case]) -> GpuEfficiency:
@@ -327,9 +386,9 @@ def fold_start(fitted: GpuEfficiency, inside: list[Case]) -> GpuEfficiency:
 
 
 def _fold(fold):
-    inside, outside, start = fold
+    name, key, inside, outside, start = fold
     fitted = fit(inside, start, steps=FOLD_STEPS)
-    return [(c, log_error(c, fitted)) for c in outside]
+    return name, key, [(c, log_error(c, fitted)) for c in outside]
 
 
 def summary(errors: list[float]) -> dict:
@@ -419,8 +478,8 @@ def main() -> int:
     in_sample = {id(c): log_error(c, fitted) for c in single}
     # each fold refits every constant without the rows it predicts, starting from the all-rows fit (from START it
     # took hours on two cores); a left-out GPU's architecture factor is reset (fold_start)
-    by_gpu = cross_validate(single, lambda c: c.gpu, fitted)
-    by_model = cross_validate(single, lambda c: c.model, fitted)
+    folds = cross_validate(single, {"gpu": lambda c: c.gpu, "model": lambda c: c.model}, fitted, log=sys.stderr)
+    by_gpu, by_model = folds["gpu"], folds["model"]
     results = {"fitted": dataclasses.asdict(fitted), "in_sample": summary(list(in_sample.values())),
                "leave_one_gpu_out": summary(list(by_gpu.values())),
                "leave_one_model_out": summary(list(by_model.values()))}

@@ -113,6 +113,40 @@ def test_mixed_precision_convolutions_have_their_own_efficiency():
         machine.gpu_device(a100, "tf32").conv_gemm.flops_per_s
 
 
+def test_an_unknown_memory_format_is_one_line_with_the_choices():
+    code, _, err = run_cli(["predict", "--model", "resnet50", "--cluster", "1 x A100", "--memory-format", "nhwc"])
+    assert code == 2
+    assert "unknown memory format 'nhwc'; choose one of: contiguous, channels-last" in err
+
+
+def test_channels_last_spares_16_bit_convolutions_their_transposes_and_nothing_else():
+    def speed(model, precision, memory_format, tokens=None):
+        return predict(PredictRequest(model=model, cluster="1 x A100", batch=64, tokens=tokens, precision=precision,
+                                      memory_format=memory_format))
+
+    nchw, nhwc = speed("resnet50", "fp16", "contiguous"), speed("resnet50", "fp16", "channels-last")
+    assert nhwc["samples_per_s"] > 1.1 * nchw["samples_per_s"] and nhwc["memory_format"] == "channels-last"
+    assert speed("resnet50", "tf32", "channels-last")["samples_per_s"] == \
+        speed("resnet50", "tf32", "contiguous")["samples_per_s"]
+    assert "tf32 is priced the same" in speed("resnet50", "tf32", "channels-last")["precision_note"]
+    assert speed("bert-base", "fp16", "channels-last", 128)["samples_per_s"] == \
+        speed("bert-base", "fp16", "contiguous", 128)["samples_per_s"]
+
+
+def test_only_transcendentals_and_random_numbers_can_be_bound_by_the_vector_units():
+    from gpurig.models import model_spec
+
+    relu_net = model_spec("resnet50", batch=2)
+    assert sum(layer.forward_bytes for layer in relu_net.layers) > 0
+    assert sum(layer.forward_vector_bytes for layer in relu_net.layers) == 0       # ReLU, batch norm, adds
+    bert = model_spec("bert-base", batch=2, tokens=128)
+    vector = sum(layer.forward_vector_bytes for layer in bert.layers)
+    assert 0 < vector < sum(layer.forward_bytes for layer in bert.layers)          # GELU and dropout, not the adds
+    # autocast runs layer norm (and softmax, the losses) in float32: their traffic does not halve
+    assert sum(layer.forward_float32_bytes for layer in bert.layers if layer.kind == "norm") == \
+        sum(layer.forward_bytes for layer in bert.layers if layer.kind == "norm")
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_every_precision_is_priced_on_a_gpu_that_has_it(precision):
     h100 = samples_per_s("bert-base", "H100", precision, 32, 384)
@@ -163,13 +197,15 @@ def test_the_published_benchmark_predicts_what_gpurig_predict_does():
         sys.path.remove(str(BENCHMARKS))
     cases = validation.load_cases()
     assert len(cases) > 700
-    assert {c.model for c in cases} == {"bert-base", "ssd300", "transformer-xl-base", "transformer-xl-large"}
+    assert {c.model for c in cases} == {"bert-base", "ssd300", "transformer-xl-base", "transformer-xl-large",
+                                        "resnext101", "se-resnext101"}
     assert not any("ResNet-50 v1.5" in c.source or "BERT-large" in c.source for c in cases)
     # Lambda publishes Transformer-XL in tokens/s; gpurig counts sequences of the published length
     lambda_4090 = next(c for c in cases if c.model == "transformer-xl-base" and c.gpu == "RTX 4090" and c.gpus == 1)
     assert lambda_4090.tokens == 192 and lambda_4090.optimizer == "lamb" and lambda_4090.published < 1000
     for case in [cases[0], next(c for c in cases if c.model == "ssd300" and c.gpus == 1),
-                 next(c for c in cases if c.gpus == 8), lambda_4090]:
+                 next(c for c in cases if c.gpus == 8), lambda_4090,
+                 next(c for c in cases if c.model == "resnext101" and c.precision == "fp16" and c.gpus == 1)]:
         fast = validation.predicted(case, machine.GPU_EFFICIENCY)
         assert fast == pytest.approx(predict(case.request)["samples_per_s"], rel=1e-9)
 

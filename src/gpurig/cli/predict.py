@@ -55,6 +55,10 @@ def add_parser(subparsers) -> None:
                    help="the framework release that runs it: current (default: PyTorch 1.13 or later), pytorch-1.7 "
                         "(NGC 20.10) or pytorch-1.4 (NGC 20.01, apex AMP); older releases compute slower (fitted "
                         "factors, docs/predict.md)")
+    p.add_argument("--memory-format", default="contiguous",
+                   help="convolutions' activation layout: contiguous (default: PyTorch's NCHW) or channels-last "
+                        "(model.to(memory_format=torch.channels_last)); under fp16/bf16 NCHW convolutions pay "
+                        "transposes around cuDNN's NHWC tensor-core kernels")
     p.add_argument("--optimizer", default="momentum",
                    help="the update each step runs over the parameters: sgd, momentum (default, SGD with momentum), "
                         "adam or lamb")
@@ -89,7 +93,8 @@ def request_from(args):
                           compression=args.compression, precision=args.precision, engine=args.engine,
                           gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency,
                           optimizer=args.optimizer, shard=args.shard, pinned=not args.pageable,
-                          prefetch=not args.no_prefetch, software=args.software)
+                          prefetch=not args.no_prefetch, software=args.software,
+                          memory_format=args.memory_format)
 
 
 def run(args) -> int:
@@ -136,7 +141,9 @@ def show(result: dict) -> None:
                   f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
                   f"{result['precision']}, compression {result['compression']}"
                   + (f", --shard {result['shard']}" if result.get("shard", "none") != "none" else "")
-                  + (f", on {result['software']}" if result.get("software", "current") != "current" else ""))
+                  + (f", on {result['software']}" if result.get("software", "current") != "current" else "")
+                  + (f", {result['memory_format']}" if result.get("memory_format", "contiguous") != "contiguous"
+                     else ""))
     if result.get("precision_note"):
         console.print(f"precision: {result['precision_note']}")
     columns = [("samples/s", None), ("step", "step_ms"), ("compute", "compute_ms"), ("comm", "comm_ms"),

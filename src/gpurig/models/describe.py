@@ -69,6 +69,12 @@ class LayerSpec:
     output_elements: int
     forward_bytes: int
     backward_bytes: int
+    # parts of the two above: vector-bound operators' (transcendentals, random numbers) and those autocast runs in
+    # float32 (:mod:`gpurig.models.ops`); 0 in descriptions written before gpurig told them apart
+    forward_vector_bytes: int = 0
+    backward_vector_bytes: int = 0
+    forward_float32_bytes: int = 0
+    backward_float32_bytes: int = 0
 
 
 def _total(field: str, doc: str) -> property:
@@ -253,7 +259,9 @@ def _layers(charges: list[Charges]) -> tuple[LayerSpec, ...]:
             parameter_shapes=tuple((n, tuple(p.shape)) for n, p in owned),
             forward_flops=c.forward_flops, backward_flops=c.backward_flops, gemms=tuple(c.gemms),
             input_elements=c.input_elements, output_elements=c.output_elements,
-            forward_bytes=c.forward_bytes, backward_bytes=c.backward_bytes))
+            forward_bytes=c.forward_bytes, backward_bytes=c.backward_bytes,
+            forward_vector_bytes=c.forward_vector_bytes, backward_vector_bytes=c.backward_vector_bytes,
+            forward_float32_bytes=c.forward_float32_bytes, backward_float32_bytes=c.backward_float32_bytes))
     return tuple(layers)
 
 

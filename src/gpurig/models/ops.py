@@ -25,6 +25,21 @@ GEMM_KINDS = {aten.mm: "linear", aten.addmm: "linear", aten.bmm: "attention-matm
 NORM_OPS = {aten.native_layer_norm, aten.native_batch_norm, aten._native_batch_norm_legit,
             aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
             aten.native_group_norm, aten._fused_rms_norm}
+# Operators whose arithmetic per value, not their memory traffic, can bound them on a GPU: transcendentals and
+# random numbers (dropout's masks count too: :meth:`gpurig.models.trace.Tracer.charge_dropout`). ReLU, adds,
+# batch and layer norms and pooling do a few operations per value and are memory-bound. Of these, the backward
+# of GELU and SiLU evaluates the function again; the others' backward is a multiply by what forward kept.
+VECTOR_OPS = {aten.gelu, aten.tanh, aten.sigmoid, aten.silu, aten.mish, aten.exp, aten.erf, aten.log,
+              aten._softmax, aten._log_softmax, aten.sin, aten.cos, aten.elu, aten.softplus, aten.bernoulli,
+              aten.native_dropout, aten.rand_like, aten.randn_like}
+VECTOR_BACKWARD_OPS = {aten.gelu, aten.silu, aten.mish}
+# Operators autocast runs in float32 under mixed precision (torch.amp's CUDA float32 list: softmax, log-softmax,
+# layer and group norm, the losses, exp / log / pow, reductions), whose traffic therefore stays 4 bytes a value
+# when activations elsewhere are 16-bit.
+FLOAT32_OPS = {aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.native_group_norm,
+               aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss, aten.l1_loss, aten.smooth_l1_loss,
+               aten.binary_cross_entropy_with_logits, aten.kl_div, aten.exp, aten.log, aten.pow, aten.logsumexp,
+               aten.cumsum, aten.sum, aten.prod}
 # Which two arguments of a GEMM are its operands A and B (the rest is bias).
 _OPERANDS = {aten.mm: (0, 1), aten.addmm: (1, 2), aten.bmm: (0, 1), aten.baddbmm: (1, 2),
              aten.convolution: (0, 1), aten._convolution: (0, 1)}

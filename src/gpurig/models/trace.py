@@ -42,6 +42,12 @@ class Charges:
     backward_flops: int = 0
     forward_bytes: int = 0
     backward_bytes: int = 0
+    # the parts of those bytes that :data:`gpurig.models.ops.VECTOR_OPS` move (their arithmetic may outlast their
+    # traffic) and that :data:`~gpurig.models.ops.FLOAT32_OPS` move (autocast keeps them 4 bytes a value)
+    forward_vector_bytes: int = 0
+    backward_vector_bytes: int = 0
+    forward_float32_bytes: int = 0
+    backward_float32_bytes: int = 0
     gemms: list[ops.Gemm] = field(default_factory=list)
     gemm_flops: Counter = field(default_factory=Counter)   # by GEMM kind: linear, conv, attention-matmul
     ops: set = field(default_factory=set)                   # packets of the other operators it ran
@@ -132,12 +138,15 @@ class Tracer:
         bound.apply_defaults()
         x = bound.arguments["input"]
         if bound.arguments["training"] and bound.arguments["p"] > 0:
-            self._charge(moved=ops.nbytes(x) + ops.nbytes(out) + x.numel(), grad=x.requires_grad)
+            moved = ops.nbytes(x) + ops.nbytes(out) + x.numel()
+            self._charge(moved=moved, grad=x.requires_grad, vector=(moved, 0))   # random numbers; backward: a multiply
 
     def _charge(self, *, flops: int = 0, backward_factor: int = 0, gemms: list | None = None, kind: str | None = None,
-                moved: int = 0, grad: bool = False, packet=None) -> None:
+                moved: int = 0, grad: bool = False, packet=None, vector: tuple[int, int] | None = None) -> None:
         if not self.stack:
             return
+        if vector is None and packet is not None:   # (forward, backward) bytes of vector-bound work
+            vector = (moved if packet in ops.VECTOR_OPS else 0, moved if packet in ops.VECTOR_BACKWARD_OPS else 0)
         charges = self.stack[-1]
         self._mark(charges)
         charges.forward_flops += flops
@@ -147,6 +156,12 @@ class Tracer:
             charges.gemm_flops[kind] += flops
         charges.forward_bytes += moved
         charges.backward_bytes += 2 * moved if grad else 0
+        if vector:
+            charges.forward_vector_bytes += vector[0]
+            charges.backward_vector_bytes += 2 * vector[1] if grad else 0
+        if packet in ops.FLOAT32_OPS:
+            charges.forward_float32_bytes += moved
+            charges.backward_float32_bytes += 2 * moved if grad else 0
         if packet is not None:
             charges.ops.add(packet)
 

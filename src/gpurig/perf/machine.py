@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import FastestGemm, GemmModel, fit_gemm_model
-from gpurig.perf.precision import MIXED, precision_on
+from gpurig.perf.precision import MIXED, check_memory_format, precision_on
 from gpurig.perf.software import check as check_software
 from gpurig.perf.step import Device, layer_costs, layer_seconds, shape_key
 
@@ -30,23 +30,27 @@ if TYPE_CHECKING:
 class GpuEfficiency:
     """What fraction of its datasheet peaks a GPU reaches in training, when nothing of it is measured.
 
-    Fitted to published training throughputs (``benchmarks/published_validation.py``: 238 single-GPU
-    rows of BERT-base, SSD300 and Transformer-XL base and large on 21 GPUs, each with the software release it ran
-    on; the fit and its cross-validation are in docs/predict.md), never to the held-out ResNet-50 v1.5 and
-    BERT-large results.
+    Fitted to published training throughputs (``benchmarks/published_validation.py``: 250 single-GPU
+    rows of BERT-base, SSD300, ResNeXt101-32x4d, SE-ResNeXt101-32x4d and Transformer-XL base and large on 21 GPUs,
+    each with the software release and memory format it ran on; the fit and its cross-validation are in
+    docs/predict.md), never to the held-out ResNet-50 v1.5 and BERT-large results.
     """
 
-    tensor_gemm: float = 0.5405     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
-    cuda_gemm: float = 0.8183       # of the FP32 CUDA-core peak, on large GEMMs
-    conv: float = 1.331             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
-    # the same in mixed precision: cuDNN's 16-bit kernels run channels-last (NHWC) with fused epilogues, which its
-    # TF32 and NCHW paths do not; both bounded only by the tensor-core peak
-    conv_mixed: float = 0.9852
-    conv_cuda: float = 2.25         # the same on CUDA cores, where cuDNN's Winograd kernels cut 3×3 FLOPs by 2.25x
+    tensor_gemm: float = 0.5999     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
+    cuda_gemm: float = 0.8039       # of the FP32 CUDA-core peak, on large GEMMs
+    conv: float = 1.292             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
+    # the same in mixed precision, on channels-last tensors (NCHW ones pay ``transposes`` besides); both bounded
+    # only by the tensor-core peak
+    conv_mixed: float = 1.265
+    conv_cuda: float = 2.19         # the same on CUDA cores, where cuDNN's Winograd kernels cut 3×3 FLOPs by 2.25x
     memory: float = 0.6625          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.4053        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 43.26  # vector-unit operations per value that work outside GEMMs moves
-    cache: float = 1.15             # memory-bound work on the share of its tensors the last cache holds, against memory
+    unhidden: float = 0.1435        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 153.7  # vector-unit operations per value transcendentals and random numbers move
+    cache: float = 1.289            # memory-bound work on the share of its tensors the last cache holds, against memory
+    # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
+    # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
+    # each read and written once more in forward, their gradients twice that in backward)
+    transposes: float = 0.7421
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -56,15 +60,15 @@ class GpuEfficiency:
     # Fitted only where the rows hold two GPUs of an architecture (one B200 keeps Blackwell at 1). Turing's rows
     # are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.373), ("Hopper", 0.603), ("Turing", 0.5517),
-                                                   ("Volta", 1.116))
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.178), ("Hopper", 0.5515), ("Turing", 0.8904),
+                                                   ("Volta", 1.286))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
-    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.952),
-                                                           (("pytorch-1.4", "mixed"), 0.8158),
-                                                           (("pytorch-1.7", "fp32"), 0.9379),
-                                                           (("pytorch-1.7", "mixed"), 0.9852))
+    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.9481),
+                                                           (("pytorch-1.4", "mixed"), 0.7686),
+                                                           (("pytorch-1.7", "fp32"), 0.9103),
+                                                           (("pytorch-1.7", "mixed"), 1.0))
 
     # Per GPU architecture, its CUDA cores' achieved rate against ``cuda_gemm``'s, which the published rows (Pascal
     # and later, whose SM is Maxwell's) fix. Not fitted (no published row is older): NVIDIA's GeForce GTX 750 Ti
@@ -119,20 +123,22 @@ OLD_TILE = (64, 128)
 
 
 def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = None,
-               software: str = "current") -> Device:
+               software: str = "current", memory_format: str = "contiguous") -> Device:
     """A catalog GPU as the cost model sees it at ``precision`` (:mod:`gpurig.perf.precision`), run by ``software``
-    (:mod:`gpurig.perf.software`: every compute rate times the release's factor).
+    (:mod:`gpurig.perf.software`: every compute rate times the release's factor), its convolutions' activations in
+    ``memory_format`` (:data:`~gpurig.perf.precision.MEMORY_FORMATS`: NCHW 16-bit tensor-core convolutions transpose).
 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
     >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
-    (75.4, (128, 128), 2)
+    (96.4, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (16.0, 112.2)
+    (15.7, 120.9)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
+    check_memory_format(memory_format)
     speed = e.software_scale(check_software(software), precision)
     memory = gpu.memory_bandwidth_gbs * 1e9 * e.memory * speed
     units = getattr(gpu, "compute_units", None)
@@ -157,7 +163,9 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   jitter=JITTER, conv_gemm=conv if conv != linear else None, element_bytes=p.element_bytes,
                   cast_bytes_per_param=p.cast_bytes_per_param, flops_per_value=e.flops_per_value,
                   vector_flops_per_s=gpu.fp32_tflops * 1e12 * cuda * speed,
-                  cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache)
+                  cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache,
+                  conv_transposes=e.transposes if precision in MIXED and p.conv_tensor_cores
+                  and memory_format == "contiguous" else 0.0)
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

@@ -57,7 +57,11 @@ def split_layer(layer: LayerCost, how: str, ranks: int) -> LayerCost:
         forward = tuple(cut(g, "k") for g in layer.forward_gemms)
         backward = tuple(cut(g, "n") for g in layer.backward_gemms)
     return replace(layer, params=layer.params // ranks, forward_gemms=forward, backward_gemms=backward,
-                   forward_bytes=layer.forward_bytes / ranks, backward_bytes=layer.backward_bytes / ranks)
+                   forward_bytes=layer.forward_bytes / ranks, backward_bytes=layer.backward_bytes / ranks,
+                   forward_vector_bytes=layer.forward_vector_bytes / ranks,
+                   backward_vector_bytes=layer.backward_vector_bytes / ranks,
+                   forward_float32_bytes=layer.forward_float32_bytes / ranks,
+                   backward_float32_bytes=layer.backward_float32_bytes / ranks)
 
 
 def predict_split_step(whole: list[LayerCost], per_rank: list[LayerCost], plan: dict[int, str],

@@ -34,6 +34,13 @@ from gpurig.errors import UsageError
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 MIXED = ("fp16", "bf16", "fp8")
+# Convolutions' activation layout (``--memory-format``). cuDNN's 16-bit tensor-core convolutions compute in NHWC:
+# on PyTorch's default NCHW (``contiguous``) tensors each one transposes its input and output around the kernel
+# (forward; its gradients in backward), which ``channels-last`` tensors (``model.to(memory_format=
+# torch.channels_last)``, NVIDIA's ConvNets and SSD under AMP) skip. NVIDIA, "Convolutional Layers User's Guide"
+# (Deep Learning Performance docs), "Tensor Layouts In Memory: NCHW vs NHWC": NCHW inputs to Tensor Core
+# convolutions are transposed by extra kernels. FP32 and TF32 convolutions are priced the same either way.
+MEMORY_FORMATS = ("contiguous", "channels-last")
 # What automatic mixed precision moves per parameter per step besides the optimizer: forward reads the FP32
 # weight and writes its 16-bit copy (4 + 2 bytes); backward reads the 16-bit gradient and adds it to the FP32
 # one (2 + 4).
@@ -67,6 +74,21 @@ def check(name: str) -> str:
     """
     if name not in PRECISIONS:
         raise UsageError(f"unknown precision {name!r}; choose one of: {', '.join(PRECISIONS)}")
+    return name
+
+
+def check_memory_format(name: str) -> str:
+    """``name`` if it is a memory format gpurig prices; one line with the choices otherwise.
+
+    >>> check_memory_format("channels-last")
+    'channels-last'
+    >>> check_memory_format("nhwc")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: unknown memory format 'nhwc'; choose one of: contiguous, channels-last
+    """
+    if name not in MEMORY_FORMATS:
+        raise UsageError(f"unknown memory format {name!r}; choose one of: {', '.join(MEMORY_FORMATS)}")
     return name
 
 

@@ -55,6 +55,14 @@ class LayerCost:
     param_sizes: tuple[int, ...] = ()  # each parameter tensor's values (weight, bias); default: one tensor
     kind: str = ""                     # "conv" for a convolution (its GEMMs are im2col's), "linear", ...
     activation_values: int = 0         # its largest activation tensor (input or output), per call
+    input_values: int = 0              # values of its inputs, all calls together
+    output_values: int = 0             # values of its outputs, all calls together
+    # parts of forward_bytes / backward_bytes: vector-bound operators' (transcendentals, random numbers: their
+    # arithmetic may outlast their traffic) and float32 operators' (autocast keeps them 4 bytes a value)
+    forward_vector_bytes: float = 0.0
+    backward_vector_bytes: float = 0.0
+    forward_float32_bytes: float = 0.0
+    backward_float32_bytes: float = 0.0
 
     def tensors(self) -> tuple[int, ...]:
         """Values of each parameter tensor, in registration order."""
@@ -92,18 +100,24 @@ class Device:
     conv_gemm: GemmModel | None = None   # convolutions' implicit GEMMs, where they run at another rate (TF32)
     element_bytes: int = DTYPE_BYTES     # bytes of one activation value: 4, or 2 under mixed precision
     cast_bytes_per_param: float = 0.0    # mixed precision's weight and gradient casts, each pass, per parameter
-    # Work outside GEMMs (norms, activations, softmax, dropout's random numbers) also computes on the vector
-    # units: ``flops_per_value`` operations per value it moves, at ``vector_flops_per_s`` (0: memory alone).
+    # Work outside GEMMs that evaluates transcendentals or random numbers (GELU, softmax, dropout's masks) also
+    # computes on the vector units: ``flops_per_value`` operations per value it moves, at ``vector_flops_per_s``
+    # (0: memory alone). ReLU, adds, norms and pooling are memory alone.
     vector_flops_per_s: float = 0.0
     flops_per_value: float = 0.0
     # A GPU's last cache: the share of a layer's input and output that fits in it together streams at
     # ``cache_speedup`` times the memory's rate (the tensor the kernel before it wrote is still there).
     cache_bytes: float = 0.0
     cache_speedup: float = 1.0
+    # 16-bit tensor-core convolutions on NCHW tensors: each transposes its input and output to NHWC and back
+    # (:data:`gpurig.perf.precision.MEMORY_FORMATS`), this many passes over them (0: none)
+    conv_transposes: float = 0.0
 
-    def stream_seconds(self, nbytes: float, working_set: float = math.inf) -> float:
+    def stream_seconds(self, nbytes: float, working_set: float = math.inf,
+                       vector: tuple[float, float] | None = None) -> float:
         """Seconds for ``nbytes`` of work outside GEMMs on tensors of ``working_set`` bytes together: its memory
-        traffic (from the cache when the working set fits there), or its arithmetic where that is longer.
+        traffic (from the cache when the working set fits there), or, for its vector-bound part (``vector``: its
+        bytes and values; default: all of it, ``element_bytes`` a value), its arithmetic where that is longer.
 
         >>> d = Device("gpu", None, 1e12, vector_flops_per_s=1e13, flops_per_value=20, element_bytes=2)
         >>> d.stream_seconds(1e9), Device("cpu", None, 1e12).stream_seconds(1e9)    # 5e8 values x 20 at 10 TFLOP/s
@@ -114,13 +128,18 @@ class Device:
         0.0004
         >>> Device("gpu", None, 1e12, cache_bytes=4e7, cache_speedup=2.5).stream_seconds(1e9, working_set=8e7)
         0.0007
+        >>> Device("gpu", None, 1e12, vector_flops_per_s=1e12, flops_per_value=20).stream_seconds(1e9, vector=(0, 0))
+        0.001
         """
         # the share of the working set the cache holds streams at its rate, the rest at memory's
         held = min(1.0, self.cache_bytes / working_set) if working_set > 0 else 1.0
         memory = nbytes / self.memory_bytes_per_s * (1.0 - held + held / self.cache_speedup)
         if not self.vector_flops_per_s:
             return memory
-        return max(memory, nbytes / self.element_bytes * self.flops_per_value / self.vector_flops_per_s)
+        vector_bytes, values = vector if vector is not None else (nbytes, nbytes / self.element_bytes)
+        # the vector-bound operators' share of the traffic takes the longer of its memory time and its arithmetic
+        bound = memory * vector_bytes / nbytes if nbytes else 0.0
+        return memory - bound + max(bound, values * self.flops_per_value / self.vector_flops_per_s)
 
     def gemm_for(self, layer: "LayerCost") -> GemmModel:
         """The GEMM model ``layer``'s products run on: convolutions' own where the device has one."""
@@ -286,7 +305,12 @@ def layer_costs(spec) -> list[LayerCost]:
         sizes = tuple(math.prod(shape) for _, shape in layer.parameter_shapes)
         largest = max(layer.input_elements, layer.output_elements) // max(layer.calls, 1)
         out.append(LayerCost(layer.name, layer.parameters, forward, backward, layer.forward_bytes,
-                             layer.backward_bytes, sizes, kind=layer.kind, activation_values=largest))
+                             layer.backward_bytes, sizes, kind=layer.kind, activation_values=largest,
+                             input_values=layer.input_elements, output_values=layer.output_elements,
+                             forward_vector_bytes=layer.forward_vector_bytes,
+                             backward_vector_bytes=layer.backward_vector_bytes,
+                             forward_float32_bytes=layer.forward_float32_bytes,
+                             backward_float32_bytes=layer.backward_float32_bytes))
     return out
 
 
@@ -319,12 +343,19 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     if layer.kind == "conv" and device.is_gpu:
         # a grouped convolution's groups share one kernel's tiles (cuDNN packs them), not a tile each
         products = tuple(tuple(_grouped(g) for g in gemms) for gemms in products)
-    # the model's bytes are float32 values: under mixed precision activations are half as many bytes
     forward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[0])
     working_set = 2 * layer.activation_values * size if layer.activation_values else math.inf
-    forward += device.stream_seconds(layer.forward_bytes * size / DTYPE_BYTES, working_set)
+    moved, vector = _stream(layer.forward_bytes, layer.forward_float32_bytes, layer.forward_vector_bytes, size)
+    forward += device.stream_seconds(moved, working_set, vector)
     backward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[1])
-    backward += device.stream_seconds(layer.backward_bytes * size / DTYPE_BYTES, working_set)
+    moved, vector = _stream(layer.backward_bytes, layer.backward_float32_bytes, layer.backward_vector_bytes, size)
+    backward += device.stream_seconds(moved, working_set, vector)
+    if layer.kind == "conv" and device.conv_transposes:
+        # read and write the input and the output once more each (forward), their gradients in backward (twice
+        # forward's, as every operator's backward here)
+        transposed = device.conv_transposes * 2 * (layer.input_values + layer.output_values) * size
+        forward += device.stream_seconds(transposed, working_set, (0.0, 0.0))
+        backward += device.stream_seconds(2 * transposed, working_set, (0.0, 0.0))
     if device.cast_bytes_per_param:
         cast = memory_seconds(layer.params * device.cast_bytes_per_param, device.memory_bytes_per_s)
         forward, backward = forward + cast, backward + cast
@@ -345,6 +376,18 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     return scale_forward * forward + cold, scale_backward * backward
 
 
+def _stream(traced: float, float32: float, vector: float, size: int) -> tuple[float, tuple[float, float]]:
+    """The bytes a layer's work outside GEMMs moves with activations of ``size`` bytes, from its ``traced`` float32
+    bytes (of which ``float32`` stay 4 bytes a value: autocast runs those operators in float32), and the (bytes,
+    values) of its vector-bound part (``vector`` traced bytes, 4 a value as traced).
+
+    >>> _stream(1000, 0, 400, 4), _stream(1000, 200, 400, 2)
+    ((1000.0, (400.0, 100.0)), (600.0, (200.0, 100.0)))
+    """
+    moved = (traced - float32) * size / DTYPE_BYTES + float32
+    return moved, (vector * size / DTYPE_BYTES, vector / DTYPE_BYTES)
+
+
 def _each_layer_seconds(layers: list[LayerCost], device: Device) -> list[tuple[float, float]]:
     """:func:`layer_seconds` of every layer, each distinct layer priced once (a transformer's blocks are
     the same layers over and over: BERT-base's twelve, Transformer-XL's sixteen or eighteen)."""
@@ -352,7 +395,8 @@ def _each_layer_seconds(layers: list[LayerCost], device: Device) -> list[tuple[f
     out = []
     for layer in layers:
         key = (layer.params, layer.forward_gemms, layer.backward_gemms, layer.forward_bytes, layer.backward_bytes,
-               layer.kind, layer.activation_values)
+               layer.kind, layer.activation_values, layer.input_values, layer.output_values, layer.forward_vector_bytes, layer.backward_vector_bytes,
+               layer.forward_float32_bytes, layer.backward_float32_bytes)
         if key not in seen:
             seen[key] = layer_seconds(layer, device)
         out.append(seen[key])

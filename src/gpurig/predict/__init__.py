@@ -30,6 +30,27 @@ from gpurig.predict.memory import fit_advice, memory
 from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check, uses_profile
 
 
+def _precision_note(gpu, request: PredictRequest) -> str:
+    """What the precision, and the memory format with it, mean on ``gpu`` where that is not what was asked.
+
+    >>> from gpurig.spec import catalog
+    >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="resnet50", precision="tf32", memory_format="channels-last"))
+    'channels-last changes only 16-bit tensor-core convolutions (--precision fp16 or bf16): tf32 is priced the same'
+    >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="resnet50", precision="fp16", memory_format="channels-last"))
+    ''
+    """
+    from gpurig.perf.precision import MIXED
+
+    if gpu is None:
+        return ""
+    p = precision_on(gpu, request.precision)
+    notes = [p.note] if p.note else []
+    if request.memory_format != "contiguous" and not (request.precision in MIXED and p.conv_tensor_cores):
+        notes.append(f"{request.memory_format} changes only 16-bit tensor-core convolutions (--precision fp16 or "
+                     f"bf16): {request.precision} is priced the same")
+    return "; ".join(notes)
+
+
 def predict(request: PredictRequest) -> dict:
     """Everything ``gpurig predict`` prints: the step split at the largest size, the scaling curve, advice."""
     from gpurig.models import model_spec
@@ -59,8 +80,8 @@ def predict(request: PredictRequest) -> dict:
         "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
-        "shard": request.shard, "software": request.software,
-        "precision_note": precision_on(hardware.gpu, request.precision).note if hardware.gpu is not None else "",
+        "shard": request.shard, "software": request.software, "memory_format": request.memory_format,
+        "precision_note": _precision_note(hardware.gpu, request),
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck(),
         "buckets": final.buckets, "layers": final.layers,

@@ -108,7 +108,8 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     measured = profile is not None and profile.get("device") not in (None, "cpu")
 
     def device_of(gpu, ranks):
-        return machine.profile_device(profile, ranks) if measured else machine.gpu_device(gpu, request.precision, software=request.software)
+        return machine.profile_device(profile, ranks) if measured else machine.gpu_device(gpu, request.precision, software=request.software,
+                                                    memory_format=request.memory_format)
 
     def placed(n: int) -> list[tuple]:
         out, left = [], n
@@ -128,7 +129,8 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     devices_in_use = None
     if len(models) > 1 and not measured:
         def devices_in_use(n):
-            return [machine.gpu_device(gpu, request.precision, software=request.software) for gpu in
+            return [machine.gpu_device(gpu, request.precision, software=request.software,
+                                                    memory_format=request.memory_format) for gpu in
                     {node.gpu.name: node.gpu for node, _ in placed(n)}.values()]
     h2d = min(_host_copy_rate(node) for node in machines) * host_copy_efficiency(request.pinned)
     disk = _disk_rate(spec, profile)

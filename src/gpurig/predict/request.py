@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gpurig.errors import UsageError
 from gpurig.perf.precision import check as check_precision
+from gpurig.perf.precision import check_memory_format
 from gpurig.perf.software import check as check_software
 from gpurig.perf.step import OPTIMIZER_BYTES
 
@@ -42,6 +43,7 @@ class PredictRequest:
     pinned: bool = True
     network_efficiency: float | None = None  # of the network's data rate; default by kind (docs/predict.md)
     software: str = "current"        # the framework release that runs it (gpurig.perf.software)
+    memory_format: str = "contiguous"  # convolutions' activation layout (gpurig.perf.precision.MEMORY_FORMATS)
 
 
 def check(request: PredictRequest) -> None:
@@ -60,6 +62,7 @@ def check(request: PredictRequest) -> None:
 
     check_precision(request.precision)
     check_software(request.software)
+    check_memory_format(request.memory_format)
     if request.optimizer not in OPTIMIZER_BYTES:
         raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZER_BYTES)}, got {request.optimizer!r}")
     if request.parallel not in PARALLEL:
