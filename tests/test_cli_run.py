@@ -235,7 +235,7 @@ def test_srun_tasks_become_torch_ranks_that_meet():
     tasks = [subprocess.Popen([*GPURIG, "run", "--engine", "torch", "--", "python", "-c", script],
                               env={**step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NODEID": "0"},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outputs = [task.communicate(timeout=90) for task in tasks]
+    outputs = [task.communicate(timeout=START_S + END_S) for task in tasks]  # under load it took 150 s
     assert [task.returncode for task in tasks] == [0, 0], outputs
     assert [out.split() for out, _ in outputs] == [["0", "2", "2"], ["1", "2", "2"]]
 
