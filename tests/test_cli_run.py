@@ -45,11 +45,16 @@ def rank_script(marker: str, ready_dir, then: str = "", barrier: bool = False) -
     ])
 
 
+# How long a job may take to start its ranks, or to end once told to: generous, since another suite or a benchmark
+# can load this machine's 2 cores (each returns as soon as it happens; only a hang waits it out).
+START_S = END_S = 120
+
+
 def start_job(engine: str, nprocs: int, marker: str, ready_dir) -> subprocess.Popen:
     """Start ``gpurig run`` of sleeping ranks and return once every rank is running."""
     job = subprocess.Popen([*GPURIG, "run", "-n", str(nprocs), "--engine", engine, "--", "python", "-c",
                             rank_script(marker, ready_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + START_S
     while len(list(ready_dir.glob("ready-*"))) < nprocs:
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()
         time.sleep(0.05)
@@ -118,7 +123,7 @@ def test_a_killed_rank_wrapper_stops_the_job(engine, marker, tmp_path):
     wrapper = next(p for p in leftovers(marker, wait=0) if "gpurig.launch.rank_wrapper" in " ".join(p.cmdline())
                    and (p.environ().get("RANK") or p.environ().get("OMPI_COMM_WORLD_RANK")) == "1")
     wrapper.kill()
-    _, err = job.communicate(timeout=30)
+    _, err = job.communicate(timeout=END_S)
     assert job.returncode == 137, err
     assert err.splitlines()[-1] == f"gpurig run: rank 1 on host {HOST} was killed by SIGKILL; stopped the other 1 rank"
     assert leftovers(marker) == []
@@ -128,7 +133,7 @@ def test_a_killed_rank_wrapper_stops_the_job(engine, marker, tmp_path):
 def test_ctrl_c_stops_every_rank(engine, marker, tmp_path):
     job = start_job(engine, 2, marker, tmp_path)
     job.send_signal(signal.SIGINT)
-    _, err = job.communicate(timeout=30)
+    _, err = job.communicate(timeout=END_S)
     assert job.returncode == 130 and err.splitlines()[-1] == "gpurig: interrupted"
     assert leftovers(marker) == []
 
@@ -139,17 +144,21 @@ def test_ctrl_c_at_a_terminal_reaches_each_rank_once(engine, marker, tmp_path):
     """Typed at a terminal, Ctrl-C reaches the whole foreground group: no rank may get it twice (torch: it
     interrupts the rank's own clean-up), and mpirun must not get a second signal (it then forces its way out)."""
     cleanup = "except KeyboardInterrupt:\n    time.sleep(1); os.write(1, f'rank {rank} cleaned up\\n'.encode()); sys.exit(1)"
-    script = rank_script(marker, tmp_path).replace("time.sleep(600)", f"try:\n    time.sleep(600)\n{cleanup}")
+    started, ready = tmp_path / "started", f"open(os.path.join({str(tmp_path)!r}, f'ready-{{rank}}'), 'w').close()"
+    started.mkdir()  # the ready file is written inside the try: a Ctrl-C after it reaches the rank's handler
+    script = rank_script(marker, started).replace("time.sleep(600)",
+                                                  f"try:\n    {ready}\n    time.sleep(600)\n{cleanup}")
     terminal, their_end = pty.openpty()
     job = subprocess.Popen([*GPURIG, "run", "-n", "2", "--engine", engine, "--", "python", "-c", script],
                            preexec_fn=lambda: os.login_tty(their_end), pass_fds=(their_end,))
     os.close(their_end)
     try:
-        deadline = time.monotonic() + 30
-        while len(list(tmp_path.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+        deadline = time.monotonic() + START_S
+        while len(list(tmp_path.glob("ready-*"))) < 2:  # Ctrl-C only once both ranks wait for it in their try
+            assert job.poll() is None and time.monotonic() < deadline, "the ranks did not start"
             time.sleep(0.05)
         os.write(terminal, b"\x03")
-        assert job.wait(timeout=30) == 130
+        assert job.wait(timeout=END_S) == 130
         shown = b""
         while select.select([terminal], [], [], 0.2)[0]:
             try:
@@ -169,7 +178,7 @@ def test_ctrl_c_at_a_terminal_reaches_each_rank_once(engine, marker, tmp_path):
 def test_no_rank_outlives_a_killed_launcher(engine, marker, tmp_path):
     job = start_job(engine, 2, marker, tmp_path)
     job.kill()
-    job.communicate(timeout=30)
+    job.communicate(timeout=END_S)
     assert leftovers(marker) == []
 
 
@@ -226,7 +235,7 @@ def test_srun_tasks_become_torch_ranks_that_meet():
     tasks = [subprocess.Popen([*GPURIG, "run", "--engine", "torch", "--", "python", "-c", script],
                               env={**step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NODEID": "0"},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outputs = [task.communicate(timeout=90) for task in tasks]
+    outputs = [task.communicate(timeout=START_S + END_S) for task in tasks]  # under load it took 150 s
     assert [task.returncode for task in tasks] == [0, 0], outputs
     assert [out.split() for out, _ in outputs] == [["0", "2", "2"], ["1", "2", "2"]]
 

@@ -3,11 +3,15 @@
 ``benchmarks/chaos.py --runs 20`` is the long version (docs/reliability.md);
 here 2 runs, one per engine, with a 3 s failure timeout. Both compare with one
 uninterrupted run of the same training (2 ranks: every engine sums the same two
-numbers, so one run serves them all).
+numbers, so one run serves them all). The bound on the time a faulted run takes to
+end is generous here (60 s past the failure timeout, the benchmark's 20 s): what
+the suite proves is that it ends, named, rather than hangs, also when other jobs
+load this machine's 2 cores.
 """
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,13 +19,13 @@ import pytest
 import torch
 
 from conftest import gpurig
-from gpurig.train.checkpoints import load
+from gpurig.train.checkpoints import epoch_path, load
 from gpurig.launch.emulator import unavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import chaos  # noqa: E402
 
-PLAN = chaos.Plan(nodes=2, rate="10gbit", epochs=2, global_batch=512, failure_timeout=3, grace=20)
+PLAN = chaos.Plan(nodes=2, rate="10gbit", epochs=2, global_batch=512, failure_timeout=3, grace=60)
 TRAIN = ["train", "--epochs", PLAN.epochs, "--global-batch", PLAN.global_batch, "--compression", "none", "--no-predict",
          "--json"]
 
@@ -113,10 +117,13 @@ def test_emulated_torch_nodes_restart_and_end_as_an_uninterrupted_run(uninterrup
 
 
 def test_resume_on_another_rank_count(uninterrupted, tmp_path):
-    """Data parallelism replicates model and optimizer: 2 ranks' checkpoint after epoch 1, then 1 rank on to epoch 2
-    (the same global batch), ends where the uninterrupted 2-rank run did, up to floating-point summation order."""
-    first = gpurig(*TRAIN[:2], 1, *TRAIN[3:], "--checkpoint-dir", tmp_path, timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
+    """Data parallelism replicates model and optimizer: 2 ranks' checkpoint after epoch 1 (the uninterrupted run's,
+    epoch 2's removed), then 1 rank on to epoch 2 (the same global batch), ends where the uninterrupted 2-rank run
+    did, up to floating-point summation order."""
+    shutil.copytree(Path(uninterrupted["checkpoint"]).parent, tmp_path, dirs_exist_ok=True)
+    for path in tmp_path.glob("*-epoch2*.pt"):
+        path.unlink()
+    assert load(epoch_path(tmp_path, 1))["ranks"] == 2
     resumed = gpurig(*TRAIN, "-n", 1, "--resume", "--checkpoint-dir", tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout)

@@ -38,27 +38,27 @@ def test_mixed_precision_reaches_the_fp32_accuracy(fp32_two_epochs, precision, t
         assert load(epoch_path(tmp_path, 2))["scaler"]["scale"] == summary["loss_scale"]
 
 
-def test_accumulation_on_the_command_line_matches_the_plain_step(tmp_path):
+@pytest.fixture(scope="module")
+def one_good_epoch(tmp_path_factory):
+    """One plain epoch of 7 steps of 512 (fp32, MPI): the directory with its checkpoint, and its summary."""
+    directory = tmp_path_factory.mktemp("good")
+    return directory, _train(directory, "--epochs", 1, "--global-batch", 512)
+
+
+def test_accumulation_on_the_command_line_matches_the_plain_step(one_good_epoch, tmp_path):
     # 7 steps of 512: over dozens of steps a ReLU that sits within float rounding of zero can flip either way
     # and part any two summation orders (tests/workers/train_step.py checks the step itself on 2 and 3 ranks)
-    plain = _train(tmp_path / "plain", "--epochs", 1, "--global-batch", 512)
+    plain_dir, plain = one_good_epoch
     accumulated = _train(tmp_path / "k4", "--epochs", 1, "--global-batch", 512, "--accumulate", 4, "--engine", "torch")
     assert accumulated["accumulate"] == 4 and accumulated["bytes_sent_per_step"] == plain["bytes_sent_per_step"]
-    a, b = load(epoch_path(tmp_path / "plain", 1))["model"], load(epoch_path(tmp_path / "k4", 1))["model"]
+    a, b = load(epoch_path(plain_dir, 1))["model"], load(epoch_path(tmp_path / "k4", 1))["model"]
     for name in a:
         assert torch.allclose(a[name], b[name], rtol=1e-5, atol=1e-6), (name, (a[name] - b[name]).abs().max())
 
 
-@pytest.fixture(scope="module")
-def one_good_epoch(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("good")
-    _train(directory, "--epochs", 1, "--global-batch", 512)
-    return directory
-
-
 @pytest.mark.parametrize("engine", ["mpi", "torch"])
 def test_a_diverging_run_ends_in_one_line_and_keeps_the_last_checkpoint(one_good_epoch, engine, tmp_path):
-    shutil.copytree(one_good_epoch, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(one_good_epoch[0], tmp_path, dirs_exist_ok=True)
     good = epoch_path(tmp_path, 1).read_bytes()
     done = gpurig("train", *FAST, "--engine", engine, "--checkpoint-dir", tmp_path, "--resume", "--epochs", 2,
                   "--global-batch", 512, "--lr", 1000, timeout=300)
