@@ -86,7 +86,10 @@ def cannot_start_on(host: str, env: dict, mpi_args: str = "", timeout_s: float =
     if done.returncode == 0:
         return None
     said = [text.strip() for text in (done.stderr + done.stdout).splitlines() if text.strip().strip("-")]
-    return said[0] if said else f"mpirun exited with code {done.returncode}"
+    # the remote agent's own complaint (refused, no route, unknown host) says more than Open MPI's socket errors,
+    # which may come first
+    agent = [text for text in said if text.startswith(("ssh:", "rsh:"))]
+    return (agent or said)[0] if said else f"mpirun exited with code {done.returncode}"
 
 
 def with_tcp_defaults(mpi_args: str) -> str:
