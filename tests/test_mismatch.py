@@ -9,7 +9,7 @@ begin backward (their check already posted); and the numerical guard's stop and 
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 14
+CASES = 15
 
 
 def test_mismatches_are_errors_on_every_rank(engine, tmp_path):

@@ -51,6 +51,15 @@ def _():
              "rank 1 allreduce 'g' float32[100001] sum", "the shape differs")
 
 
+@case("shape: both seen before (the blocking allreduce's short path)")
+def _():
+    small, large = torch.ones(1000), torch.ones(1001)
+    for tensor in (small, large, small, large):  # every rank has now called both twice: each call is short
+        comm.allreduce(tensor, op="sum", name="seen")
+    mismatch(lambda: comm.allreduce(large if odd else small, op="sum", name="seen"),
+             "rank 1 allreduce 'seen' float32[1001] sum", "the shape differs")
+
+
 @case("shape: the same size")
 def _():
     mismatch(lambda: comm.allreduce(torch.ones(3, 2) if odd else torch.ones(2, 3), name="g"),

@@ -119,7 +119,10 @@ class CheckBoard:
     def agreed(self, k: int, digest: int) -> bool:
         """Whether every rank posted ``digest`` for check ``k`` (call once :meth:`arrived`)."""
         words, want = self._words, digest & _LOW
-        return all(words[index] & _LOW == want for index in self._columns[k % DEPTH])
+        for index in self._columns[k % DEPTH]:
+            if words[index] & _LOW != want:
+                return False
+        return True
 
     def wait(self, k: int, poke=None, spin_s: float = 50e-6, nap_s: float = 50e-6) -> None:
         """Wait until every rank has posted check ``k``: spinning ``spin_s``, then between naps of ``nap_s``
