@@ -162,6 +162,28 @@ def test_the_wrapper_passes_sigterm_on_and_exits_with_the_childs_code(tmp_path):
     assert proc.returncode == 0 and err == "" and list(tmp_path.iterdir()) == []
 
 
+def test_the_wrapper_names_the_collective_a_killed_rank_was_in(tmp_path):
+    code = ("import os, signal; from gpurig.launch.progress import ProgressWriter; "
+            "ProgressWriter().began(7, 'allreduce', 'grad, 4 B'); os.kill(os.getpid(), signal.SIGKILL)")
+    proc = _wrapped(code, tmp_path, rank="0")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 137
+    assert err.strip() == f"gpurig: rank 0 on host {HOST} was killed by SIGKILL during allreduce #7 (grad, 4 B)"
+
+
+def test_the_progress_file_is_in_no_directory(tmp_path):
+    """A wrapper killed by SIGKILL cannot clean up: the file its rank writes is unlinked from the start."""
+    code = "import os, time; print(os.getpid(), os.environ['GPURIG_PROGRESS_FILE'], flush=True); time.sleep(60)"
+    proc = _wrapped(code, tmp_path)
+    pid, path = proc.stdout.readline().split()
+    try:
+        assert path.startswith("/dev/fd/")
+        assert os.readlink(f"/proc/{pid}/fd/{path.rsplit('/', 1)[1]}").endswith("(deleted)")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_the_wrappers_child_dies_with_the_wrapper(tmp_path):
     proc = _wrapped("import os, time; print(os.getpid(), flush=True); time.sleep(60)", tmp_path)
     child = psutil.Process(int(proc.stdout.readline()))

@@ -1,7 +1,7 @@
 """A rank's last words: a small shared-memory file its wrapper reads after it died, to say what it was doing.
 
-The rank wrapper (:mod:`gpurig.launch.rank_wrapper`) makes the file and names
-it in ``GPURIG_PROGRESS_FILE``; the rank maps it into memory and the guard of
+The rank wrapper (:mod:`gpurig.launch.rank_wrapper`) makes the file (:class:`ProgressFile`, unlinked at
+once) and names it in ``GPURIG_PROGRESS_FILE``; the rank maps it into memory and the guard of
 its collectives (:mod:`gpurig.comm.guard`) updates it as each collective begins
 and ends — a few hundred nanoseconds, no system call — so a rank killed by
 SIGKILL is reported with the exact collective it was in. A rank that ends
@@ -31,34 +31,49 @@ _SEQ = struct.Struct("<Q?")  # the collective's number and whether it is in flig
 _TEXT = SIZE - _HEAD.size - HOST_BYTES
 
 
-def make_progress_file() -> str:
-    """Create a zeroed progress file (in memory-backed ``/dev/shm`` where there is one); return its path.
+class ProgressFile:
+    """The wrapper's side: a zeroed progress file (in memory-backed ``/dev/shm`` where there is one) that no
+    directory lists. It is unlinked as soon as it is made and reaches the rank as an inherited descriptor, named
+    ``/dev/fd/N`` (pass :attr:`fd` to the child: ``Popen(..., pass_fds=[f.fd])``), so a wrapper killed by SIGKILL
+    leaves nothing behind. Where there is no ``/dev/fd`` the file keeps its name until :meth:`close`.
 
-    >>> path = make_progress_file(); read_progress(path)
-    (False, None, None)
-    >>> os.unlink(path)
+    >>> f = ProgressFile(); ProgressWriter(f.path).began(3, "allreduce", "grad, 4 B"); f.read()[:2]
+    (False, 'during allreduce #3 (grad, 4 B)')
+    >>> f.close()
     """
-    shm = "/dev/shm"
-    directory = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-    fd, path = tempfile.mkstemp(prefix="gpurig-progress-", dir=directory)
-    try:
-        os.write(fd, bytes(SIZE))
-    finally:
-        os.close(fd)
-    return path
+
+    def __init__(self):
+        shm = "/dev/shm"
+        directory = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+        self.fd, named = tempfile.mkstemp(prefix="gpurig-progress-", dir=directory)
+        os.write(self.fd, bytes(SIZE))
+        self._named: str | None = named
+        if os.path.exists(f"/dev/fd/{self.fd}"):
+            os.unlink(named)
+            self._named = None
+        self.path = self._named or f"/dev/fd/{self.fd}"  # what the rank opens (GPURIG_PROGRESS_FILE)
+
+    def read(self) -> tuple[bool, str | None, str | None]:
+        """What the rank left: :func:`read_progress`'s answer."""
+        return _parse(os.pread(self.fd, SIZE, 0))
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self._named is not None:
+            os.unlink(self._named)
 
 
 class ProgressWriter:
     """The rank's side of the file named in ``GPURIG_PROGRESS_FILE`` (does nothing without one).
 
-    >>> path = make_progress_file(); writer = ProgressWriter(path, host="node2")
-    >>> writer.began(3, "allreduce", "grad, 4 B"); read_progress(path)
+    >>> f = ProgressFile(); writer = ProgressWriter(f.path, host="node2")
+    >>> writer.began(3, "allreduce", "grad, 4 B"); f.read()
     (False, 'during allreduce #3 (grad, 4 B)', 'node2')
-    >>> writer.landed(3); writer.began(4); read_progress(path)[1]
+    >>> writer.landed(3); writer.began(4); f.read()[1]
     'during allreduce #4 (grad, 4 B)\'
-    >>> writer.reported("rank 1 on host node2 stopped responding"); read_progress(path)[:2]
+    >>> writer.reported("rank 1 on host node2 stopped responding"); f.read()[:2]
     (True, 'rank 1 on host node2 stopped responding')
-    >>> os.unlink(path)
+    >>> f.close()
     """
 
     def __init__(self, path: str | None = None, host: str | None = None):
@@ -110,8 +125,15 @@ def read_progress(path: str) -> tuple[bool, str | None, str | None]:
     try:
         with open(path, "rb") as f:
             record = f.read(SIZE)
+    except OSError:
+        return False, None, None
+    return _parse(record)
+
+
+def _parse(record: bytes) -> tuple[bool, str | None, str | None]:
+    try:
         state, seq, in_flight, length = _HEAD.unpack_from(record)
-    except (OSError, struct.error):
+    except struct.error:
         return False, None, None
     host = record[SIZE - HOST_BYTES:].rstrip(b"\0").decode(errors="replace") or None
     text = record[_HEAD.size:_HEAD.size + length].decode(errors="replace")

@@ -35,18 +35,19 @@ from gpurig.errors import RankFailed
 from gpurig.launch.env import rank_from_env, torch_style_env
 from gpurig.launch.output import RankOutput
 from gpurig.launch.processes import GRACE_S, die_with_parent, in_terminal_foreground, say
-from gpurig.launch.progress import PROGRESS_VARIABLE, make_progress_file, read_progress
+from gpurig.launch.progress import PROGRESS_VARIABLE, ProgressFile
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _start(command: list[str], rank: int | None, host: str, progress: str,
+def _start(command: list[str], rank: int | None, host: str, progress: ProgressFile,
            output: RankOutput) -> subprocess.Popen | int:
     try:
         # torchrun's variables too, under mpirun: a torchrun script runs unchanged on either engine
-        env = output.child_env({**os.environ, **torch_style_env(os.environ), PROGRESS_VARIABLE: progress})
-        child = subprocess.Popen(command, preexec_fn=die_with_parent, env=env, **output.popen_kwargs())
+        env = output.child_env({**os.environ, **torch_style_env(os.environ), PROGRESS_VARIABLE: progress.path})
+        child = subprocess.Popen(command, preexec_fn=die_with_parent, env=env, pass_fds=[progress.fd],
+                                 **output.popen_kwargs())
         output.start()
         return child
     except OSError as error:
@@ -66,14 +67,14 @@ def main(argv: list[str]) -> int:
         return 2
     rank, host = rank_from_env(), socket.gethostname()
     die_with_parent(signal.SIGTERM)
-    progress = make_progress_file()
+    progress = ProgressFile()
     try:
         return _supervise(command, rank, host, progress)
     finally:
-        os.unlink(progress)
+        progress.close()
 
 
-def _supervise(command: list[str], rank: int | None, host: str, progress: str) -> int:
+def _supervise(command: list[str], rank: int | None, host: str, progress: ProgressFile) -> int:
     output = RankOutput(rank)
     child = _start(command, rank, host, progress, output)
     if isinstance(child, int):
@@ -97,7 +98,7 @@ def _supervise(command: list[str], rank: int | None, host: str, progress: str) -
         signal.signal(signum, forward)
     code = child.wait()
     output.finish()
-    reported, doing, where = read_progress(progress)
+    reported, doing, where = progress.read()
     ending = RankFailed(rank, where or host, code, during=doing if code != 0 else None)
     if ending.returncode != 0 and not told_to_stop and not reported:
         say(f"gpurig: {ending}")
