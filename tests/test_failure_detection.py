@@ -8,6 +8,7 @@ long step) must not be declared dead: the stall report names it instead.
 """
 
 import json
+import os
 import socket
 import sys
 import time
@@ -30,7 +31,7 @@ for i in range(1, 100_000):
     comm.allreduce(t, name="grad")
     if comm.rank == victim and i == at:
         with open(ready, "w") as f:
-            json.dump({{"time": time.time(), "seq": i}}, f)
+            json.dump({{"time": time.time(), "seq": i, "sm": os.environ.get("OMPI_MCA_btl_sm_backing_directory")}}, f)
         os.kill(os.getpid(), getattr(signal, how))
     time.sleep(0.005)
 """
@@ -56,6 +57,9 @@ def test_a_killed_or_stopped_rank_ends_the_job_naming_it(engine, how, victim, ma
                    line.startswith(f"gpurig: rank {victim} on host {HOST} {what} (it serves") for line in lines)
     assert "Traceback" not in done.stderr
     assert leftovers(marker) == []
+    if engine == "mpi":  # Open MPI's shared-memory files were in the job's own directory, gone with the job
+        backing = json.loads(fault.read_text())["sm"]
+        assert backing and backing.startswith("/dev/shm/gpurig-mpi-") and not os.path.exists(backing)
 
 
 SLOW = """

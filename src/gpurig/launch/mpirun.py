@@ -19,11 +19,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 from gpurig.errors import RankFailed, UsageError
+from gpurig.launch.hosts import is_this_host
 from gpurig.launch.mpi_output import merge_reports, relay_stderr
 from gpurig.launch.processes import die_with_parent, in_terminal_foreground, stop, wrap
 from gpurig.launch.rank_env import HOST_ALLOCATOR, common_env, free_port
@@ -182,6 +184,9 @@ class Mpirun:
     """
 
     def __init__(self, line: list[str], env: dict):
+        self.backing = shared_memory_directory(line, env)
+        if self.backing is not None:
+            env = {**env, BACKING_VARIABLE: self.backing}
         self.proc = subprocess.Popen(line, env=env, stderr=subprocess.PIPE,
                                      preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
         self.reports: list[RankFailed] = []
@@ -202,6 +207,7 @@ class Mpirun:
             raise
         finally:
             self.relay.join(timeout=5)
+            self._remove_backing()
         if code == 0:
             return None, None
         return merge_reports(self.reports) or RankFailed(None, None, code), self.out.seen
@@ -211,6 +217,38 @@ class Mpirun:
         self.out.out = io.StringIO()
         stop([self.proc], signal.SIGKILL)
         self.relay.join(timeout=5)
+        self._remove_backing()
+
+    def _remove_backing(self) -> None:
+        if self.backing is not None:
+            shutil.rmtree(self.backing, ignore_errors=True)
+
+
+# Where Open MPI's shared-memory transport keeps each rank's backing file. By default that is /dev/shm itself, and a
+# rank killed by a signal leaves its file there (16 MB, sparse) for good; a job on this machine gets a directory of
+# its own, removed when mpirun has ended, however its ranks ended.
+BACKING_VARIABLE = "OMPI_MCA_btl_sm_backing_directory"
+
+
+def shared_memory_directory(line: list[str], env: dict, parent: str = "/dev/shm") -> str | None:
+    """A fresh directory under ``parent`` for the shared-memory backing files of the job ``line`` starts, when
+    all its ranks are on this machine and the user chose no place; None otherwise (a remote host would not have it).
+
+    >>> path = shared_memory_directory(["mpirun", "-np", "2", "true"], {}, parent=tempfile.gettempdir())
+    >>> os.path.isdir(path), shared_memory_directory(["mpirun", "--host", "node7:4", "true"], {})
+    (True, None)
+    >>> os.rmdir(path)
+    """
+    chosen = any(word in ("--mca", "-mca") and line[i + 1].endswith("backing_directory")
+                 for i, word in enumerate(line[:-1]))
+    if BACKING_VARIABLE in env or chosen:
+        return None
+    if "--host" in line and not all(is_this_host(entry.rsplit(":", 1)[0])
+                                    for entry in line[line.index("--host") + 1].split(",")):
+        return None
+    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+        return None
+    return tempfile.mkdtemp(prefix="gpurig-mpi-", dir=parent)
 
 
 class _Watched:
