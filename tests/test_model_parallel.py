@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_all_ok, run_cases
+from conftest import assert_all_ok, run_cases, run_cli
 from conftest import gpurig as gpurig_cli
 from gpurig.train.checkpoints import saved_epochs
 
@@ -73,9 +73,11 @@ def test_model_parallel_run_resumes_to_the_uninterrupted_weights(mlp_runs, tmp_p
     assert resumed["weights_digest"] == mlp_runs["model"]["weights_digest"]
 
 
-def test_krizhevsky_hybrid_cnn_over_gloo_reaches_the_data_parallel_accuracy(tmp_path):
-    runs = {mode: train("--engine", "torch", "--model", "cnn", "--parallel", mode, "--epochs", 1,
-                        "--compression", "none", checkpoint_dir=tmp_path / mode) for mode in ("data", "hybrid")}
+def test_krizhevsky_hybrid_cnn_over_gloo_reaches_the_data_parallel_accuracy(torch_cnn_one_epoch, tmp_path):
+    runs = {"data": torch_cnn_one_epoch,  # conftest's: the same flags with --parallel data, shared with test_train
+            "hybrid": train("--engine", "torch", "--model", "cnn", "--parallel", "hybrid", "--epochs", 1,
+                            "--compression", "none", checkpoint_dir=tmp_path / "hybrid")}
+    assert runs["data"]["parallel"] == "data" and runs["data"]["engine"] == "torch/gloo"
     assert runs["hybrid"]["engine"] == "torch/gloo" and runs["data"]["test_accuracy"] > 0.85
     assert abs(runs["hybrid"]["test_accuracy"] - runs["data"]["test_accuracy"]) <= 0.01, runs
     assert runs["hybrid"]["parameter_bytes_per_rank"][0] < 0.7 * runs["hybrid"]["parameter_bytes_whole"]
@@ -88,9 +90,9 @@ def test_krizhevsky_hybrid_cnn_over_gloo_reaches_the_data_parallel_accuracy(tmp_
     (["--parallel", "model", "--compression", "int8"], "with --parallel model none are"),
 ])
 def test_bad_parallel_flags_are_one_line_and_exit_2(args, message, tmp_path):
-    done = gpurig_cli("train", *args, "--checkpoint-dir", tmp_path, timeout=60)
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
-    assert len([line for line in done.stderr.splitlines() if line.startswith("gpurig")]) == 1
+    code, out, err = run_cli(["train", *args, "--checkpoint-dir", tmp_path])
+    assert code == 2 and message in err and "Traceback" not in err + out, err
+    assert len([line for line in err.splitlines() if line.startswith("gpurig")]) == 1
 
 
 def test_hybrid_batch_parts_cut_otherwise_than_tensor_split_end_the_job_with_the_reason():
