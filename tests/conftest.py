@@ -84,6 +84,14 @@ def train_json(*args, checkpoint_dir, timeout=300) -> dict:
 
 
 @pytest.fixture(scope="session")
+def default_run(tmp_path_factory):
+    """The default run (the MLP, 5 epochs of global batch 128 on 2 MPI ranks) without compression (auto's choice
+    depends on timing), uninterrupted. test_train's reference, and (its first 2 epochs: no learning-rate schedule
+    makes them depend on the epochs after them) test_model_parallel's data-parallel MLP."""
+    return train_json("--compression", "none", "--no-predict", checkpoint_dir=tmp_path_factory.mktemp("uninterrupted"))
+
+
+@pytest.fixture(scope="session")
 def mlp_two_epochs_of_512(tmp_path_factory):
     """The MLP for 2 epochs of 7 steps of 512 on 2 MPI ranks, uncompressed, uninterrupted; its checkpoints are kept
     (copy them before changing any). test_resilience's reference run, and (its epoch 1, as no learning-rate

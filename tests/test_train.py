@@ -18,13 +18,7 @@ from gpurig.train.checkpoints import damaged, epoch_path, saved_epochs
 DEFAULT_RUN_ACCURACY = 0.91
 
 
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """The default run without compression (auto's choice depends on timing), uninterrupted."""
-    ck = tmp_path_factory.mktemp("uninterrupted")
-    done = gpurig("train", "--compression", "none", "--no-predict", "--json", "--checkpoint-dir", ck, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+# default_run: conftest's (the default run without compression, uninterrupted), shared with test_model_parallel
 
 
 def test_the_default_command_reaches_the_stated_accuracy(tmp_path):
