@@ -72,3 +72,37 @@ def run_cli(argv: list) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main([str(a) for a in argv])
     return code, out.getvalue(), err.getvalue()
+
+
+# -- training runs that several modules compare with (each is a whole job: start-up costs more than its epochs) ------
+
+def train_json(*args, checkpoint_dir, timeout=300) -> dict:
+    """``gpurig train ARGS --json`` in a fresh process; its summary."""
+    done = gpurig("train", *args, "--json", "--checkpoint-dir", checkpoint_dir, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory):
+    """The default run (the MLP, 5 epochs of global batch 128 on 2 MPI ranks) without compression (auto's choice
+    depends on timing), uninterrupted. test_train's reference, and (its first 2 epochs: no learning-rate schedule
+    makes them depend on the epochs after them) test_model_parallel's data-parallel MLP."""
+    return train_json("--compression", "none", "--no-predict", checkpoint_dir=tmp_path_factory.mktemp("uninterrupted"))
+
+
+@pytest.fixture(scope="session")
+def mlp_two_epochs_of_512(tmp_path_factory):
+    """The MLP for 2 epochs of 7 steps of 512 on 2 MPI ranks, uncompressed, uninterrupted; its checkpoints are kept
+    (copy them before changing any). test_resilience's reference run, and (its epoch 1, as no learning-rate
+    schedule makes epoch 1 depend on the epochs after it) test_train_precision's plain epoch."""
+    return train_json("--epochs", 2, "--global-batch", 512, "--compression", "none", "--no-predict",
+                      checkpoint_dir=tmp_path_factory.mktemp("mlp-2x512"))
+
+
+@pytest.fixture(scope="session")
+def torch_cnn_one_epoch(tmp_path_factory):
+    """One epoch of the CNN over Gloo (--engine torch), data parallel, uncompressed: test_train's torch-engine run
+    and test_model_parallel's reference for the hybrid CNN."""
+    return train_json("--engine", "torch", "--model", "cnn", "--parallel", "data", "--epochs", 1, "--compression",
+                      "none", "--no-predict", checkpoint_dir=tmp_path_factory.mktemp("cnn-gloo"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_all_ok, run_cases
+from conftest import assert_all_ok, run_cases, run_cli
 from conftest import gpurig as gpurig_cli
 from gpurig.train.checkpoints import saved_epochs
 
@@ -35,10 +35,16 @@ def train(*args, checkpoint_dir, timeout=300) -> dict:
 
 
 @pytest.fixture(scope="module")
-def mlp_runs(tmp_path_factory):
-    """The default MLP run for 2 epochs, uncompressed, in each --parallel mode."""
-    return {mode: train("--parallel", mode, "--epochs", 2, "--compression", "none",
-                        checkpoint_dir=tmp_path_factory.mktemp(mode)) for mode in ("data", "model", "hybrid")}
+def mlp_runs(default_run, tmp_path_factory):
+    """The default MLP run for 2 epochs, uncompressed, in each --parallel mode. The data-parallel one is the first
+    2 epochs of conftest's 5-epoch default run (no learning-rate schedule: epochs 1-2 do not depend on the later ones)."""
+    runs = {mode: train("--parallel", mode, "--epochs", 2, "--compression", "none",
+                        checkpoint_dir=tmp_path_factory.mktemp(mode)) for mode in ("model", "hybrid")}
+    assert default_run["parallel"] == "data" and default_run["compression"] == "none"
+    two = default_run["epochs"][:2]
+    assert [e["epoch"] for e in two] == [1, 2]
+    runs["data"] = {**default_run, "epochs": two, "test_accuracy": two[-1]["test_accuracy"], "checkpoint": None}
+    return runs
 
 
 def test_model_and_hybrid_reach_the_data_parallel_accuracy(mlp_runs):
@@ -73,9 +79,11 @@ def test_model_parallel_run_resumes_to_the_uninterrupted_weights(mlp_runs, tmp_p
     assert resumed["weights_digest"] == mlp_runs["model"]["weights_digest"]
 
 
-def test_krizhevsky_hybrid_cnn_over_gloo_reaches_the_data_parallel_accuracy(tmp_path):
-    runs = {mode: train("--engine", "torch", "--model", "cnn", "--parallel", mode, "--epochs", 1,
-                        "--compression", "none", checkpoint_dir=tmp_path / mode) for mode in ("data", "hybrid")}
+def test_krizhevsky_hybrid_cnn_over_gloo_reaches_the_data_parallel_accuracy(torch_cnn_one_epoch, tmp_path):
+    runs = {"data": torch_cnn_one_epoch,  # conftest's: the same flags with --parallel data, shared with test_train
+            "hybrid": train("--engine", "torch", "--model", "cnn", "--parallel", "hybrid", "--epochs", 1,
+                            "--compression", "none", checkpoint_dir=tmp_path / "hybrid")}
+    assert runs["data"]["parallel"] == "data" and runs["data"]["engine"] == "torch/gloo"
     assert runs["hybrid"]["engine"] == "torch/gloo" and runs["data"]["test_accuracy"] > 0.85
     assert abs(runs["hybrid"]["test_accuracy"] - runs["data"]["test_accuracy"]) <= 0.01, runs
     assert runs["hybrid"]["parameter_bytes_per_rank"][0] < 0.7 * runs["hybrid"]["parameter_bytes_whole"]
@@ -88,9 +96,9 @@ def test_krizhevsky_hybrid_cnn_over_gloo_reaches_the_data_parallel_accuracy(tmp_
     (["--parallel", "model", "--compression", "int8"], "with --parallel model none are"),
 ])
 def test_bad_parallel_flags_are_one_line_and_exit_2(args, message, tmp_path):
-    done = gpurig_cli("train", *args, "--checkpoint-dir", tmp_path, timeout=60)
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
-    assert len([line for line in done.stderr.splitlines() if line.startswith("gpurig")]) == 1
+    code, out, err = run_cli(["train", *args, "--checkpoint-dir", tmp_path])
+    assert code == 2 and message in err and "Traceback" not in err + out, err
+    assert len([line for line in err.splitlines() if line.startswith("gpurig")]) == 1
 
 
 def test_hybrid_batch_parts_cut_otherwise_than_tensor_split_end_the_job_with_the_reason():

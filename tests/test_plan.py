@@ -5,6 +5,7 @@ import json
 import pytest
 
 from conftest import gpurig as gpurig_cli
+from conftest import run_cli
 from gpurig.perf import power
 from gpurig.hardware.plan import inputs, plan
 from gpurig.spec import catalog
@@ -21,9 +22,9 @@ def run_plan(**flags):
 
 
 def test_guide_example_psu_and_energy_through_the_cli():
-    done = gpurig_cli("plan", "--build", f"{EXAMPLES}/build-guide-example.toml", "--json", timeout=60)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    code, out, err = run_cli(["plan", "--build", f"{EXAMPLES}/build-guide-example.toml", "--json"])
+    assert code == 0, err
+    report = json.loads(out)
     assert report["psu"] == {"gpurig_w": 1265.0, "gpurig_psu_w": 1300, "guide_example_w": 1250.0,
                              "guide_example_margin_w": 1375.0, "guide_example_psu_w": 1400}
     v = verdicts(report)
@@ -108,15 +109,16 @@ def test_slots_connectors_memory_network_and_mixed_models():
     assert v["GPU models"]["verdict"] == "warning"
 
 
-def test_flags_override_the_build_file_and_table_output():
-    done = gpurig_cli("plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml", "--psu-watts", "900", "--json",
-                      timeout=60)
-    report = json.loads(done.stdout)
-    assert verdicts(report)["PSU watts"]["verdict"] == "problem" and report["overall"] == "problem"
-    psu = json.loads(gpurig_cli("plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml", "--json").stdout)["psu"]
-    done = gpurig_cli("plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml", timeout=60, env={"COLUMNS": "200"})
-    assert done.returncode == 0 and "PSU watts" in done.stdout
-    assert f"{psu['guide_example_margin_w']:g} W → {psu['guide_example_psu_w']} W" in done.stdout
+def test_flags_override_the_build_file_and_table_output(monkeypatch):
+    # in this process: the build's fp16 rule describes a ResNet-152, once per process (a fresh one takes seconds)
+    code, out, err = run_cli(["plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml", "--psu-watts", "900", "--json"])
+    report = json.loads(out)
+    assert code == 0 and verdicts(report)["PSU watts"]["verdict"] == "problem" and report["overall"] == "problem"
+    psu = json.loads(run_cli(["plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml", "--json"])[1])["psu"]
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run_cli(["plan", "--build", f"{EXAMPLES}/build-4x2080ti.toml"])
+    assert code == 0 and "PSU watts" in out, err
+    assert f"{psu['guide_example_margin_w']:g} W → {psu['guide_example_psu_w']} W" in out
 
 
 def test_cli_unknown_gpu_and_help():
@@ -142,7 +144,7 @@ def test_the_network_example_of_plans_own_help_is_read():
     from gpurig.spec.cluster import network_from
 
     assert network_from("40 Gbit/s InfiniBand", "--network").gbit_per_s == 40.0
-    done = gpurig_cli("plan", "--gpu", "4x2080ti", "--nodes", 2, "--network", "40 Gbit/s InfiniBand", "--json")
-    assert done.returncode in (0, 1), done.stderr
-    network = next(v for v in json.loads(done.stdout)["verdicts"] if v["rule"] == "network")
+    code, out, err = run_cli(["plan", "--gpu", "4x2080ti", "--nodes", 2, "--network", "40 Gbit/s InfiniBand", "--json"])
+    assert code in (0, 1), err
+    network = next(v for v in json.loads(out)["verdicts"] if v["rule"] == "network")
     assert network["verdict"] == "ok" and "40" in network["number"]

@@ -31,11 +31,10 @@ TRAIN = ["train", "--epochs", PLAN.epochs, "--global-batch", PLAN.global_batch, 
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("uninterrupted")
-    done = gpurig(*TRAIN, "--checkpoint-dir", directory, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+def uninterrupted(mlp_two_epochs_of_512):
+    """TRAIN on 2 ranks (conftest's run, shared with test_train_precision)."""
+    assert PLAN.epochs == 2 and PLAN.global_batch == 512 and mlp_two_epochs_of_512["ranks"] == 2
+    return mlp_two_epochs_of_512
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"network namespaces unavailable: {unavailable()}")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import gpurig as gpurig_cli
+from conftest import run_cli
 from gpurig.errors import UsageError
 from gpurig.hardware import reference, rules, topology
 from gpurig.hardware.doctor import doctor, fan_checks, node_spec, wiring
@@ -43,11 +43,11 @@ def scaling(result, key="scaling"):
 
 # -- 1. every node ------------------------------------------------------------------------------------------------
 
-def test_a_3_plus_1_cluster_spec_is_planned_machine_by_machine_and_its_energy_is_both_machines():
+def test_a_3_plus_1_cluster_spec_is_planned_machine_by_machine_and_its_energy_is_both_machines(monkeypatch):
     spec = "examples/cluster-3+1-titan.toml"
-    done = gpurig_cli("plan", "--spec", spec, "--hours", "336", "--cpu-lanes", "40", "--json", timeout=120)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    code, out, err = run_cli(["plan", "--spec", spec, "--hours", "336", "--cpu-lanes", "40", "--json"])
+    assert code == 0, err
+    report = json.loads(out)
     assert report["nodes"] == 2 and [m["gpus"][0]["count"] for m in report["machines"]] == [3, 1]
     # (3 × 250 + 150) + (250 + 150) W for two weeks: 1300 W, 437 kWh (not "2 nodes × 3": 1800 W, 605 kWh)
     assert verdicts(report)["energy"]["number"] == "437 kWh" and "1300 W" in verdicts(report)["energy"]["reason"]
@@ -56,8 +56,9 @@ def test_a_3_plus_1_cluster_spec_is_planned_machine_by_machine_and_its_energy_is
     assert first["PCIe lanes"]["number"].startswith("16/8/8 + NIC x8") and second["PCIe lanes"]["number"].startswith("16 + NIC x8")
     assert first["cooling"]["number"] != second["cooling"]["number"]          # 3 adjacent cards vs one
     assert verdicts(report)["network"]["verdict"] == "warning"                # "4 in one box beat 3 + 1"
-    table = gpurig_cli("plan", "--spec", spec, timeout=120, env={"COLUMNS": "200"})
-    assert "[3 × GeForce GTX Titan] + [1 × GeForce GTX Titan]" in table.stdout and "machine 2" in table.stdout
+    monkeypatch.setenv("COLUMNS", "200")
+    code, table, err = run_cli(["plan", "--spec", spec])
+    assert code == 0 and "[3 × GeForce GTX Titan] + [1 × GeForce GTX Titan]" in table and "machine 2" in table, err
 
 
 def test_a_flag_that_would_change_one_machine_of_several_is_refused(tmp_path):
@@ -198,9 +199,9 @@ def test_the_case_fits_full_length_cards_and_radiators_and_a_big_one_gains_2_to_
     assert short["verdict"] == "warning" and "312 mm" in short["reason"]
     water = run_plan(gpus=[{"model": "2080ti", "count": 4, "cooler": "water"}], case={"radiators": 2})["case"]
     assert water["verdict"] == "problem" and "2 radiator mounts for 4" in water["reason"]
-    done = gpurig_cli("plan", "--gpu", "4x2080ti", "--cooler", "water", "--case-radiators", "4", "--case-gpu-mm",
-                      "320", "--json", timeout=60)
-    assert verdicts(json.loads(done.stdout))["case"]["verdict"] == "ok"
+    code, out, err = run_cli(["plan", "--gpu", "4x2080ti", "--cooler", "water", "--case-radiators", "4", "--case-gpu-mm",
+                              "320", "--json"])
+    assert code == 0 and verdicts(json.loads(out))["case"]["verdict"] == "ok", err
 
 
 def test_doctor_checks_fan_control_through_coolbits(tmp_path):                             # audit #45
@@ -298,12 +299,12 @@ def test_batch_advice_says_what_it_does_to_the_global_batch():
     assert "the global batch becomes 512 (from 400)" in item["why"]
 
 
-def test_predict_tables_label_both_scalings():
-    done = gpurig_cli("predict", "--model", "mnist-mlp", "--cluster", "4 GTX 980", "--batch", "64", timeout=120,
-                      env={"COLUMNS": "160"})
-    assert done.returncode == 0, done.stderr
-    assert "strong scaling: a global batch of 64 split over the GPUs" in done.stdout
-    assert "weak scaling: 64 samples per GPU" in done.stdout
+def test_predict_tables_label_both_scalings(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "4 GTX 980", "--batch", "64"])
+    assert code == 0, err
+    assert "strong scaling: a global batch of 64 split over the GPUs" in out
+    assert "weak scaling: 64 samples per GPU" in out
 
 
 # -- inputs that were accepted and ignored ---------------------------------------------------------------------------

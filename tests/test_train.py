@@ -18,13 +18,7 @@ from gpurig.train.checkpoints import damaged, epoch_path, saved_epochs
 DEFAULT_RUN_ACCURACY = 0.91
 
 
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """The default run without compression (auto's choice depends on timing), uninterrupted."""
-    ck = tmp_path_factory.mktemp("uninterrupted")
-    done = gpurig("train", "--compression", "none", "--no-predict", "--json", "--checkpoint-dir", ck, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+# default_run: conftest's (the default run without compression, uninterrupted), shared with test_model_parallel
 
 
 def test_the_default_command_reaches_the_stated_accuracy(tmp_path):
@@ -56,12 +50,11 @@ def test_uncompressed_run_reaches_the_stated_accuracy(default_run):
         assert 0.8 * epoch["step_ms"] <= parts <= 1.05 * epoch["step_ms"], epoch
 
 
-def test_torch_engine_trains_too(tmp_path):
-    done = gpurig("train", "--engine", "torch", "--model", "cnn", "--epochs", 1, "--no-predict", "--json",
-                  "--checkpoint-dir", tmp_path, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
-    assert summary["engine"] == "torch/gloo" and summary["test_accuracy"] > 0.85
+def test_torch_engine_trains_too(torch_cnn_one_epoch):
+    # conftest's run (uncompressed; test_model_parallel compares the hybrid CNN with it): auto on Gloo is
+    # tests/workers/compression.py's, on both engines
+    summary = torch_cnn_one_epoch
+    assert summary["engine"] == "torch/gloo" and summary["model"] == "cnn" and summary["test_accuracy"] > 0.85
 
 
 def _rank_processes(job: subprocess.Popen) -> list[psutil.Process]:
