@@ -259,6 +259,17 @@ class Communicator:
         with self._engine_errors():
             return self.guard.post_expect(signatures)
 
+    def check_arrived(self) -> bool:
+        """Whether a check :meth:`expect_async` began has every rank's part by now (True where none is pending):
+        the first announced collective then begins without waiting for the other ranks. A caller with other work
+        to do (DataParallel: the rest of backward) asks first rather than wait.
+
+        >>> comm.expect_async(signatures); comm.check_arrived()   # doctest: +SKIP
+        False
+        """
+        with self._engine_errors():
+            return self.guard.arrived()
+
     def run_async(self, job) -> Handle:
         """Run ``job()`` on the background thread, in order with other asynchronous collectives.
 

@@ -234,6 +234,10 @@ class Guard:
         """Whether a check :meth:`post_expect` began is still to be judged."""
         return self._posted is not None
 
+    def arrived(self) -> bool:
+        """Whether the posted check (if any) has every rank's part, so that :meth:`settle` would not wait."""
+        return self._posted is None or self._posted[1].is_completed()
+
     def poll(self) -> None:
         """Judge the posted check if its exchange has ended (an MPI_Test also moves it along)."""
         if self._posted is not None and self._posted[1].is_completed():
