@@ -260,9 +260,10 @@ class Communicator:
             return self.guard.post_expect(signatures)
 
     def check_arrived(self) -> bool:
-        """Whether a check :meth:`expect_async` began has every rank's part by now (True where none is pending):
-        the first announced collective then begins without waiting for the other ranks. A caller with other work
-        to do (DataParallel: the rest of backward) asks first rather than wait.
+        """Whether a check :meth:`expect_async` began has every rank's part by now, so that the first announced
+        collective begins without waiting for the other ranks (True where none is pending, and where the check
+        travels through the engine, across machines: waiting is what moves it, :meth:`Guard.arrived`). A caller
+        with other work to do (DataParallel: the rest of backward) asks first rather than wait.
 
         >>> comm.expect_async(signatures); comm.check_arrived()   # doctest: +SKIP
         False

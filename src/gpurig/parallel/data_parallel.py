@@ -371,7 +371,7 @@ class DataParallel(torch.nn.Module):
         if (self._next_bucket or self._checked) and not self._engine_moves_itself:
             self.comm.progress()
         while self._next_bucket < len(self.buckets) and self._bucket_full(self.buckets[self._next_bucket]):
-            if not (self._next_bucket or self.comm.check_arrived()):
+            if not (self._next_bucket or not self.defer_first_bucket or self.comm.check_arrived()):
                 # the step's check still lacks a late rank's part: its first bucket could not have moved before
                 # that rank came anyway, so backward goes on rather than wait here (a later gradient, or
                 # backward's end, begins it; issue 23's fifth pass)
@@ -379,6 +379,8 @@ class DataParallel(torch.nn.Module):
                 break
             self._launch(self.buckets[self._next_bucket])
             self.stats.launched_in_backward += 1
+
+    defer_first_bucket = True  # False: the first full bucket waits for the step's check (before issue 23's fifth pass)
 
     @staticmethod
     def _bucket_full(bucket: Bucket) -> bool:
