@@ -20,7 +20,7 @@ overhead shows. Issue 23's third pass added, on both engines, the checks as
 before it (the collective check blocking at the first bucket, the numerical
 guard's sum after the wait: ``BlockingCheck``, ``GuardAfter``), and over MPI
 ``MPI_Wait``'s busy wait instead of the polite one (``MPIEngine.wait_spin_s``); the fifth pass, the first
-bucket waiting for the step's check as before it (``WaitingCheck``).
+bucket waiting for the step's check as before it (``DataParallel.defer_first_bucket``).
 ``--variants "a;b"`` runs only those (each with its DDP reference).
 
     gpurig run -n 2 -- python benchmarks/dp_vs_ddp.py --model mlp --out /tmp/dp.json
@@ -48,12 +48,11 @@ class BlockingCheck(Communicator):
         return False
 
 
-class WaitingCheck(Communicator):
-    """The Communicator whose DataParallel waits at its first full bucket for the step's check, as before issue
-    23's fifth pass (comparison only; the default goes on with backward until the check has every rank's part)."""
-
-    def check_arrived(self) -> bool:
-        return True
+def waiting(model: gpurig.DataParallel) -> gpurig.DataParallel:
+    """``model`` with its first full bucket waiting for the step's check, as before issue 23's fifth pass
+    (comparison only; the default goes on with backward until the check has every rank's part)."""
+    model.defer_first_bucket = False
+    return model
 
 
 class GuardAfter(gpurig.DataParallel):
@@ -113,9 +112,9 @@ def main():
         "gpurig / gloo, check blocking (the guard's flag as now)": (
             gpurig.DataParallel(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
         "gpurig / gloo, the first bucket waits for the check (before)": (
-            gpurig.DataParallel(copy.deepcopy(base), WaitingCheck(gloo.engine)), "DDP / gloo"),
+            waiting(gpurig.DataParallel(copy.deepcopy(base), gloo)), "DDP / gloo"),
         "gpurig / mpi, the first bucket waits for the check (before)": (
-            gpurig.DataParallel(copy.deepcopy(base), WaitingCheck(mpi.engine)), "DDP / gloo"),
+            waiting(gpurig.DataParallel(copy.deepcopy(base), mpi)), "DDP / gloo"),
         "gpurig / mpi": (gpurig.DataParallel(copy.deepcopy(base), mpi), "DDP / gloo"),
         "gpurig / mpi, MPI_Wait (before)": (gpurig.DataParallel(copy.deepcopy(base), busy), "DDP / gloo"),
         "gpurig / mpi, checks as before (blocking check, guard's sum after)": (
