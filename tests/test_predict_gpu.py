@@ -113,6 +113,24 @@ def test_mixed_precision_convolutions_have_their_own_efficiency():
         machine.gpu_device(a100, "tf32").conv_gemm.flops_per_s
 
 
+def test_only_dense_3x3_stride_1_convolutions_get_winograds_saving_and_groups_are_gemms_of_their_own():
+    from gpurig.perf.step import LayerCost, backward_of, layer_seconds
+
+    v100 = machine.gpu_device(catalog.gpu("V100"), "fp32")          # FP32 convolutions on the CUDA cores
+    shape = (64 * 56 * 56, 256, 256 * 9)
+
+    def forward_s(gemm, winograd=False):
+        layer = LayerCost("c", 0, (gemm,), tuple(backward_of(gemm)), kind="conv", winograd=winograd)
+        return layer_seconds(layer, v100)[0]
+
+    dense_3x3, other = forward_s(shape, winograd=True), forward_s(shape)   # the second: a 1×1, strided or dilated
+    assert other == pytest.approx(v100.conv_gemm.seconds(*shape) if v100.conv_gemm else v100.gemm.seconds(*shape))
+    assert other / dense_3x3 == pytest.approx(machine.GPU_EFFICIENCY.conv_cuda, rel=0.02)
+    # ResNeXt's 3×3 in 32 groups of 4 channels: 32 GEMMs of 4 output channels, each in whole tiles, not one of 128
+    grouped, packed = forward_s((64 * 56 * 56, 4, 4 * 9, 32)), forward_s((64 * 56 * 56, 128, 4 * 9))
+    assert grouped > 2 * packed
+
+
 def test_an_unknown_memory_format_is_one_line_with_the_choices():
     code, _, err = run_cli(["predict", "--model", "resnet50", "--cluster", "1 x A100", "--memory-format", "nhwc"])
     assert code == 2
