@@ -60,9 +60,11 @@ def test_pytorchs_default_fp32_runs_convolutions_in_tf32_on_ampere():
     assert a100.conv_gemm.flops_per_s == pytest.approx(a100.gemm.flops_per_s * 156 / 19.5
                                                         * machine.GPU_EFFICIENCY.tensor_gemm
                                                         * machine.GPU_EFFICIENCY.conv / machine.GPU_EFFICIENCY.cuda_gemm)
-    # a convolutional net gains from it, a transformer (matmuls only) does not
-    assert samples_per_s("resnet50", "A100", "fp32") < samples_per_s("resnet50", "A100", "tf32")
-    assert samples_per_s("bert-base", "A100", "fp32", 32, 384) < samples_per_s("bert-base", "A100", "tf32", 32, 384)
+    # so a convolutional net gets (nearly) all of tf32's speed in fp32, only its classifier in FP32; a transformer,
+    # matmuls only, under half of it
+    conv_net = samples_per_s("resnet50", "A100", "fp32") / samples_per_s("resnet50", "A100", "tf32")
+    transformer = samples_per_s("bert-base", "A100", "fp32", 32, 384) / samples_per_s("bert-base", "A100", "tf32", 32, 384)
+    assert 0.9 < conv_net <= 1.0 and transformer < 0.5
 
 
 def test_each_architecture_scales_its_own_tensor_cores_and_nothing_else():
