@@ -333,10 +333,10 @@ def layer_costs(spec) -> list[LayerCost]:
 
 def winograd_applies(gemm) -> bool:
     """Whether cuDNN can run a convolution (its :class:`~gpurig.models.ops.Gemm`) with Winograd's kernels: dense
-    (one group) 3×3 of stride 1, the only shape its Winograd algorithms take (cuDNN's developer guide,
-    ``CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD`` and ``_WINOGRAD_NONFUSED``: 3×3 filters, unit stride; cuDNN's
-    FP32 ones also 5×5, none of which the presets have). 1×1 convolutions are plain GEMMs; strided and grouped
-    ones use implicit GEMM.
+    (one group) 3×3 of stride 1 (cuDNN's developer guide, ``CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD`` and
+    ``_WINOGRAD_NONFUSED``: 3×3 filters, unit stride). Not priced: the non-fused algorithm's 5×5 filters in FP32
+    (AlexNet's second convolution runs as a GEMM here, so is priced slow, if cuDNN picks it). 1×1 convolutions
+    are plain GEMMs; strided and grouped ones use implicit GEMM.
 
     >>> from gpurig.models.ops import Gemm
     >>> [winograd_applies(Gemm(100, 64, 576, 1, k, s)) for k, s in (((3, 3), (1, 1)), ((3, 3), (2, 2)), ((1, 1), (1, 1)))]
