@@ -85,8 +85,12 @@ PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency)
                if f.name not in ("layer_overhead_s", "architecture", "software", "cuda_architecture"))  # Kepler's: no rows
 # Where the fit starts: the datasheet-minded guesses, with the two effects that have no neutral value switched on.
-START = GpuEfficiency(tensor_gemm=0.8, cuda_gemm=0.9, conv=1.0, conv_mixed=1.0, conv_cuda=1.0, memory=0.8,
-                      unhidden=0.3, flops_per_value=40.0, architecture=(), software=())
+# It is also each constant's prior: a fold whose rows cannot move a constant (no convolution in mixed precision on
+# NCHW tensors for ``transposes``, say) predicts with this value, not the all-rows fit's (:func:`fold_start`);
+# ``transposes`` 1 is its definition's one extra pass, ``conv_cuda`` 2.25 Winograd's whole saving on a 3×3
+# (F(2×2, 3×3): 16 multiplies for 36) at the GEMMs' efficiency.
+START = GpuEfficiency(tensor_gemm=0.8, cuda_gemm=0.9, conv=1.0, conv_mixed=1.0, conv_cuda=2.25, memory=0.8,
+                      unhidden=0.3, flops_per_value=40.0, transposes=1.0, architecture=(), software=())
 # Physical ranges: no kernel beats its peak (a tensor-core convolution may beat the GEMMs' fitted efficiency, not
 # the peak: :func:`_physical`), except that Winograd's 3×3 convolutions on CUDA cores skip up to 2.25x of the direct
 # FLOPs the model counts. An older software release is no faster than current PyTorch.
@@ -101,6 +105,7 @@ BOUNDS = {"tensor_gemm": (0.05, 1.0), "cuda_gemm": (0.05, 1.0), "conv": (0.2, 5.
           "software:": (0.3, 1.0)}
 ARCHITECTURE = "architecture:"
 SOFTWARE = "software:"
+TOLERANCE = 1e-5    # of the summed |log error| (about 0.0003 over 250 rows): a smaller gain ends the search
 FOLD_STEPS = (1.15, 1.05, 1.015)   # a fold's search from the all-rows fit: its finer steps
 WARM_STEPS = (1.4,) + FOLD_STEPS    # the all-rows fit's, from the shipped constants
 REFERENCE_ARCHITECTURE = "Ampere"
@@ -281,7 +286,9 @@ def fit(cases: list[Case], start: GpuEfficiency | None = None,
 
     Absolute, not squared: one source's odd row (Lambda's first B200 numbers, say) should not pull every
     GPU. A constant no case depends on (no convolution among the cases, say, or an architecture none of
-    their GPUs has) keeps its starting value.
+    their GPUs has) keeps its starting value. A step that gains less than :data:`TOLERANCE` of the summed error
+    is no gain: a constant bounded at 0 (``unhidden``) otherwise creeps toward it by 1.5 % a pass, each pass
+    re-pricing every constant, for hundreds of passes that change no row.
     """
     best = start or START
     names = parameters(cases)
@@ -305,7 +312,7 @@ def fit(cases: list[Case], start: GpuEfficiency | None = None,
                     for i in depends[name]:
                         trial_errors[i] = abs(log_error(cases[i], trial))
                     trial_loss = sum(trial_errors)
-                    if trial_loss < best_loss - 1e-12:
+                    if trial_loss < best_loss * (1 - TOLERANCE):
                         best, best_loss, errors, improved = trial, trial_loss, trial_errors, True
     return best
 
@@ -326,7 +333,8 @@ def _depends_on(name: str, case: Case) -> bool:
     if name.startswith(SOFTWARE):
         return (case.software, "mixed" if case.precision in MIXED else "fp32") == tuple(name[len(SOFTWARE):].split("/"))
     if name in ("conv", "conv_mixed", "conv_cuda", "transposes"):
-        if not any(layer.kind == "conv" for layer in _prepared(case.model, case.batch, case.tokens)[1]):
+        convs = [layer for layer in _prepared(case.model, case.batch, case.tokens)[1] if layer.kind == "conv"]
+        if not convs or (name == "conv_cuda" and not any(layer.winograd for layer in convs)):
             return False
         if name == "transposes":
             return case.precision in MIXED and case.memory_format == "contiguous"
@@ -372,17 +380,20 @@ def _key(c: Case) -> tuple:
 
 
 def fold_start(fitted: GpuEfficiency, inside: list[Case]) -> GpuEfficiency:
-    """Where a fold's fit starts: the all-rows fit, with the factor of every architecture the fold has no GPU
-    of back at 1 (nothing of a left-out GPU reaches the fold through its architecture's factor).
+    """Where a fold's fit starts: the all-rows fit, with every constant the fold's rows cannot move back at its
+    prior: the factor of an architecture the fold has no GPU of and of a release it has no row of at 1, any other
+    at :data:`START`'s (nothing of the left-out rows reaches the fold through a constant only they fix).
 
-    >>> e = GpuEfficiency(architecture=(("Hopper", 0.6), ("Volta", 0.9)))
-    >>> fold_start(e, [Case("bert-base", "V100 PCIe 16 GB", 1, "fp16", 8, 384, 1.0, "adam", "")]).architecture
-    (('Volta', 0.9),)
+    >>> e = GpuEfficiency(architecture=(("Hopper", 0.6), ("Volta", 0.9)), transposes=0.5, conv=1.3)
+    >>> fold = fold_start(e, [Case("bert-base", "V100 PCIe 16 GB", 1, "fp16", 8, 384, 1.0, "adam", "")])
+    >>> fold.architecture, fold.transposes, fold.conv     # no convolution in the fold: both at their prior
+    ((('Volta', 0.9),), 1.0, 1.0)
     """
     present = {catalog.gpu(c.gpu).architecture for c in inside}
     kept = set(releases(inside))
+    unmoved = {name: getattr(START, name) for name in FIELDS if not any(_depends_on(name, c) for c in inside)}
     return dataclasses.replace(fitted, architecture=tuple((a, v) for a, v in fitted.architecture if a in present),
-                               software=tuple((s, v) for s, v in fitted.software if s in kept))
+                               software=tuple((s, v) for s, v in fitted.software if s in kept), **unmoved)
 
 
 def _fold(fold):

@@ -52,10 +52,15 @@ def test_each_row_is_predict_and_plan_run_alone(old_gpus):
 def test_the_posts_gtx_980_or_gtx_680(old_gpus):
     # "I would recommend one GTX 980 over multiple GTX 680" (2016); the 680 is the slower, 2 GB card. The post's
     # 1.38x (680 -> Titan +15 %, Titan -> 980 +20 %) compounds a first step no datasheet explains (both Kepler;
-    # docs/seeds.md #38); gpurig: the 980's 1.53x the FLOPS at Maxwell's 1.35x per core, less its 1.17x bandwidth
+    # docs/seeds.md #38); gpurig: between the 980's 1.17x bandwidth and its 1.53x the FLOPS at Maxwell's 1.35x per core
+    from gpurig.perf.machine import GPU_EFFICIENCY
+    from gpurig.spec import catalog
+
     rows = rows_by_option(old_gpus)
     one_980, one_680, two_680 = (rows[f"{n} × GeForce GTX {g}"] for n, g in ((1, 980), (1, 680), (2, 680)))
-    assert 1.35 < one_980["samples_per_s"] / one_680["samples_per_s"] < 1.8
+    maxwell, kepler = catalog.gpu("GTX 980"), catalog.gpu("GTX 680")
+    compute = maxwell.fp32_tflops / (kepler.fp32_tflops * GPU_EFFICIENCY.cuda_core_scale("Kepler"))
+    assert 1.35 < one_980["samples_per_s"] / one_680["samples_per_s"] < compute
     assert one_980["usd_per_m_samples"] < one_680["usd_per_m_samples"]
     # two 680s do not fit AlexNet's batch of 128 in 2 GB (the commenter: "2GB RAM ... inadequate for AlexNet")
     assert not two_680["memory"]["fits"] and two_680["rank"] == len(old_gpus["rows"])

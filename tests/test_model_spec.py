@@ -15,6 +15,7 @@ from gpurig.models.describe import KINDS, ModelSpec, describe
 from gpurig.models.ops import Gemm
 from gpurig.models import PRESETS, model_spec, preset
 from gpurig.models.factory import load_factory, parse_sample
+from gpurig.perf.step import layer_costs
 from gpurig.models.text import GPT2
 
 MLP_FORWARD = 2 * (784 * 1200 + 1200 * 1200 + 1200 * 10)
@@ -107,10 +108,20 @@ def test_gemm_shape_of_a_linear_layer_on_tokens():
 def test_gemm_shape_of_convolutions_as_implicit_gemm():
     spec = describe(nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.Conv2d(64, 64, 3, padding=1, groups=4)),
                     (3, 224, 224), batch=4)
-    # M = batch·H_out·W_out, N = out_channels / groups, K = in_channels / groups · kh · kw
-    assert spec.layer("0").gemms == (Gemm(m=4 * 112 * 112, n=64, k=3 * 7 * 7),)
-    assert spec.layer("1").gemms == (Gemm(m=4 * 112 * 112, n=16, k=16 * 3 * 3, count=4),)
+    # M = batch·H_out·W_out, N = out_channels / groups, K = in_channels / groups · kh · kw; and the kernel and stride
+    assert spec.layer("0").gemms == (Gemm(m=4 * 112 * 112, n=64, k=3 * 7 * 7, kernel=(7, 7), stride=(2, 2)),)
+    assert spec.layer("1").gemms == (Gemm(m=4 * 112 * 112, n=16, k=16 * 3 * 3, count=4, kernel=(3, 3), stride=(1, 1)),)
     assert spec.layer("1").output_elements == 4 * 64 * 112 * 112
+
+
+def test_only_dense_3x3_stride_1_convolutions_may_run_winograd():
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, groups=4),
+                          nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, stride=2, padding=1),
+                          nn.Conv2d(8, 8, 3, padding=2, dilation=2))
+    spec = describe(model, (8, 16, 16), batch=2)
+    assert spec.layer("4").gemms[0].kernel == (5, 5)      # a dilated 3×3 spans 5×5
+    assert [layer.winograd for layer in layer_costs(spec)] == [True, False, False, False, False]
+    assert ModelSpec.from_json(spec.to_json()) == spec
 
 
 def test_attention_layer_runs_two_batched_gemms():

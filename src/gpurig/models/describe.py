@@ -148,7 +148,7 @@ class ModelSpec:
             data = json.loads(text)
             if data.get("schema") != SCHEMA:
                 raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
-            layers = tuple(LayerSpec(**{**layer, "gemms": tuple(Gemm(**g) for g in layer["gemms"]),
+            layers = tuple(LayerSpec(**{**layer, "gemms": tuple(_gemm(g) for g in layer["gemms"]),
                                         "parameter_shapes": tuple((n, tuple(s)) for n, s in layer["parameter_shapes"])})
                            for layer in data["layers"])
             fields = {f.name: data[f.name] if f.default is dataclasses.MISSING else data.get(f.name, f.default)
@@ -263,6 +263,16 @@ def _layers(charges: list[Charges]) -> tuple[LayerSpec, ...]:
             forward_vector_bytes=c.forward_vector_bytes, backward_vector_bytes=c.backward_vector_bytes,
             forward_float32_bytes=c.forward_float32_bytes, backward_float32_bytes=c.backward_float32_bytes))
     return tuple(layers)
+
+
+def _gemm(fields: dict) -> Gemm:
+    """A :class:`Gemm` from its JSON object (lists back to tuples; descriptions written before gpurig recorded a
+    convolution's kernel and stride have neither).
+
+    >>> _gemm({"m": 8, "n": 4, "k": 27, "count": 1, "kernel": [3, 3], "stride": [1, 1]}).kernel
+    (3, 3)
+    """
+    return Gemm(**{**fields, **{name: tuple(fields[name]) for name in ("kernel", "stride") if name in fields}})
 
 
 def _kind(charges: Charges) -> str:

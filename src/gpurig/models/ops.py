@@ -12,7 +12,7 @@ the bytes of its tensor inputs plus its outputs, views being free.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -51,6 +51,10 @@ _FREE = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.n
 class Gemm:
     """A matrix multiply C[M×N] = A[M×K]·B[K×N], run ``count`` times (heads × batch, or conv groups).
 
+    A convolution's implicit GEMM also records its kernel's footprint on the input (height, width: a dilated
+    kernel's span) and its stride, which decide the algorithms cuDNN can run it with (:mod:`gpurig.perf.step`);
+    both are empty for other products.
+
     >>> Gemm(m=128, n=3072, k=768).flops
     603979776
     """
@@ -59,6 +63,8 @@ class Gemm:
     n: int
     k: int
     count: int = 1
+    kernel: tuple[int, ...] = field(default=(), repr=False)
+    stride: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def flops(self) -> int:
@@ -71,13 +77,15 @@ def gemm_of(packet, args: tuple, out) -> Gemm | None:
 
     A linear layer is ``addmm(bias, x, Wᵀ)``: M = batch·tokens, K = inputs,
     N = outputs. A convolution is an implicit GEMM: M = batch·H_out·W_out,
-    N = out_channels/groups, K = in_channels/groups·kh·kw, ``count`` = groups.
+    N = out_channels/groups, K = in_channels/groups·kh·kw, ``count`` = groups; with the kernel's footprint
+    ((kh − 1)·dilation + 1, likewise for kw) and stride.
 
     >>> gemm_of(aten.mm, (torch.empty(10, 8, device="meta"), torch.empty(8, 16, device="meta")), None)
     Gemm(m=10, n=16, k=8, count=1)
     >>> x, w = torch.empty(2, 3, 8, 8, device="meta"), torch.empty(4, 3, 3, 3, device="meta")
-    >>> gemm_of(aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), torch.empty(2, 4, 6, 6))
-    Gemm(m=72, n=4, k=27, count=1)
+    >>> conv = gemm_of(aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), torch.empty(2, 4, 6, 6))
+    >>> conv, conv.kernel, conv.stride
+    (Gemm(m=72, n=4, k=27, count=1), (3, 3), (1, 1))
     """
     if packet in (aten.mm, aten.addmm):
         a, b = (args[i] for i in _OPERANDS[packet])
@@ -86,11 +94,14 @@ def gemm_of(packet, args: tuple, out) -> Gemm | None:
         a, b = (args[i] for i in _OPERANDS[packet])
         return Gemm(a.shape[1], b.shape[2], a.shape[2], a.shape[0])
     if packet in (aten.convolution, aten._convolution):
-        x, w, transposed, groups = args[0], args[1], args[6], args[8]
+        x, w, stride, dilation, transposed, groups = args[0], args[1], args[3], args[5], args[6], args[8]
         kernel = math.prod(w.shape[2:])
+        footprint = tuple((size - 1) * d + 1 for size, d in zip(w.shape[2:], dilation))
         if transposed:  # weight is (in, out/groups, kh, kw); the GEMM runs over the input's pixels
-            return Gemm(x.shape[0] * math.prod(x.shape[2:]), w.shape[1] * kernel, w.shape[0] // groups, groups)
-        return Gemm(out.shape[0] * math.prod(out.shape[2:]), w.shape[0] // groups, w.shape[1] * kernel, groups)
+            return Gemm(x.shape[0] * math.prod(x.shape[2:]), w.shape[1] * kernel, w.shape[0] // groups, groups,
+                        footprint, tuple(stride))
+        return Gemm(out.shape[0] * math.prod(out.shape[2:]), w.shape[0] // groups, w.shape[1] * kernel, groups,
+                    footprint, tuple(stride))
     return None
 
 

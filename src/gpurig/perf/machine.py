@@ -36,21 +36,23 @@ class GpuEfficiency:
     docs/predict.md), never to the held-out ResNet-50 v1.5 and BERT-large results.
     """
 
-    tensor_gemm: float = 0.5999     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
-    cuda_gemm: float = 0.8039       # of the FP32 CUDA-core peak, on large GEMMs
-    conv: float = 1.292             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
+    tensor_gemm: float = 0.6489     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
+    cuda_gemm: float = 1.0          # of the FP32 CUDA-core peak, on large GEMMs
+    conv: float = 1.317             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
     # the same in mixed precision, on channels-last tensors (NCHW ones pay ``transposes`` besides); both bounded
     # only by the tensor-core peak
-    conv_mixed: float = 1.265
-    conv_cuda: float = 2.19         # the same on CUDA cores, where cuDNN's Winograd kernels cut 3×3 FLOPs by 2.25x
-    memory: float = 0.6625          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.1435        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 153.7  # vector-unit operations per value transcendentals and random numbers move
-    cache: float = 1.289            # memory-bound work on the share of its tensors the last cache holds, against memory
+    conv_mixed: float = 1.169
+    # a dense 3×3 stride-1 convolution on CUDA cores, where cuDNN's Winograd kernels cut its FLOPs by up to 2.25x,
+    # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
+    conv_cuda: float = 2.25
+    memory: float = 0.6724          # of peak memory bandwidth, on streaming kernels (norms, activations)
+    unhidden: float = 0.01337       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 219.9  # vector-unit operations per value transcendentals and random numbers move
+    cache: float = 1.233            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
     # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
     # each read and written once more in forward, their gradients twice that in backward)
-    transposes: float = 0.7421
+    transposes: float = 0.8028
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -60,14 +62,14 @@ class GpuEfficiency:
     # Fitted only where the rows hold two GPUs of an architecture (one B200 keeps Blackwell at 1). Turing's rows
     # are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.178), ("Hopper", 0.5515), ("Turing", 0.8904),
-                                                   ("Volta", 1.286))
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.037), ("Hopper", 0.5023), ("Turing", 0.8607),
+                                                   ("Volta", 1.166))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
-    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.9481),
-                                                           (("pytorch-1.4", "mixed"), 0.7686),
-                                                           (("pytorch-1.7", "fp32"), 0.9103),
+    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.8123),
+                                                           (("pytorch-1.4", "mixed"), 0.7572),
+                                                           (("pytorch-1.7", "fp32"), 0.8836),
                                                            (("pytorch-1.7", "mixed"), 1.0))
 
     # Per GPU architecture, its CUDA cores' achieved rate against ``cuda_gemm``'s, which the published rows (Pascal
@@ -131,10 +133,10 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
     >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
-    (96.4, (128, 128), 2)
+    (94.6, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (15.7, 120.9)
+    (19.5, 133.3)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
@@ -152,15 +154,17 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
 
     linear = gemm(p.linear_tflops, p.linear_tensor_cores)
     tensor_conv = e.conv_mixed if precision in MIXED else e.conv
-    conv = gemm(p.conv_tflops, p.conv_tensor_cores, tensor_conv if p.conv_tensor_cores else e.conv_cuda)
-    if p.conv_tensor_cores:
-        # cuDNN tries every algorithm (DeepLearningExamples set cudnn.benchmark): on a GPU whose tensor cores are
-        # slow for this type (GeForce TF32 is half rate) the CUDA cores' Winograd kernels can win
-        conv = FastestGemm((conv, gemm(p.cuda_tflops, False, e.conv_cuda)))
+    # on CUDA cores a convolution is an implicit GEMM like any other (1×1, strided and grouped ones)
+    conv = gemm(p.conv_tflops, p.conv_tensor_cores, tensor_conv if p.conv_tensor_cores else 1.0)
+    # cuDNN tries every algorithm (DeepLearningExamples set cudnn.benchmark): for a dense 3×3 stride-1 convolution
+    # (:func:`gpurig.perf.step.winograd_applies`) that includes the CUDA cores' Winograd kernels, which win where
+    # there are no tensor cores for this type or they are slow (GeForce TF32 is half rate)
+    winograd = FastestGemm((conv, gemm(p.cuda_tflops, False, e.conv_cuda)))
     # encode (with error feedback) is about two thirds of the passes, decode one third
     per_value = {name: (passes * 4 / memory * 2 / 3, passes * 4 / memory / 3) for name, passes in CODEC_PASSES.items()}
     return Device(gpu.name, linear, memory, e.layer_overhead_s, is_gpu=True, codec_seconds_per_value=per_value,
-                  jitter=JITTER, conv_gemm=conv if conv != linear else None, element_bytes=p.element_bytes,
+                  jitter=JITTER, conv_gemm=conv if conv != linear else None, winograd_gemm=winograd,
+                  element_bytes=p.element_bytes,
                   cast_bytes_per_param=p.cast_bytes_per_param, flops_per_value=e.flops_per_value,
                   vector_flops_per_s=gpu.fp32_tflops * 1e12 * cuda * speed,
                   cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache,

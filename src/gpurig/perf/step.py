@@ -63,6 +63,8 @@ class LayerCost:
     backward_vector_bytes: float = 0.0
     forward_float32_bytes: float = 0.0
     backward_float32_bytes: float = 0.0
+    # a dense 3×3 convolution of stride 1, which cuDNN may run with Winograd's kernels (:func:`winograd_applies`)
+    winograd: bool = False
 
     def tensors(self) -> tuple[int, ...]:
         """Values of each parameter tensor, in registration order."""
@@ -98,6 +100,9 @@ class Device:
     # bench's optimizer steps: (optimizer, parameter values, seconds per value)
     optimizer_rows: tuple[tuple[str, int, float], ...] = ()
     conv_gemm: GemmModel | None = None   # convolutions' implicit GEMMs, where they run at another rate (TF32)
+    # the convolutions Winograd's kernels can run (:attr:`LayerCost.winograd`): cuDNN's fastest of those and
+    # ``conv_gemm``; None: as every other convolution
+    winograd_gemm: GemmModel | None = None
     element_bytes: int = DTYPE_BYTES     # bytes of one activation value: 4, or 2 under mixed precision
     cast_bytes_per_param: float = 0.0    # mixed precision's weight and gradient casts, each pass, per parameter
     # Work outside GEMMs that evaluates transcendentals or random numbers (GELU, softmax, dropout's masks) also
@@ -142,8 +147,19 @@ class Device:
         return memory - bound + max(bound, values * self.flops_per_value / self.vector_flops_per_s)
 
     def gemm_for(self, layer: "LayerCost") -> GemmModel:
-        """The GEMM model ``layer``'s products run on: convolutions' own where the device has one."""
-        return self.conv_gemm if layer.kind == "conv" and self.conv_gemm is not None else self.gemm
+        """The GEMM model ``layer``'s products run on: convolutions' own where the device has one, and Winograd's
+        choice for the dense 3×3 stride-1 ones.
+
+        >>> plain, winograd = GemmModel(0, 1e12, 1e12), GemmModel(0, 2e12, 1e12)
+        >>> d = Device("gpu", None, 1e12, conv_gemm=plain, winograd_gemm=winograd)
+        >>> d.gemm_for(LayerCost("c", 0, kind="conv", winograd=True)) is winograd, d.gemm_for(LayerCost("c", 0, kind="conv")) is plain
+        (True, True)
+        """
+        if layer.kind != "conv":
+            return self.gemm
+        if layer.winograd and self.winograd_gemm is not None:
+            return self.winograd_gemm
+        return self.conv_gemm or self.gemm
 
     def optimizer_seconds(self, optimizer: str, params: int) -> float:
         """One ``optimizer`` step over ``params`` values: bench's measurement nearest in size, scaled, or the
@@ -304,14 +320,31 @@ def layer_costs(spec) -> list[LayerCost]:
             if layer.backward_flops else ()
         sizes = tuple(math.prod(shape) for _, shape in layer.parameter_shapes)
         largest = max(layer.input_elements, layer.output_elements) // max(layer.calls, 1)
+        winograd = layer.kind == "conv" and bool(layer.gemms) and all(map(winograd_applies, layer.gemms))
         out.append(LayerCost(layer.name, layer.parameters, forward, backward, layer.forward_bytes,
                              layer.backward_bytes, sizes, kind=layer.kind, activation_values=largest,
                              input_values=layer.input_elements, output_values=layer.output_elements,
                              forward_vector_bytes=layer.forward_vector_bytes,
                              backward_vector_bytes=layer.backward_vector_bytes,
                              forward_float32_bytes=layer.forward_float32_bytes,
-                             backward_float32_bytes=layer.backward_float32_bytes))
+                             backward_float32_bytes=layer.backward_float32_bytes, winograd=winograd))
     return out
+
+
+def winograd_applies(gemm) -> bool:
+    """Whether cuDNN can run a convolution (its :class:`~gpurig.models.ops.Gemm`) with Winograd's kernels: dense
+    (one group) 3×3 of stride 1 (cuDNN's developer guide, ``CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD`` and
+    ``_WINOGRAD_NONFUSED``: 3×3 filters, unit stride). Not priced: the non-fused algorithm's 5×5 filters in FP32
+    (AlexNet's second convolution runs as a GEMM here, so is priced slow, if cuDNN picks it). 1×1 convolutions
+    are plain GEMMs; strided and grouped ones use implicit GEMM.
+
+    >>> from gpurig.models.ops import Gemm
+    >>> [winograd_applies(Gemm(100, 64, 576, 1, k, s)) for k, s in (((3, 3), (1, 1)), ((3, 3), (2, 2)), ((1, 1), (1, 1)))]
+    [True, False, False]
+    >>> winograd_applies(Gemm(100, 4, 36, 32, (3, 3), (1, 1)))     # ResNeXt's grouped 3×3
+    False
+    """
+    return gemm.count == 1 and tuple(gemm.kernel) == (3, 3) and tuple(gemm.stride) == (1, 1)
 
 
 def straggler_seconds(compute_s: float, jitter: float, ranks: int) -> float:
@@ -339,10 +372,9 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     (6e-06, 4e-06)
     """
     gemm, size = device.gemm_for(layer), device.element_bytes
+    # a grouped convolution's groups are ``groups`` GEMMs of their own channels (its products' batch), each in
+    # whole tiles: cuDNN's grouped kernels do not pack 4-32 channels a group into one dense GEMM's tiles
     products = (layer.forward_gemms, layer.backward_gemms)
-    if layer.kind == "conv" and device.is_gpu:
-        # a grouped convolution's groups share one kernel's tiles (cuDNN packs them), not a tile each
-        products = tuple(tuple(_grouped(g) for g in gemms) for gemms in products)
     forward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[0])
     working_set = 2 * layer.activation_values * size if layer.activation_values else math.inf
     moved, vector = _stream(layer.forward_bytes, layer.forward_float32_bytes, layer.forward_vector_bytes, size)
@@ -396,23 +428,11 @@ def _each_layer_seconds(layers: list[LayerCost], device: Device) -> list[tuple[f
     for layer in layers:
         key = (layer.params, layer.forward_gemms, layer.backward_gemms, layer.forward_bytes, layer.backward_bytes,
                layer.kind, layer.activation_values, layer.input_values, layer.output_values, layer.forward_vector_bytes, layer.backward_vector_bytes,
-               layer.forward_float32_bytes, layer.backward_float32_bytes)
+               layer.forward_float32_bytes, layer.backward_float32_bytes, layer.winograd)
         if key not in seen:
             seen[key] = layer_seconds(layer, device)
         out.append(seen[key])
     return out
-
-
-def _grouped(gemm: tuple[int, ...]) -> tuple[int, ...]:
-    """A grouped convolution's ``groups`` products of (m, n, k) as one (m, n·groups, k): the same FLOPs and weights.
-
-    >>> _grouped((1000, 4, 36, 32)), _grouped((1000, 64, 576))
-    ((1000, 128, 36), (1000, 64, 576))
-    """
-    if len(gemm) < 4:
-        return gemm
-    m, n, k, groups = gemm
-    return (m, n * groups, k)
 
 
 def transfer_seconds(nbytes: float, topology: Topology, algorithm: str = "best",
