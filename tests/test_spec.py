@@ -121,6 +121,17 @@ def test_description_errors():
         parse_description("PCIe 3.0 x8")
 
 
+@pytest.mark.parametrize("part", ["NVLink", "NVLink 2.0", "nvlink bridge", "NVSwitch"])
+def test_a_gpu_link_part_confirms_the_catalogs(part):
+    """A user names the link the GPUs have; it is the catalog's NVLink the prediction then uses."""
+    from gpurig.perf.machine import spec_topology
+    with_part = spec_topology(parse_description(f"8 x V100 SXM2 16GB, {part}"))
+    assert with_part.local == spec_topology(parse_description("8 x V100 SXM2 16GB")).local
+    assert with_part.local.bytes_per_s > 100e9  # NVLink 2.0's 300 GB/s both ways, not PCIe's 16
+    with pytest.raises(SpecError, match="lists no NVLink .* GTX 1080 Ti"):
+        parse_description(f"4 x GTX 1080 Ti, {part}")
+
+
 BAD_FILES = {
     "not toml": ("[[gpus]\nmodel = ", "not valid TOML"),
     "wrong type": ('[[gpus]]\nmodel = "2080ti"\ncount = "four"\n', "count: expected a number"),

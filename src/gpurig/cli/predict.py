@@ -39,7 +39,9 @@ def add_parser(subparsers) -> None:
                    help="a built-in model (mnist-mlp, mnist-cnn, mnist-wide-cnn, alexnet, vgg16, resnet50, resnet152, "
                         "resnext101, se-resnext101, ssd300, bert-base, bert-large, gpt2, transformer-xl-base, "
                         "transformer-xl-large) or module:factory returning a torch module")
-    p.add_argument("--cluster", default=None, help="cluster spec (.toml), bench profile (.json) or a description")
+    p.add_argument("--cluster", default=None, help="cluster spec (.toml), bench profile (.json) or a description: comma-separated "
+                   "parts in any order, e.g. '2 nodes x 8 V100 SXM2 16GB, NVLink, PCIe 3.0 x16, 100 Gbit/s "
+                   "InfiniBand, GPUDirect, 512 GB RAM, 2 sockets'")
     p.add_argument("--profile", default=None, help="a gpurig bench profile to calibrate the cluster's GPUs with")
     p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (default 64); the strong-scaling "
                    "table splits this many over the GPUs")

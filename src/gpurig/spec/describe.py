@@ -7,6 +7,9 @@ Comma-separated parts, in any order:
 - network: a catalog name ("InfiniBand FDR", "10GbE", "EDR") or a rate and a kind
   ("40 Gbit/s InfiniBand", "1 Gbit/s Ethernet"); the stated rate is used as it is
 - GPUDirect RDMA: ``GPUDirect`` / ``GPUDirect RDMA`` or ``no GPUDirect``
+- the GPUs' own link: ``NVLink`` (``NVLink 2.0``, ``NVSwitch``, ``NVLink bridge``, ``Infinity Fabric``): inside a
+  node the GPUs talk over it whenever the catalog lists it for them, so this part only confirms it (an error
+  for a GPU that has none)
 - RAM: ``64 GB RAM``
 - how the board wires the GPUs: ``2 sockets`` (or ``2 CPUs``: GPUs split over them, pairs across them copy
   through host memory), ``2 PCIe switches`` (or ``2 PLX``: GPUs behind one switch talk directly)
@@ -25,6 +28,7 @@ _GPUS = re.compile(rf"^(?:(?P<nodes>\d+)\s*nodes?{_TIMES})?(?:(?P<gpus>\d+){_TIM
 _PCIE = re.compile(r"^pcie\s*(?:gen\s*)?(?P<gen>\d(?:\.\d)?)?\s*(?:x\s*(?P<lanes>\d+))?$", re.I)
 _RAM = re.compile(r"^(?P<gb>[0-9.]+)\s*(?:GB|GiB)\s+(?:of\s+)?RAM$", re.I)
 _SOCKETS = re.compile(r"^(?P<n>\d+)\s*(?:cpu\s*)?(?:sockets?|cpus?)$", re.I)
+_GPU_LINK = re.compile(r"^(?:nvlink(?:\s*\d(?:\.\d)?)?(?:\s+bridges?)?|nvswitch|infinity\s+fabric)$", re.I)
 _SWITCHES = re.compile(r"^(?P<n>\d+)\s*(?:pcie\s+switch(?:es)?|plx(?:\s+switch(?:es)?)?)$", re.I)
 
 
@@ -34,6 +38,8 @@ def parse_description(text: str) -> ClusterSpec:
     >>> spec = parse_description("2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand, no GPUDirect")
     >>> spec.node_count, spec.total_gpus, spec.nodes[0].gpu.name, spec.nodes[0].pcie_lanes, spec.network.gbit_per_s
     (2, 8, 'GeForce RTX 2080 Ti', 8, 40.0)
+    >>> parse_description("8 x V100 SXM2 16GB, NVLink").nodes[0].gpu.gpu_link_gbs
+    300.0
     >>> node = parse_description("8 K20, PCIe 2.0 x16, 2 sockets, 2 PCIe switches").nodes[0]
     >>> node.sockets, node.pcie_switches
     (2, 2)
@@ -46,7 +52,7 @@ def parse_description(text: str) -> ClusterSpec:
     if not parts:
         raise SpecError("empty cluster description: e.g. '2 nodes × 4 RTX 2080 Ti, PCIe 3.0 x8, 40 Gbit/s InfiniBand'")
     node: dict = {}
-    network, gpudirect, named = None, False, set()
+    network, gpudirect, named, link_part = None, False, set(), None
 
     def once(what: str, part: str) -> None:
         if what in named:
@@ -67,6 +73,9 @@ def parse_description(text: str) -> ClusterSpec:
         elif "gpudirect" in low:
             once("GPUDirect setting", part)
             gpudirect = not low.startswith("no")
+        elif _GPU_LINK.match(part):
+            once("GPU link", part)
+            link_part = part
         elif match := _RAM.match(part):
             once("RAM", part)
             node["ram_gb"] = float(match["gb"])
@@ -95,6 +104,9 @@ def parse_description(text: str) -> ClusterSpec:
                             "a network such as '40 Gbit/s InfiniBand', 'no GPUDirect', '64 GB RAM', '2 sockets' or '2 PCIe switches')")
     if "gpu" not in node:
         raise SpecError(f"the cluster description {text!r} names no GPU (e.g. '4 RTX 2080 Ti')")
+    if link_part is not None and not getattr(node["gpu"], "gpu_link_gbs", None):
+        raise SpecError(f"in {link_part!r}: the catalog lists no NVLink or Infinity Fabric for the {node['gpu'].name}; "
+                        "its GPUs talk over PCIe (leave the part out)")
     # through the field checks, as a spec file's [[nodes]] table is: PCIe x0 or 0 GB of RAM refused, not priced
     node_spec = from_mapping(NodeSpec, {k: v for k, v in node.items() if k != "gpu"}, f"in {text!r}",
                              given={"gpu": node["gpu"]})
