@@ -35,8 +35,7 @@ def main():
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--bucket-mb", type=float, default=None, help="default: DataParallel's (25 MB, 4 MB compressed)")
     p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated; default: all; CODEC/before: "
-                   "without keeping a bucket's pieces moving until the next one (DataParallel.keep_moving); CODEC/waits: the "
-                   "first full bucket waiting for the step's check (DataParallel.defer_first_bucket)")
+                   "without keeping a bucket's pieces moving until the next one (DataParallel.keep_moving)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     codecs = args.codecs.split(",")
@@ -48,12 +47,9 @@ def main():
     variants = {}
     for name in codecs:
         torch.manual_seed(0)
-        # "int8/before": pieces left until the next bucket, as before; "int8/waits": the first full bucket waits
-        # for the step's check, as before issue 23's fifth pass
-        method, _, before = name.partition("/")
+        method, _, before = name.partition("/")  # "int8/before": pieces left until the next bucket, as before
         model = gpurig.DataParallel(models.mlp(), compression=method, bucket_cap_mb=args.bucket_mb)
         model.keep_moving = before != "before"
-        model.defer_first_bucket = before != "waits"
         variants[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     times = {name: [] for name in codecs}
     sent = {name: [] for name in codecs}

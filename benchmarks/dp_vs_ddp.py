@@ -19,8 +19,7 @@ before issue 23); the same pair again with 1 MB buckets, where per-bucket
 overhead shows. Issue 23's third pass added, on both engines, the checks as
 before it (the collective check blocking at the first bucket, the numerical
 guard's sum after the wait: ``BlockingCheck``, ``GuardAfter``), and over MPI
-``MPI_Wait``'s busy wait instead of the polite one (``MPIEngine.wait_spin_s``); the fifth pass, the first
-bucket waiting for the step's check as before it (``DataParallel.defer_first_bucket``).
+``MPI_Wait``'s busy wait instead of the polite one (``MPIEngine.wait_spin_s``).
 ``--variants "a;b"`` runs only those (each with its DDP reference).
 
     gpurig run -n 2 -- python benchmarks/dp_vs_ddp.py --model mlp --out /tmp/dp.json
@@ -46,13 +45,6 @@ class BlockingCheck(Communicator):
 
     def expect_async(self, signatures) -> bool:
         return False
-
-
-def waiting(model: gpurig.DataParallel) -> gpurig.DataParallel:
-    """``model`` with its first full bucket waiting for the step's check, as before issue 23's fifth pass
-    (comparison only; the default goes on with backward until the check has every rank's part)."""
-    model.defer_first_bucket = False
-    return model
 
 
 class GuardAfter(gpurig.DataParallel):
@@ -111,10 +103,6 @@ def main():
             GuardAfter(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
         "gpurig / gloo, check blocking (the guard's flag as now)": (
             gpurig.DataParallel(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
-        "gpurig / gloo, the first bucket waits for the check (before)": (
-            waiting(gpurig.DataParallel(copy.deepcopy(base), gloo)), "DDP / gloo"),
-        "gpurig / mpi, the first bucket waits for the check (before)": (
-            waiting(gpurig.DataParallel(copy.deepcopy(base), mpi)), "DDP / gloo"),
         "gpurig / mpi": (gpurig.DataParallel(copy.deepcopy(base), mpi), "DDP / gloo"),
         "gpurig / mpi, MPI_Wait (before)": (gpurig.DataParallel(copy.deepcopy(base), busy), "DDP / gloo"),
         "gpurig / mpi, checks as before (blocking check, guard's sum after)": (

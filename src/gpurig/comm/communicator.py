@@ -259,18 +259,6 @@ class Communicator:
         with self._engine_errors():
             return self.guard.post_expect(signatures)
 
-    def check_arrived(self) -> bool:
-        """Whether a check :meth:`expect_async` began has every rank's part by now, so that the first announced
-        collective begins without waiting for the other ranks (True where none is pending, and where the check
-        travels through the engine, across machines: waiting is what moves it, :meth:`Guard.arrived`). A caller
-        with other work to do (DataParallel: the rest of backward) asks first rather than wait.
-
-        >>> comm.expect_async(signatures); comm.check_arrived()   # doctest: +SKIP
-        False
-        """
-        with self._engine_errors():
-            return self.guard.arrived()
-
     def run_async(self, job) -> Handle:
         """Run ``job()`` on the background thread, in order with other asynchronous collectives.
 

@@ -234,13 +234,6 @@ class Guard:
         """Whether a check :meth:`post_expect` began is still to be judged."""
         return self._posted is not None
 
-    def arrived(self) -> bool:
-        """Whether :meth:`settle` may as well run now: no check is posted, the posted one has every rank's part,
-        or it travels through the engine (across machines), where waiting for it is also what moves it along
-        (Open MPI moves a nonblocking collective only inside its calls, so a check left for later would also
-        arrive later). A check on the shared-memory board is one look."""
-        return self._posted is None or not isinstance(self._posted[1], BoardRequest) or self._posted[1].is_completed()
-
     def poll(self) -> None:
         """Judge the posted check if its exchange has ended (an MPI_Test also moves it along)."""
         if self._posted is not None and self._posted[1].is_completed():

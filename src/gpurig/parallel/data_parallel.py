@@ -88,9 +88,7 @@ class CommStats:
     ``exposed_s`` is the time backward's end waited for allreduces, i.e.
     communication (and waiting for slower ranks) not hidden under computation.
     ``bytes_sent`` is what this rank put on the wire: 2(P−1)/P of each bucket for
-    a ring allreduce, of its compressed size with compression. ``first_bucket_waits`` counts the
-    gradients at which the first bucket was full but the step's collective check still lacked another
-    rank's part: backward went on, and a later gradient (or backward's end) began it.
+    a ring allreduce, of its compressed size with compression.
     """
 
     steps: int = 0
@@ -98,7 +96,6 @@ class CommStats:
     exposed_s: float = 0.0
     launched_in_backward: int = 0
     launched_at_end: int = 0
-    first_bucket_waits: int = 0
     last_exposed_s: float = 0.0
     skipped_steps: int = 0
 
@@ -371,16 +368,8 @@ class DataParallel(torch.nn.Module):
         if (self._next_bucket or self._checked) and not self._engine_moves_itself:
             self.comm.progress()
         while self._next_bucket < len(self.buckets) and self._bucket_full(self.buckets[self._next_bucket]):
-            if not (self._next_bucket or not self.defer_first_bucket or self.comm.check_arrived()):
-                # the step's check still lacks a late rank's part: its first bucket could not have moved before
-                # that rank came anyway, so backward goes on rather than wait here (a later gradient, or
-                # backward's end, begins it; issue 23's fifth pass)
-                self.stats.first_bucket_waits += 1
-                break
             self._launch(self.buckets[self._next_bucket])
             self.stats.launched_in_backward += 1
-
-    defer_first_bucket = True  # False: the first full bucket waits for the step's check (before issue 23's fifth pass)
 
     @staticmethod
     def _bucket_full(bucket: Bucket) -> bool:
