@@ -184,6 +184,19 @@ def test_the_progress_file_is_in_no_directory(tmp_path):
         proc.wait(timeout=30)
 
 
+def test_a_killed_launchers_shared_memory_directory_is_removed_by_the_next_job(tmp_path):
+    from gpurig.launch.mpirun import shared_memory_directory
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan, live = tmp_path / f"gpurig-mpi-{dead.pid}-x1", tmp_path / f"gpurig-mpi-{os.getpid()}-x2"
+    for directory in (orphan, live):
+        directory.mkdir()
+        (directory / "sm_segment.vm.0.1.0").write_bytes(b"")
+    made = shared_memory_directory(["mpirun", "-np", "2", "true"], {}, parent=str(tmp_path))
+    assert not orphan.exists() and live.exists()
+    assert os.path.basename(made).startswith(f"gpurig-mpi-{os.getpid()}-")
+
+
 def test_the_wrappers_child_dies_with_the_wrapper(tmp_path):
     proc = _wrapped("import os, time; print(os.getpid(), flush=True); time.sleep(60)", tmp_path)
     child = psutil.Process(int(proc.stdout.readline()))

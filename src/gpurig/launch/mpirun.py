@@ -226,7 +226,8 @@ class Mpirun:
 
 # Where Open MPI's shared-memory transport keeps each rank's backing file. By default that is /dev/shm itself, and a
 # rank killed by a signal leaves its file there (16 MB, sparse) for good; a job on this machine gets a directory of
-# its own, removed when mpirun has ended, however its ranks ended.
+# its own, removed when mpirun has ended, however its ranks ended (and by the next job here, if the launcher itself
+# was killed: the directory names its process).
 BACKING_VARIABLE = "OMPI_MCA_btl_sm_backing_directory"
 
 
@@ -248,7 +249,16 @@ def shared_memory_directory(line: list[str], env: dict, parent: str = "/dev/shm"
         return None
     if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
         return None
-    return tempfile.mkdtemp(prefix="gpurig-mpi-", dir=parent)
+    _remove_orphaned(parent)
+    return tempfile.mkdtemp(prefix=f"gpurig-mpi-{os.getpid()}-", dir=parent)
+
+
+def _remove_orphaned(parent: str) -> None:
+    """Remove the directories of jobs whose launcher is gone (killed by SIGKILL, it could not remove its own)."""
+    for entry in os.scandir(parent):
+        match = re.fullmatch(r"gpurig-mpi-(\d+)-\w+", entry.name)
+        if match and entry.is_dir(follow_symlinks=False) and not os.path.exists(f"/proc/{match[1]}"):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 class _Watched:
