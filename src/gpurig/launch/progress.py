@@ -54,7 +54,8 @@ class ProgressFile:
         self.path = self._named or f"/dev/fd/{self.fd}"  # what the rank opens (GPURIG_PROGRESS_FILE)
 
     def read(self) -> tuple[bool, str | None, str | None]:
-        """What the rank left: :func:`read_progress`'s answer."""
+        """What the rank left: (whether it reported its own end, what it was doing or said, its host); None where
+        it wrote nothing."""
         return _parse(os.pread(self.fd, SIZE, 0))
 
     def close(self) -> None:
@@ -113,21 +114,6 @@ class ProgressWriter:
         raw = line.encode(errors="replace")[:_TEXT]
         self._map[_HEAD.size:_HEAD.size + len(raw)] = raw
         _HEAD.pack_into(self._map, 0, b"R", 0, False, len(raw))
-
-
-def read_progress(path: str) -> tuple[bool, str | None, str | None]:
-    """The wrapper's side: (whether the rank reported its own end, what it was doing or said, its host); None
-    where the rank wrote nothing.
-
-    >>> read_progress("/nonexistent")
-    (False, None, None)
-    """
-    try:
-        with open(path, "rb") as f:
-            record = f.read(SIZE)
-    except OSError:
-        return False, None, None
-    return _parse(record)
 
 
 def _parse(record: bytes) -> tuple[bool, str | None, str | None]:
