@@ -132,6 +132,14 @@ def test_a_gpu_link_part_confirms_the_catalogs(part):
         parse_description(f"4 x GTX 1080 Ti, {part}")
 
 
+def test_a_system_named_as_a_gpu_gets_a_description_that_parses():
+    from gpurig.spec.describe import SYSTEMS
+    for example, _ in SYSTEMS.values():  # each suggestion is itself a valid description, with its GPUs' link
+        assert parse_description(example).nodes[0].gpu.gpu_link_gbs
+    with pytest.raises(SpecError, match=r"'DGX A100' is a system, not a GPU: describe its GPUs, e.g. '8 x A100"):
+        parse_description("2 nodes x DGX A100, 200 Gbit/s InfiniBand")
+
+
 BAD_FILES = {
     "not toml": ("[[gpus]\nmodel = ", "not valid TOML"),
     "wrong type": ('[[gpus]]\nmodel = "2080ti"\ncount = "four"\n', "count: expected a number"),

@@ -29,6 +29,15 @@ _PCIE = re.compile(r"^pcie\s*(?:gen\s*)?(?P<gen>\d(?:\.\d)?)?\s*(?:x\s*(?P<lanes
 _RAM = re.compile(r"^(?P<gb>[0-9.]+)\s*(?:GB|GiB)\s+(?:of\s+)?RAM$", re.I)
 _SOCKETS = re.compile(r"^(?P<n>\d+)\s*(?:cpu\s*)?(?:sockets?|cpus?)$", re.I)
 _GPU_LINK = re.compile(r"^(?:nvlink(?:\s*\d(?:\.\d)?)?(?:\s+bridges?)?|nvswitch|infinity\s+fabric)$", re.I)
+# NVIDIA's DGX systems, named where a GPU is expected: what to write instead (the catalog has GPUs, not systems)
+SYSTEMS = {
+    "dgx-1": ("8 x V100 SXM2 16GB, NVLink", "a DGX-1 with V100s; the first, of 2016, had '8 x P100 SXM2'"),
+    "dgx-2": ("16 x V100 SXM2 32GB, NVSwitch", "its V100s are SXM3 parts, priced as the SXM2 32 GB"),
+    "dgx a100": ("8 x A100 SXM4 80GB, NVSwitch", "or A100 SXM4 40GB"),
+    "dgx h100": ("8 x H100 SXM5 80GB, NVSwitch", None),
+    "dgx b200": ("8 x B200, NVSwitch", None),
+}
+_SYSTEM = re.compile(r"^(?:dgx|hgx)(?:[-\s]+(?P<model>.*))?$", re.I)
 _SWITCHES = re.compile(r"^(?P<n>\d+)\s*(?:pcie\s+switch(?:es)?|plx(?:\s+switch(?:es)?)?)$", re.I)
 
 
@@ -92,7 +101,7 @@ def parse_description(text: str) -> ClusterSpec:
             try:
                 node["gpu"] = catalog.gpu(match["name"])
             except SpecError as error:
-                raise SpecError(f"in {part!r}: {error}") from None
+                raise SpecError(f"in {part!r}: {_system_hint(match['name']) or error}") from None
             node["gpus"] = int(match["gpus"] or match["gpus2"] or 1)
             node["count"] = int(match["nodes"] or 1)
             # the bounds a spec file's [[nodes]] table has (a description always names GPUs: at least one)
@@ -111,3 +120,19 @@ def parse_description(text: str) -> ClusterSpec:
     node_spec = from_mapping(NodeSpec, {k: v for k, v in node.items() if k != "gpu"}, f"in {text!r}",
                              given={"gpu": node["gpu"]})
     return ClusterSpec(nodes=(node_spec,), network=network, gpudirect_rdma=gpudirect, name=text)
+
+
+def _system_hint(name: str) -> str | None:
+    """What to write for a whole system named where a GPU is expected, or None for a name that is no system.
+
+    >>> _system_hint("DGX A100")
+    "'DGX A100' is a system, not a GPU: describe its GPUs, e.g. '8 x A100 SXM4 80GB, NVSwitch' (or A100 SXM4 40GB)"
+    """
+    match = _SYSTEM.match(name.strip())
+    if match is None:
+        return None
+    model = (match["model"] or "").lower()
+    example, remark = SYSTEMS.get("dgx-1" if model == "1" else "dgx-2" if model == "2" else f"dgx {model}",
+                                  ("4 x A100 SXM4 80GB, NVLink", "its GPU count and model, and their link"))
+    return (f"{name.strip()!r} is a system, not a GPU: describe its GPUs, e.g. '{example}'"
+            + (f" ({remark})" if remark else ""))
