@@ -362,3 +362,63 @@ def test_native_dynamic_type_gives_the_torch_codes_and_scales(x):
     reference = torch.index_select(codecs._map(torch.device("cpu")), 0, torch_payload[0].int()).view(-1, codecs.BLOCK)
     assert torch.equal(decoded, (reference * torch_payload[1][:, None]).view(-1))
     assert torch.allclose(native_residual, corrected - decoded, rtol=1e-6, atol=1e-30)
+
+
+def dynamic_edge_block() -> torch.Tensor:
+    """One block of the values the 8-bit dynamic type's arithmetic must get right: its absmax (1.0), every
+    midpoint between neighbouring codes and the floats either side of it, ±0, the smallest magnitudes."""
+    values = codecs.dynamic_map()
+    magnitudes = values[values >= 0]
+    midpoints = (magnitudes[1:] + magnitudes[:-1]) * 0.5
+    edges = torch.cat([midpoints, torch.nextafter(midpoints, torch.tensor(2.0)),
+                       torch.nextafter(midpoints, torch.tensor(0.0)), magnitudes,
+                       torch.tensor([0.0, -0.0, 1e-30, 1e-40, 2.75e-7, 1e-7])])
+    block = torch.cat([edges, -edges[:300]])[: codecs.BLOCK - 1]
+    block = torch.cat([torch.tensor([1.0]), block, block.new_zeros(codecs.BLOCK - 1 - block.numel())])
+    return block
+
+
+def test_dynamic_type_edges_go_to_the_nearest_code():
+    """Every midpoint between two codes, and the floats either side of it, goes to a nearest code: a float
+    within two ulps of a midpoint to either side (the slots' arithmetic puts its bin edges there, its constants
+    being float32), every other to the nearer; 1.0 is exact; zero stays zero; a negative absmax takes the most
+    negative code (the type has no -1.0)."""
+    codec = codecs.get("int8-dynamic")
+    x = dynamic_edge_block()
+    values = codecs.dynamic_map().double()
+    for block in (x, -x):
+        codes, scale = codecs.encode(codec, block)
+        assert scale.item() == 1.0
+        distance = (values[None, :] - block.double()[:, None]).abs()
+        excess = distance[torch.arange(codecs.BLOCK), codes.long()] - distance.min(1).values
+        ulp = (torch.nextafter(block.abs(), torch.tensor(2.0)) - block.abs()).double()
+        assert torch.all(excess <= 4 * ulp)  # the distance moves two ulps for each ulp of the value
+    assert codecs.encode(codec, x)[0][0] == 255 and codecs.encode(codec, -x)[0][0] == 0
+    assert torch.all(codecs.decode(codec, codecs.encode(codec, x), codecs.BLOCK)[x == 0] == 0)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: the torch functions are used")
+@pytest.mark.parametrize("block", [codecs.BLOCK, 40, 7])
+def test_native_dynamic_kernel_agrees_with_torch_on_edges_nan_and_inf(block, monkeypatch):
+    """The C kernel's vector path (32 values at a time) and its per-value path (a block's remainder, and what
+    machines without AVX2 run) give torch's codes, scales and residuals, NaN and infinity included."""
+    monkeypatch.setattr(codecs, "BLOCK", block)
+    edges = dynamic_edge_block()
+    special = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 3.0, -5.0, 1e-38])
+    x = torch.cat([edges[: 29 * block], edges[: block] * 1e-20, -edges[: block], special[: block]])
+    x = torch.cat([x, x.new_zeros(-x.numel() % block)])
+    codec = codecs.get("int8-dynamic")
+    payload, reference = codecs.empty_payload(codec, x.numel()), codecs.empty_payload(codec, x.numel())
+    residual = x.new_zeros(x.numel())
+    native.library().dynamic_encode_feedback(
+        x.data_ptr(), residual.data_ptr(), 0, payload[0].data_ptr(), payload[1].data_ptr(), x.numel(), block,
+        codecs._SMALLEST_SCALE, codecs._tables(x.device).data_ptr())
+    codecs._encode_dynamic(x, reference)
+    assert torch.equal(payload[0], reference[0])
+    assert torch.equal(payload[1].nan_to_num(7.0), reference[1].nan_to_num(7.0))
+    decoded = torch.empty_like(x)
+    codecs._decode_dynamic(payload, decoded)
+    by_torch = (codecs.dynamic_map()[payload[0].long()].view(-1, block) * payload[1][:, None]).view(-1)
+    assert torch.equal(decoded.nan_to_num(7.0), by_torch.nan_to_num(7.0))
+    finite = torch.isfinite(x) & torch.isfinite(decoded)
+    assert torch.equal(residual[finite], (x - decoded)[finite])

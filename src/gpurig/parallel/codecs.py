@@ -16,7 +16,8 @@ step's gradient, so nothing is lost for good, only delayed.
   type (ICLR 2016): a sign bit, an exponent in unary (leading zeros, then an
   indicator bit) and the remaining bits as a linear "binary tree" fraction in
   [0.1, 1] — fine steps near zero, coarse steps near one, 7 orders of magnitude.
-  Each value goes to its nearest code (exactly, up to 2^-12 relative).
+  Each value goes to its nearest code (exactly, but for floats within two ulps
+  of a midpoint), found by arithmetic on its decade (:func:`_dynamic_tables`).
 
 Blockwise codecs need ``n`` to be a multiple of :data:`BLOCK`; the compressed
 averaging pads its chunks to whole blocks (:func:`padded_length`).
@@ -104,19 +105,76 @@ def dynamic_map(exponent_bits: int = EXPONENTS) -> torch.Tensor:
     For exponent ``e`` (0 ≤ e < 7: e leading zero bits, then the indicator bit),
     the 6 − e bits left make 2^(6−e) fraction values: midpoints of equal bins in
     [0.1, 1], times 10^−e. That is 127 magnitudes from 5.5e-7 to 0.993; with
-    both signs, zero and exactly 1.0 (the block's absmax), 256 codes.
+    both signs, zero and exactly 1.0 (the block's absmax), 256 codes. Each is
+    computed as the encoder computes it (:func:`_dynamic_tables`), so a value's
+    residual is exactly what decoding its code leaves.
 
     >>> m = dynamic_map()
     >>> len(m), m.max().item(), (m == 0).sum().item(), round(m[m > 0].min().item(), 9)
     (256, 1.0, 1, 5.5e-07)
     """
-    magnitudes = []
-    for e in range(exponent_bits):
-        edges = torch.linspace(0.1, 1.0, 2 ** (exponent_bits - 1 - e) + 1, dtype=torch.float64)
-        magnitudes.append((edges[:-1] + edges[1:]) / 2 * 10.0 ** (-e))
-    magnitudes = torch.cat(magnitudes)
-    values = torch.cat([-magnitudes, torch.zeros(1, dtype=torch.float64), magnitudes, torch.ones(1, dtype=torch.float64)])
-    return torch.sort(values).values.to(torch.float32)
+    t = _dynamic_tables(exponent_bits)
+    positions = torch.arange(2 ** exponent_bits + 1, dtype=torch.float32)  # zero, the 127 fractions, 1.0
+    magnitudes = _fma(positions, t[_W + _slot_of(positions)], t[_G + _slot_of(positions)])
+    return torch.cat([-magnitudes[1:-1].flip(0), magnitudes])
+
+
+# The encoder's tables: one float32 array of eight-entry rows, indexed by a value's slot (0: the block's absmax,
+# 1.0; 1-6: the decades [0.1, 1), [0.01, 0.1), ...; 7: the smallest decade's one code and zero), in the order the C
+# kernel (parallel/native/int8.c) reads them.
+_TH, _INVW, _C, _PLAST, _W, _G = 0, 8, 16, 24, 32, 40
+_SLOTS = 8
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """a × b + c rounded once to float32, as the kernel's fused multiply-add (float64 holds these sums exactly)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _slot_of(positions: torch.Tensor) -> torch.Tensor:
+    """The slot of each position among the 129 magnitudes: 0 for 1.0, 7 for zero and the smallest code."""
+    decade = EXPONENTS - 1 - torch.log2(positions.clamp(1, 2 ** (EXPONENTS - 1))).floor().long()  # [N, 2N): 6 − log2 N
+    return torch.where(positions == 2 ** EXPONENTS, 0, torch.where(positions <= 1, _SLOTS - 1, decade + 1))
+
+
+def _dynamic_tables(exponent_bits: int = EXPONENTS) -> torch.Tensor:
+    """What the encoder looks up per slot, and why it finds each value's nearest code.
+
+    A decade's codes are the midpoints of its equal bins: decade e (slot e + 1) has
+    N = 2^(6−e) bins of width W from 10^−(e+1), at positions N..2N−1 among the 129
+    magnitudes. So the position of a normalised magnitude a in it is
+    ``floor(a / W + C)`` with C = N − N/9, its code ``position × W + G``. A slot
+    holds the values whose nearest code is one of its own: from the midpoint
+    below its smallest code (``TH``) to the one above its largest. The decade
+    above begins a fifth of a bin past the top bin's edge, so the position is
+    clipped to the top bin (``PLAST``). Slot 0 holds only 1.0 (W = 0: every
+    value there is position 128); slot 7 holds zero and 5.5e-7, the smallest
+    decade's one code, as two bins of width 5.5e-7 starting at −2.75e-7.
+
+    >>> t = _dynamic_tables()
+    >>> [int(t[_PLAST + s]) for s in range(8)], round(t[_TH + 1].item(), 5)
+    ([128, 127, 63, 31, 15, 7, 3, 1], 0.10281)
+    """
+    t = torch.zeros(6 * _SLOTS, dtype=torch.float64)
+    t[_C], t[_PLAST], t[_W], t[_G] = 2 ** exponent_bits, 2 ** exponent_bits, 1.0, 1.0 - 2 ** exponent_bits
+    for e in range(exponent_bits - 1):
+        s, bins, top = e + 1, 2 ** (exponent_bits - 1 - e), 10.0 ** -e
+        width = 0.9 * top / bins
+        t[_INVW + s], t[_C + s], t[_PLAST + s] = 1 / width, bins - bins / 9, 2 * bins - 1
+        t[_W + s], t[_G + s] = width, top / 10 + (0.5 - bins) * width
+    smallest = 0.55 * 10.0 ** -(exponent_bits - 1)  # the midpoint of [1e-7, 1e-6]
+    t[_INVW + _SLOTS - 1], t[_C + _SLOTS - 1], t[_PLAST + _SLOTS - 1] = 1 / smallest, 0.5, 1
+    t[_W + _SLOTS - 1] = smallest
+    t = t.float()
+    magnitudes = _fma(torch.arange(2 ** exponent_bits + 1, dtype=torch.float32),
+                      t[_W + _slot_of(torch.arange(2 ** exponent_bits + 1))],
+                      t[_G + _slot_of(torch.arange(2 ** exponent_bits + 1))])
+    for s in range(_SLOTS - 1):  # the float32 midpoint below each slot's smallest code
+        lowest = 2 ** exponent_bits if s == 0 else 2 ** (exponent_bits - s)
+        t[_TH + s] = (magnitudes[lowest] + magnitudes[lowest - 1]) * 0.5
+    t[_TH + _SLOTS - 1] = -1.0  # nothing is below slot 7
+    return t
+
 
 
 _SCRATCH = threading.local()
@@ -208,29 +266,29 @@ def _map(device: torch.device) -> torch.Tensor:
     return _MAP[device]
 
 
-_PREFIX_SHIFT = 11  # keep a float's exponent and top 12 mantissa bits: 2^20 prefixes, 2^-12 relative steps
-_NEAREST: dict = {}
+_TABLES: dict = {}
 
 
-def _nearest_table(device: torch.device) -> torch.Tensor:
-    """For every 20-bit prefix of a float in [0, 1]: the nearest positive code (-1 for zero), built once."""
-    if device not in _NEAREST:
-        prefixes = torch.arange(2 ** (31 - _PREFIX_SHIFT), dtype=torch.int32)
-        middle = ((prefixes << _PREFIX_SHIFT) | (1 << (_PREFIX_SHIFT - 1))).view(torch.float32)
-        candidates = torch.cat([torch.zeros(1), dynamic_map()[128:]])  # zero, then the 128 positive values
-        nearest = torch.bucketize(middle, (candidates[1:] + candidates[:-1]) / 2)
-        _NEAREST[device] = (nearest - 1).to(torch.int16).to(device)
-    return _NEAREST[device]
+def _tables(device: torch.device) -> torch.Tensor:
+    if device not in _TABLES:
+        _TABLES[device] = _dynamic_tables().to(device)
+    return _TABLES[device]
 
 
 def _encode_dynamic(x: torch.Tensor, payload: Payload) -> None:
-    """Nearest code by table lookup on the top bits of each normalised magnitude (no search per value)."""
+    """Each value's nearest code by its slot's arithmetic (:func:`_dynamic_tables`): the C kernel's steps."""
     codes, scale = payload
     blocks = x.view(-1, BLOCK)
     _absmax(blocks, scale)
-    a = torch.abs(blocks, out=_scratch(blocks)).div_(scale[:, None]).clamp_(max=1.0).view(-1)
-    position = _nearest_table(x.device)[a.view(torch.int32) >> _PREFIX_SHIFT]
-    codes.copy_(torch.where(x >= 0, 128 + position, 126 - position).clamp_(0, 255))
+    t = _tables(x.device)
+    inv = torch.div(scale.new_tensor(1.0), scale)  # a true division then a multiply, as the C kernel
+    a = torch.abs(blocks, out=_scratch(blocks)).mul_(inv[:, None]).view(-1)
+    negative = torch.signbit(x)
+    bound = torch.where(negative, t[_TH], 1.0)  # the type has no -1.0
+    a = torch.where(a < bound, a, bound)  # a NaN becomes the bound, as the kernel's vector min makes it
+    s = _SLOTS - 1 - torch.bucketize(a, t[_TH: _TH + _SLOTS - 1].flip(0), right=False)
+    position = torch.minimum(torch.floor(_fma(a, t[_INVW + s], t[_C + s])), t[_PLAST + s])
+    codes.copy_(torch.where(negative, 127 - position, 127 + position))
 
 
 def _decode_dynamic(payload: Payload, out: torch.Tensor) -> None:
@@ -238,7 +296,7 @@ def _decode_dynamic(payload: Payload, out: torch.Tensor) -> None:
     lib = _native(codes, scale, out)
     if lib is not None:
         lib.dynamic_decode(codes.data_ptr(), scale.data_ptr(), out.data_ptr(), out.numel(), BLOCK,
-                           _map(out.device).data_ptr())
+                           _map(out.device).data_ptr(), _tables(out.device).data_ptr())
         return
     torch.index_select(_map(out.device), 0, codes.int(), out=out)
     out.view(-1, BLOCK).mul_(scale[:, None])
@@ -249,8 +307,7 @@ def _encode_dynamic_residual(x: torch.Tensor, residual: torch.Tensor, payload: P
     lib = _native(x, residual, codes, scale)
     if lib is not None:
         lib.dynamic_encode_feedback(x.data_ptr(), residual.data_ptr(), int(add), codes.data_ptr(), scale.data_ptr(),
-                                    x.numel(), BLOCK, _SMALLEST_SCALE, _nearest_table(x.device).data_ptr(),
-                                    _map(x.device).data_ptr())
+                                    x.numel(), BLOCK, _SMALLEST_SCALE, _tables(x.device).data_ptr())
         return
     if add:
         x.add_(residual)

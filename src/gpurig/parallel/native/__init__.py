@@ -89,9 +89,9 @@ def _load():
     lib.int8_decode.argtypes = [pointer, pointer, pointer, size, size]
     lib.int8_decode.restype = None
     lib.dynamic_encode_feedback.argtypes = [pointer, pointer, ctypes.c_int, pointer, pointer, size, size,
-                                            ctypes.c_float, pointer, pointer]
+                                            ctypes.c_float, pointer]
     lib.dynamic_encode_feedback.restype = None
-    lib.dynamic_decode.argtypes = [pointer, pointer, pointer, size, size, pointer]
+    lib.dynamic_decode.argtypes = [pointer, pointer, pointer, size, size, pointer, pointer]
     lib.dynamic_decode.restype = None
     lib.scale_copy_flag.argtypes = [pointer, pointer, size, ctypes.c_float]
     lib.scale_copy_flag.restype = ctypes.c_int
