@@ -251,6 +251,11 @@ SWEEP = [
     (["run", "-n", "2", "--log-dir", "", "--", "true"], "--log-dir '': give a value or leave the flag out"),
     (["emulate", "--max-restarts", "-1", "--", "true"], "--max-restarts must be 0 or more, got -1"),
     (["bench", "--out", "/dev/null/profile.json"], "--out /dev/null/profile.json: /dev/null is not a directory"),
+    # a batch past a 64-bit integer crashed torch's meta tensors; a second part that is no GPU was "the GPUs twice"
+    (["predict", "--model", "resnet50", "--cluster", "1 x H100", "--batch", "99999999999999999999"],
+     "--batch must be at most 1,000,000,000 per GPU"),
+    (["choose", "--model", "resnet50", "--batch", "99999999999999999999"], "--batch must be at most"),
+    (["predict", "--model", "resnet50", "--cluster", "2 nodes x 4 A100, fast wires"], "cannot read 'fast wires'"),
 ]
 
 

@@ -119,6 +119,21 @@ def test_description_errors():
         parse_description("4 RTX 2090")
     with pytest.raises(SpecError, match="names no GPU"):
         parse_description("PCIe 3.0 x8")
+    with pytest.raises(SpecError, match="cannot read 'fast wires'"):  # not "names the GPUs twice"
+        parse_description("2 nodes x 4 A100, fast wires")
+    with pytest.raises(SpecError, match="names the GPUs twice"):
+        parse_description("2 nodes x 4 A100, 4 V100")
+    with pytest.raises(SpecError, match="cannot read '10 GB Ethernet'"):  # bytes, not a link's bits
+        parse_description("2 nodes x 4 A100, 10 GB Ethernet")
+
+
+@pytest.mark.parametrize("part, kind, gbit", [("100 Gbit InfiniBand", "infiniband", 100), ("100Gbit IB", "infiniband", 100),
+                                              ("InfiniBand 200 Gbit/s", "infiniband", 200),
+                                              ("10 Gb Ethernet", "ethernet", 10), ("Ethernet 25 Gbit", "ethernet", 25),
+                                              ("1 Gbit", "other", 1), ("56Gbps InfiniBand", "infiniband", 56)])
+def test_a_network_is_read_as_people_write_it(part, kind, gbit):
+    network = parse_description(f"3 nodes x 8 x H100, {part}").network
+    assert (network.kind, network.gbit_per_s) == (kind, gbit)
 
 
 @pytest.mark.parametrize("part", ["NVLink", "NVLink 2.0", "nvlink bridge", "NVSwitch"])

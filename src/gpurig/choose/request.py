@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpurig.errors import UsageError
+from gpurig.predict.request import check_batch
 
 OBJECTIVES = ("cost", "time", "energy")
 DEFAULT_HOURS = 336.0          # the hardware guide's two weeks of training
@@ -50,6 +51,7 @@ def check(request: ChooseRequest) -> None:
     """
     if request.objective not in OBJECTIVES:
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {request.objective!r}")
+    check_batch(request.batch)
     if request.gpus is not None and request.max_gpus is not None:
         raise UsageError("give --gpus N or --max-gpus N, not both")
     for flag, value in (("--gpus", request.gpus), ("--max-gpus", request.max_gpus)):

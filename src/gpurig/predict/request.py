@@ -46,6 +46,23 @@ class PredictRequest:
     memory_format: str = "contiguous"  # convolutions' activation layout (gpurig.perf.precision.MEMORY_FORMATS)
 
 
+MAX_BATCH = 10 ** 9  # per GPU: far past any GPU's memory (predict says what fits), short of integer overflow
+
+
+def check_batch(batch: int | None) -> None:
+    """Refuse a per-GPU batch below 1 or beyond :data:`MAX_BATCH` (None: the default batch).
+
+    >>> check_batch(10 ** 20)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --batch must be at most 1,000,000,000 per GPU, got 100000000000000000000
+    """
+    if batch is not None and batch < 1:
+        raise UsageError(f"--batch must be at least 1 per GPU, got {batch}")
+    if batch is not None and batch > MAX_BATCH:
+        raise UsageError(f"--batch must be at most {MAX_BATCH:,} per GPU, got {batch}")
+
+
 def check(request: PredictRequest) -> None:
     """Refuse, in one line, a request that cannot be predicted.
 
@@ -81,8 +98,7 @@ def check(request: PredictRequest) -> None:
         check_shard(request.shard, request.compression)
     except ValueError as error:
         raise UsageError(f"--shard {request.shard}: {error}") from None
-    if request.batch is not None and request.batch < 1:
-        raise UsageError(f"--batch must be at least 1 per GPU, got {request.batch}")
+    check_batch(request.batch)
     if request.gpus is not None and request.gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {request.gpus}")
     if request.network_efficiency is not None and not 0 < request.network_efficiency <= 1:

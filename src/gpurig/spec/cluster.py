@@ -151,7 +151,11 @@ def gpu_from(value, where: str) -> GPU:
     return dataclasses.replace(checked, name=base.name)
 
 
-_RATE = re.compile(r"^(?P<rate>[0-9.]+\s*[kMGT]?(?:bit|b)/s|[0-9.]+\s*[kMGT]bps)\s*(?P<kind>.*)$", re.I)
+# "40 Gbit/s", "56Gbps", "100 Gbit", "10 Gb" (a link's rate is per second, so "/s" may be left out after bits;
+# a lowercase b: "10 GB" is bytes), before or after its kind ("InfiniBand 100 Gbit")
+_RATE_TEXT = r"[0-9.]+\s*[kMGT]?(?:bit|b)/s|[0-9.]+\s*[kMGT]bps|[0-9.]+\s*[kMGT]bit\b|(?-i:[0-9.]+\s*[kKMGT]b)\b"
+_RATE = re.compile(rf"^(?P<rate>{_RATE_TEXT})\s*(?P<kind>.*)$", re.I)
+_KIND_RATE = re.compile(rf"^(?P<kind>[a-z][^0-9]*?)\s*(?P<rate>{_RATE_TEXT})$", re.I)
 
 
 def parse_network(text: str) -> Network | None:
@@ -160,10 +164,13 @@ def parse_network(text: str) -> Network | None:
 
     >>> parse_network("40 Gbit/s InfiniBand").kind, parse_network("EDR").gbit_per_s, parse_network("x4 A100")
     ('infiniband', 100.0, None)
+    >>> parse_network("100 Gbit InfiniBand").gbit_per_s, parse_network("Ethernet 10 Gb").gbit_per_s
+    (100.0, 10.0)
     """
-    match = _RATE.match(text)
+    match = _RATE.match(text) or _KIND_RATE.match(text)
     if match:
-        gbit = gbit_per_s(match["rate"])
+        rate = match["rate"]
+        gbit = gbit_per_s(rate if "/" in rate or rate.lower().endswith("ps") else rate + "/s")
         words = match["kind"].lower()
         kind = "infiniband" if ("infiniband" in words or re.search(r"\bib\b", words)) else \
             "ethernet" if ("ethernet" in words or "gbe" in words) else "other"

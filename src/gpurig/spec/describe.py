@@ -96,7 +96,7 @@ def parse_description(text: str) -> ClusterSpec:
         elif (found := parse_network(part)) is not None:
             once("network", part)
             network = found
-        elif match := _GPUS.match(part):
+        elif (match := _GPUS.match(part)) and not ("GPUs" in named and not _names_gpu(match["name"])):
             once("GPUs", part)
             try:
                 node["gpu"] = catalog.gpu(match["name"])
@@ -120,6 +120,15 @@ def parse_description(text: str) -> ClusterSpec:
     node_spec = from_mapping(NodeSpec, {k: v for k, v in node.items() if k != "gpu"}, f"in {text!r}",
                              given={"gpu": node["gpu"]})
     return ClusterSpec(nodes=(node_spec,), network=network, gpudirect_rdma=gpudirect, name=text)
+
+
+def _names_gpu(name: str) -> bool:
+    """Whether ``name`` is a catalog GPU (a second part that is not one is unreadable, not a second GPU)."""
+    try:
+        catalog.gpu(name)
+    except SpecError:
+        return False
+    return True
 
 
 def _system_hint(name: str) -> str | None:
