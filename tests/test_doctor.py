@@ -52,3 +52,15 @@ def test_doctor_checks_a_gpu_machine_from_facts():
     assert rules["PCIe lanes"]["verdict"] == "warning"                # x4 with 4 GPUs
     spec = node_spec(facts)
     assert spec.gpus == 4 and spec.gpu.name == "GeForce RTX 2080 Ti" and spec.pcie_lanes == 4
+
+
+def test_an_rdma_nic_is_told_infiniband_or_roce_by_its_link_layer(tmp_path):
+    """A NIC with an RDMA device is InfiniBand or RoCE as its port's link layer says; a plain one is neither."""
+    from gpurig.hardware.probe.system import _rdma_kind
+
+    for name, layer in (("eth9", "Ethernet"), ("ib0", "InfiniBand")):
+        port = tmp_path / name / "device" / "infiniband" / "mlx5_0" / "ports" / "1"
+        port.mkdir(parents=True)
+        (port / "link_layer").write_text(layer + "\n")
+    (tmp_path / "eth1").mkdir()
+    assert [_rdma_kind(tmp_path / n, n) for n in ("eth9", "ib0", "eth1")] == ["roce", "infiniband", None]

@@ -89,6 +89,16 @@ def test_compression_and_a_faster_network_help_where_the_network_is_the_bottlene
     assert fast["bottleneck"] == "compute" and fast["scaling"][-1]["efficiency"] > 0.9
 
 
+def test_roce_is_priced_as_rdma_not_tcp():
+    """RDMA over Converged Ethernet moves gradients as InfiniBand does: a network-bound model scales better over
+    25 Gbit/s RoCE than over 25 Gbit/s Ethernet used by TCP, and as well as over 25 Gbit/s InfiniBand."""
+    def efficiency(network):
+        result = predict(PredictRequest(model="vgg16", cluster=f"4 nodes x 4 P100 PCIe, {network}", batch=64))
+        return result["scaling"][-1]["efficiency"]
+    roce, tcp, infiniband = efficiency("25 Gbit/s RoCE"), efficiency("25 Gbit/s Ethernet"), efficiency("25 Gbit/s InfiniBand")
+    assert roce > 1.2 * tcp and abs(roce - infiniband) < 0.02
+
+
 def test_the_tile_rule_is_advised_and_predicted():
     result = predict(PredictRequest(model="resnet50", cluster="2 V100", batch=33))
     item = next(a for a in result["advice"] if a["what"].startswith("per-GPU batch"))

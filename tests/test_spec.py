@@ -130,10 +130,13 @@ def test_description_errors():
 @pytest.mark.parametrize("part, kind, gbit", [("100 Gbit InfiniBand", "infiniband", 100), ("100Gbit IB", "infiniband", 100),
                                               ("InfiniBand 200 Gbit/s", "infiniband", 200),
                                               ("10 Gb Ethernet", "ethernet", 10), ("Ethernet 25 Gbit", "ethernet", 25),
-                                              ("1 Gbit", "other", 1), ("56Gbps InfiniBand", "infiniband", 56)])
-def test_a_network_is_read_as_people_write_it(part, kind, gbit):
-    network = parse_description(f"3 nodes x 8 x H100, {part}").network
-    assert (network.kind, network.gbit_per_s) == (kind, gbit)
+                                              ("1 Gbit", "other", 1), ("56Gbps InfiniBand", "infiniband", 56),
+                                              ("25 Gbit/s RoCE", "roce", 25), ("100 Gbit RDMA over Ethernet", "roce", 100)])
+def test_a_network_is_read_as_people_write_it(part, kind, gbit, tmp_path):
+    spec = parse_description(f"3 nodes x 8 x H100, {part}")
+    assert (spec.network.kind, spec.network.gbit_per_s) == (kind, gbit)
+    save_spec(spec, tmp_path / "c.toml")
+    assert load_spec(tmp_path / "c.toml") == spec
 
 
 @pytest.mark.parametrize("part", ["NVLink", "NVLink 2.0", "nvlink bridge", "NVSwitch"])

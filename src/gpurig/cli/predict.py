@@ -72,7 +72,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--engine", default="mpi", help="with a profile: whose link measurements (mpi, torch)")
     p.add_argument("--algorithm", default="best", help="allreduce: best (default), ring, tree, hierarchical, naive")
     p.add_argument("--network-efficiency", type=float, default=None,
-                   help="fraction of the network's rate gradients get (default: 0.9 InfiniBand/RDMA, 0.93 TCP up "
+                   help="fraction of the network's rate gradients get (default: 0.9 InfiniBand, RoCE or GPUDirect RDMA, 0.93 TCP up "
                         "to 10 Gbit/s, 0.6 TCP beyond)")
     p.add_argument("--pageable", action="store_true",
                    help="batches in pageable host memory: each copy to the GPU blocks, at about half PCIe's rate "

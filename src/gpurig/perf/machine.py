@@ -115,7 +115,10 @@ LINK_EFFICIENCY = 0.9          # of a link's data rate, after protocol overhead 
 TCP_EFFICIENCY = {10: 0.93, 1e9: 0.6}  # TCP over Ethernet: up to 10 Gbit/s near line rate (0.93-0.96 measured
                                         # here at 1 Gbit/s); faster links outrun one TCP stream's CPU
 KERNEL_OVERHEAD_S = 5e-6       # per GPU kernel launch
-LATENCY_S = {"infiniband": 2e-6, "ethernet": 30e-6, "other": 30e-6, "pcie": 5e-6, "nvlink": 3e-6}
+# RoCE (RDMA over Converged Ethernet) moves data by RDMA as InfiniBand does, through Ethernet switches: a little
+# more latency, the same efficiency; plain Ethernet is TCP (below)
+LATENCY_S = {"infiniband": 2e-6, "roce": 3e-6, "ethernet": 30e-6, "other": 30e-6, "pcie": 5e-6, "nvlink": 3e-6}
+RDMA_KINDS = ("infiniband", "roce")
 JITTER = 0.03                 # a GPU rank's step-to-step variation of compute time (for the slowest-rank wait)
 CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 24}  # memory passes per value, encode + decode
 # Output tiles: tensor-core GEMMs and convolutions choose among several (cuBLAS, CUTLASS, cuDNN); pre-Volta cuBLAS
@@ -200,7 +203,7 @@ def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficienc
         kind = spec.network.kind if spec.network.kind in LATENCY_S else "other"
         gbit = spec.network.data_gbit_per_s
         efficiency = LINK_EFFICIENCY
-        if kind != "infiniband" and not spec.gpudirect_rdma:  # TCP, not RDMA
+        if kind not in RDMA_KINDS and not spec.gpudirect_rdma:  # TCP, not RDMA
             efficiency = next(e for limit, e in sorted(TCP_EFFICIENCY.items()) if gbit <= limit)
         efficiency = network_efficiency or efficiency
         network = Link(LATENCY_S[kind], gbit * 1e9 / 8 * efficiency)

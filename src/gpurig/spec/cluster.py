@@ -166,6 +166,8 @@ def parse_network(text: str) -> Network | None:
     ('infiniband', 100.0, None)
     >>> parse_network("100 Gbit InfiniBand").gbit_per_s, parse_network("Ethernet 10 Gb").gbit_per_s
     (100.0, 10.0)
+    >>> parse_network("25 Gbit/s RoCE").kind          # RDMA over Converged Ethernet: RDMA, as InfiniBand
+    'roce'
     """
     match = _RATE.match(text) or _KIND_RATE.match(text)
     if match:
@@ -173,6 +175,7 @@ def parse_network(text: str) -> Network | None:
         gbit = gbit_per_s(rate if "/" in rate or rate.lower().endswith("ps") else rate + "/s")
         words = match["kind"].lower()
         kind = "infiniband" if ("infiniband" in words or re.search(r"\bib\b", words)) else \
+            "roce" if ("roce" in words or "rdma" in words) else \
             "ethernet" if ("ethernet" in words or "gbe" in words) else "other"
         # through the field checks, as a spec file's network is: 0 Gbit/s is refused, not divided by
         return from_mapping(Network, {"name": text, "kind": kind, "gbit_per_s": gbit, "data_gbit_per_s": gbit,

@@ -4,8 +4,9 @@ Comma-separated parts, in any order:
 
 - GPUs: ``[N node(s) ×] [M ×] GPU name`` — "4 RTX 2080 Ti", "2 nodes x 8 A100", "V100"
 - PCIe: ``PCIe 3.0 x8`` (the generation and the lanes each GPU gets)
-- network: a catalog name ("InfiniBand FDR", "10GbE", "EDR") or a rate and a kind
-  ("40 Gbit/s InfiniBand", "1 Gbit/s Ethernet"); the stated rate is used as it is
+- network: a catalog name ("InfiniBand FDR", "10GbE", "EDR") or a rate and a kind, either way round
+  ("40 Gbit/s InfiniBand", "1 Gbit/s Ethernet", "25 Gbit/s RoCE", "InfiniBand 100 Gbit", "10 Gb Ethernet");
+  the stated rate is used as it is; RoCE (or "RDMA") is priced as RDMA, like InfiniBand
 - GPUDirect RDMA: ``GPUDirect`` / ``GPUDirect RDMA`` or ``no GPUDirect``
 - the GPUs' own link: ``NVLink`` (``NVLink 2.0``, ``NVSwitch``, ``NVLink bridge``, ``Infinity Fabric``): inside a
   node the GPUs talk over it whenever the catalog lists it for them, so this part only confirms it (an error

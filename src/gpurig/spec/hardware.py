@@ -137,7 +137,7 @@ class Network:
     """
 
     name: str = text()
-    kind: str = text(choices=("ethernet", "infiniband", "other"))
+    kind: str = text(choices=("ethernet", "infiniband", "roce", "other"))  # roce: RDMA over Converged Ethernet
     gbit_per_s: float = number("Gbit/s", 0.001, 10000)
     data_gbit_per_s: float = number("Gbit/s", 0.001, 10000)
     year: int | None = number("year", 1980, 2030, integer=True, default=None)

@@ -91,7 +91,17 @@ def nics(sys_net: str = "/sys/class/net") -> list[dict]:
                 speed = value if value > 0 else None
             except (OSError, ValueError):
                 pass
-        kind = "infiniband" if (Path(sys_net) / name / "device" / "infiniband").exists() or name.startswith("ib") \
-            else None
-        out.append({"name": name, "gbit_per_s": speed / 1000 if speed else None, "kind": kind})
+        out.append({"name": name, "gbit_per_s": speed / 1000 if speed else None,
+                    "kind": _rdma_kind(Path(sys_net) / name, name)})
     return out
+
+
+def _rdma_kind(interface: Path, name: str) -> str | None:
+    """"infiniband" or "roce" for an interface with an RDMA device (its ports' link layer says which), else None."""
+    ports = sorted((interface / "device" / "infiniband").glob("*/ports/*/link_layer"))
+    for port in ports:
+        try:
+            return "roce" if port.read_text().strip().lower() == "ethernet" else "infiniband"
+        except OSError:
+            continue
+    return "infiniband" if name.startswith("ib") or (interface / "device" / "infiniband").exists() else None
