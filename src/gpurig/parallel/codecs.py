@@ -269,10 +269,11 @@ def _map(device: torch.device) -> torch.Tensor:
 _TABLES: dict = {}
 
 
-def _tables(device: torch.device) -> torch.Tensor:
-    if device not in _TABLES:
-        _TABLES[device] = _dynamic_tables().to(device)
-    return _TABLES[device]
+def _tables(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The encoder's tables on ``device`` (float64: the same values, for :func:`_fma`'s sums without a cast)."""
+    if (device, dtype) not in _TABLES:
+        _TABLES[device, dtype] = _dynamic_tables().to(device=device, dtype=dtype)
+    return _TABLES[device, dtype]
 
 
 def _encode_dynamic(x: torch.Tensor, payload: Payload) -> None:
@@ -287,7 +288,8 @@ def _encode_dynamic(x: torch.Tensor, payload: Payload) -> None:
     bound = torch.where(negative, t[_TH], 1.0)  # the type has no -1.0
     a = torch.where(a < bound, a, bound)  # a NaN becomes the bound, as the kernel's vector min makes it
     s = _SLOTS - 1 - torch.bucketize(a, t[_TH: _TH + _SLOTS - 1].flip(0), right=False)
-    position = torch.minimum(torch.floor(_fma(a, t[_INVW + s], t[_C + s])), t[_PLAST + s])
+    wide = _tables(x.device, torch.float64)
+    position = torch.minimum(torch.floor(_fma(a, wide[_INVW + s], wide[_C + s])), t[_PLAST + s])
     codes.copy_(torch.where(negative, 127 - position, 127 + position))
 
 
