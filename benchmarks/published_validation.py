@@ -161,16 +161,24 @@ def software_of(table: str, gpu: str) -> str:
 
 
 def memory_format_of(row: dict) -> str:
-    """The ``--memory-format`` a published row ran with: NVIDIA's own PyTorch convolutional nets run channels-last
-    (ConvNets' ``configs.yml`` sets ``memory_format: nhwc`` for AMP; SSD's ``main.py`` defaults to
-    ``--data-layout channels_last`` since November 2021, before the 22.10 container its table ran). Lambda's runs
-    state no layout: PyTorch's default, contiguous (its first table predates SSD's switch; its SSD300 rows in mixed
-    precision run 0.6x NVIDIA's own on the same A100 80 GB).
+    """The ``--memory-format`` a published row ran with: NVIDIA's own PyTorch SSD runs channels-last (its
+    ``main.py`` defaults to ``--data-layout channels_last`` since November 2021, before the 22.10 container its
+    table ran), its ConvNets (ResNeXt, SE-ResNeXt) only in AMP (``configs.yml`` sets ``memory_format: nhwc`` for
+    AMP alone; TF32 and FP32 run PyTorch's default). Lambda's runs state no layout: PyTorch's default, contiguous
+    (its first table predates SSD's switch; its SSD300 rows in mixed precision run 0.6x NVIDIA's own on the same
+    A100 80 GB).
 
-    >>> memory_format_of({"source_repo": "NVIDIA/DeepLearningExamples"}), memory_format_of({"source_repo": "lambdal/x"})
+    >>> nvidia = {"source_repo": "NVIDIA/DeepLearningExamples", "model": "ResNeXt101-32x4d", "precision": "tf32"}
+    >>> memory_format_of(nvidia), memory_format_of({**nvidia, "precision": "amp-fp16"})
+    ('contiguous', 'channels-last')
+    >>> memory_format_of({**nvidia, "model": "SSD300 (ResNet-50 backbone)"}), memory_format_of({"source_repo": "lambdal/x"})
     ('channels-last', 'contiguous')
     """
-    return "channels-last" if row["source_repo"] == "NVIDIA/DeepLearningExamples" else "contiguous"
+    if row["source_repo"] != "NVIDIA/DeepLearningExamples":
+        return "contiguous"
+    if "ResNeXt" in row["model"] and not row["precision"].startswith("amp"):
+        return "contiguous"
+    return "channels-last"
 
 
 def load_cases(path: Path = DATA) -> list[Case]:

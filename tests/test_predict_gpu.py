@@ -230,6 +230,18 @@ def test_the_published_benchmark_predicts_what_gpurig_predict_does():
         assert fast == pytest.approx(predict(case.request)["samples_per_s"], rel=1e-9)
 
 
+def test_nvidias_convnets_run_channels_last_in_amp_only_as_their_config_says():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import published_validation as validation
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    layouts = {(c.model, c.precision, c.memory_format) for c in validation.load_cases()
+               if c.model in ("resnext101", "se-resnext101")}
+    assert {(precision, layout) for _, precision, layout in layouts} == {
+        ("fp16", "channels-last"), ("tf32", "contiguous"), ("fp32", "contiguous")}
+
+
 @pytest.mark.parametrize("argv", [["plan", "--gpu", "4x2080ti", "--use-case", "research"], ["plan", "--list-gpus"],
                                   ["doctor"]])
 def test_the_hardware_verbs_show_their_numbers_whole_in_80_columns(argv):
