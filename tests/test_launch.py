@@ -15,6 +15,8 @@ import time
 import psutil
 import pytest
 
+from conftest import gpurig as gpurig_cli
+
 import gpurig.cli
 import gpurig.errors
 import gpurig.launch
@@ -116,6 +118,20 @@ def test_mpirun_command_line():
     # a user's choice of TCP connections per pair wins over gpurig's two
     line = mpirun_command(["x"], 2, [], "--mca btl_tcp_links 1", [])
     assert line.count("btl_tcp_links") == 1 and line[line.index("btl_tcp_links") + 1] == "1"
+
+
+def test_ranks_get_the_ring_for_open_mpis_nonblocking_allreduce_unless_the_user_chose(monkeypatch):
+    """libnbc's own choice for an in-place Iallreduce below 4 ranks is a binomial tree (each direction of the link
+    idle half the time): every rank of gpurig's MPI jobs gets the ring; a user's own setting is kept."""
+    name = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
+    monkeypatch.delenv(name, raising=False)
+    code = f"import os; print('algorithm', os.environ.get({name!r}))"
+    for chosen, expected in ((None, "ring"), ("rabenseifner", "rabenseifner")):
+        done = gpurig_cli("run", "-n", "2", "--engine", "mpi", "--", sys.executable, "-c", code, timeout=120,
+                          env={name: chosen} if chosen else None)
+        assert done.stdout.count(f"algorithm {expected}") == 2, (done.stdout[-500:], done.stderr[-1500:])
+    _, env = gpurig.launch.mpirun.mpirun_job(["true"], 2, [], {})
+    assert env[name] == "ring"
 
 
 def test_python_programs_run_under_pyrun():

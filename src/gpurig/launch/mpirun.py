@@ -153,6 +153,8 @@ def mpirun_job(command: list[str], nprocs: int, hosts: list[tuple[str, int]], en
     env.setdefault("MASTER_PORT", str(free_port()) if not hosts else "29500")
     given = [name for name, value in env.items() if os.environ.get(name) != value and _exportable(name)]
     env = common_env(env, "mpi", ranks_here)
+    for name, value in MPI_SETTINGS.items():
+        env.setdefault(name, value)
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -223,6 +225,13 @@ class Mpirun:
         if self.backing is not None:
             shutil.rmtree(self.backing, ignore_errors=True)
 
+
+# Open MPI's nonblocking allreduce (coll/libnbc) takes a binomial tree (reduce to one rank, then broadcast) for every
+# in-place call and below 4 ranks, so each direction of a full-duplex link idles half the time: uncompressed
+# DataParallel behind 1 Gbit/s stepped in 132 ms where the ring takes 92 (docs/benchmarks.md, issue 23 sixth pass).
+# The ring is bandwidth-optimal, and gave the right sums for 1 value to 1 M on 2-5 ranks, in place or not. Set for
+# every rank (gpurig's jobs here; gpurig.comm.mpi_engine for a plain mpirun) unless the user chose another.
+MPI_SETTINGS = {"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "ring"}
 
 # Where Open MPI's shared-memory transport keeps each rank's backing file. By default that is /dev/shm itself, and a
 # rank killed by a signal leaves its file there (16 MB, sparse) for good; a job on this machine gets a directory of
