@@ -113,9 +113,7 @@ def dynamic_map(exponent_bits: int = EXPONENTS) -> torch.Tensor:
     >>> len(m), m.max().item(), (m == 0).sum().item(), round(m[m > 0].min().item(), 9)
     (256, 1.0, 1, 5.5e-07)
     """
-    t = _dynamic_tables(exponent_bits)
-    positions = torch.arange(2 ** exponent_bits + 1, dtype=torch.float32)  # zero, the 127 fractions, 1.0
-    magnitudes = _fma(positions, t[_W + _slot_of(positions)], t[_G + _slot_of(positions)])
+    magnitudes = _magnitudes(_dynamic_tables(exponent_bits), exponent_bits)
     return torch.cat([-magnitudes[1:-1].flip(0), magnitudes])
 
 
@@ -129,6 +127,12 @@ _SLOTS = 8
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """a × b + c rounded once to float32, as the kernel's fused multiply-add (float64 holds these sums exactly)."""
     return (a.double() * b.double() + c.double()).float()
+
+
+def _magnitudes(t: torch.Tensor, exponent_bits: int = EXPONENTS) -> torch.Tensor:
+    """The 129 magnitudes (zero, the 127 fractions, 1.0), each ``position × W + G`` in its slot."""
+    positions = torch.arange(2 ** exponent_bits + 1, dtype=torch.float32)
+    return _fma(positions, t[_W + _slot_of(positions)], t[_G + _slot_of(positions)])
 
 
 def _slot_of(positions: torch.Tensor) -> torch.Tensor:
@@ -147,8 +151,8 @@ def _dynamic_tables(exponent_bits: int = EXPONENTS) -> torch.Tensor:
     holds the values whose nearest code is one of its own: from the midpoint
     below its smallest code (``TH``) to the one above its largest. The decade
     above begins a fifth of a bin past the top bin's edge, so the position is
-    clipped to the top bin (``PLAST``). Slot 0 holds only 1.0 (W = 0: every
-    value there is position 128); slot 7 holds zero and 5.5e-7, the smallest
+    clipped to the top bin (``PLAST``). Slot 0 holds only 1.0 (INVW = 0: every
+    value there is position 128, 128 × 1 − 127); slot 7 holds zero and 5.5e-7, the smallest
     decade's one code, as two bins of width 5.5e-7 starting at −2.75e-7.
 
     >>> t = _dynamic_tables()
@@ -166,15 +170,12 @@ def _dynamic_tables(exponent_bits: int = EXPONENTS) -> torch.Tensor:
     t[_INVW + _SLOTS - 1], t[_C + _SLOTS - 1], t[_PLAST + _SLOTS - 1] = 1 / smallest, 0.5, 1
     t[_W + _SLOTS - 1] = smallest
     t = t.float()
-    magnitudes = _fma(torch.arange(2 ** exponent_bits + 1, dtype=torch.float32),
-                      t[_W + _slot_of(torch.arange(2 ** exponent_bits + 1))],
-                      t[_G + _slot_of(torch.arange(2 ** exponent_bits + 1))])
+    magnitudes = _magnitudes(t, exponent_bits)
     for s in range(_SLOTS - 1):  # the float32 midpoint below each slot's smallest code
         lowest = 2 ** exponent_bits if s == 0 else 2 ** (exponent_bits - s)
         t[_TH + s] = (magnitudes[lowest] + magnitudes[lowest - 1]) * 0.5
     t[_TH + _SLOTS - 1] = -1.0  # nothing is below slot 7
     return t
-
 
 
 _SCRATCH = threading.local()
