@@ -134,6 +134,20 @@ def test_ranks_get_the_ring_for_open_mpis_nonblocking_allreduce_unless_the_user_
     assert env[name] == "ring"
 
 
+def test_a_singleton_leaves_no_shared_memory_file(tmp_path):
+    """A process that starts MPI without a launcher gets the self transport alone: Open MPI's shared-memory one
+    would leave its 16 MB backing file behind after every run (shown by the control, which asks for it)."""
+    code = "import gpurig, torch; comm = gpurig.init(); t = torch.ones(3); comm.allreduce(t, op='sum'); print(t.sum().item())"
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    for btl, files in ((None, 0), ("self,sm", 1)):
+        backing = tmp_path / (btl or "default")
+        backing.mkdir()
+        run_env = {**env, "OMPI_MCA_btl_sm_backing_directory": str(backing), **({"OMPI_MCA_btl": btl} if btl else {})}
+        done = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == "3.0", done.stderr[-1500:]
+        assert len(list(backing.iterdir())) == files, (btl, list(backing.iterdir()))
+
+
 def test_python_programs_run_under_pyrun():
     pyrun = ["-m", "gpurig.launch.pyrun"]
     assert as_rank_program([sys.executable, "train.py", "-n", "3"]) == [sys.executable, *pyrun, "train.py", "-n", "3"]

@@ -17,13 +17,13 @@ import torch
 
 import mpi4py
 
-from gpurig.launch.mpirun import MPI_SETTINGS
+from gpurig.launch.mpirun import mpi_settings
 
 # All MPI calls are serialised by the Communicator's lock, but they may come from
 # its worker thread, not the thread that initialised MPI.
 mpi4py.rc.thread_level = "multiple"
-for _name, _value in MPI_SETTINGS.items():  # read when MPI starts, below: a plain mpirun's ranks get them too
-    os.environ.setdefault(_name, _value)
+for _name, _value in mpi_settings(os.environ).items():  # read when MPI starts, below: a plain mpirun's ranks and a
+    os.environ.setdefault(_name, _value)                    # singleton get them too
 from mpi4py import MPI  # noqa: E402
 
 _NATIVE = {

@@ -232,6 +232,22 @@ class Mpirun:
 # The ring is bandwidth-optimal, and gave the right sums for 1 value to 1 M on 2-5 ranks, in place or not. Set for
 # every rank (gpurig's jobs here; gpurig.comm.mpi_engine for a plain mpirun) unless the user chose another.
 MPI_SETTINGS = {"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "ring"}
+# A process that starts MPI without a launcher (a singleton: `python train.py`) has no peer, yet Open MPI's
+# shared-memory transport leaves a 16 MB backing file in /dev/shm after every such run, however it ends. It needs
+# only the self transport. A launched rank finds one of these variables set.
+SINGLETON_SETTINGS = {"OMPI_MCA_btl": "self"}
+LAUNCHED_BY = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
+
+def mpi_settings(environ) -> dict:
+    """The Open MPI settings a process about to start MPI gets (each unless already set): the ring for the
+    nonblocking allreduce, and the self transport alone for a singleton.
+
+    >>> mpi_settings({})["OMPI_MCA_btl"], "OMPI_MCA_btl" in mpi_settings({"OMPI_COMM_WORLD_SIZE": "2"})
+    ('self', False)
+    """
+    singleton = not any(name in environ for name in LAUNCHED_BY)
+    return {**MPI_SETTINGS, **(SINGLETON_SETTINGS if singleton else {})}
 
 # Where Open MPI's shared-memory transport keeps each rank's backing file. By default that is /dev/shm itself, and a
 # rank killed by a signal leaves its file there (16 MB, sparse) for good; a job on this machine gets a directory of
