@@ -1,14 +1,19 @@
-"""gpurig predict against real training steps on a GPU (run on a GPU machine; benchmarks/on_gpu.sh calls it).
+"""gpurig predict against real training steps on a GPU, per precision (run on a GPU machine; on_gpu.sh calls it).
 
     python benchmarks/gpu_validation.py --out /tmp/gpu_validation.json
 
-For each built-in model: a training step (forward, backward, SGD with
-momentum; synthetic data already on the GPU; fp32 with TF32 off, so the
-arithmetic is what the catalog's FP32 figure describes) timed on this GPU, and
-gpurig predict's step for one GPU two ways: from the catalog (datasheet peaks
-at the stated efficiencies) and from a ``gpurig bench`` compute profile of
-this GPU (measured GEMM rates, memory bandwidth, per-layer overhead). The
-profile is measured first, from micro-benchmarks only.
+For each case (model, batch per GPU, ``--precision``, memory format): a
+training step (forward, backward, SGD with momentum; synthetic data already on
+the GPU) timed on this GPU with PyTorch set up as the precision says
+(:mod:`gpurig.perf.precision`: ``fp32`` is PyTorch's default, convolutions in
+TF32 and matrix multiplies in FP32; ``tf32`` both in TF32; ``fp16``/``bf16``
+``torch.autocast`` with FP32 weights, and a ``GradScaler`` for fp16), its peak
+``torch.cuda.max_memory_allocated``, and gpurig predict's step and memory for
+one GPU from the catalog alone (what a user who does not own the GPU gets) and,
+for fp32, from a ``gpurig bench`` compute profile of this GPU. Rows are
+written to ``--out`` as they are measured, so a run cut short keeps what it
+measured. ``--device cpu --quick`` runs the same code on a CPU (a check of the
+script, not of predict).
 """
 
 import argparse
@@ -22,67 +27,172 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpurig.predict import PredictRequest, predict
+from gpurig.errors import UsageError
 from gpurig.models import preset
+from gpurig.predict import PredictRequest, predict
 
-CASES = [("mnist-mlp", 64), ("mnist-cnn", 64), ("alexnet", 128), ("resnet50", 64), ("vgg16", 32),
-         ("bert-base", 32), ("gpt2", 8)]
+# (model, batches per GPU, precisions); every convolutional model also runs channels-last in mixed precision
+CASES = [
+    ("resnet50", (64, 128), ("fp32", "tf32", "bf16", "fp16")),
+    ("bert-base", (8, 32, 64), ("fp32", "tf32", "bf16", "fp16")),
+    ("gpt2", (4, 8), ("fp32", "tf32", "bf16")),
+    ("vgg16", (32,), ("fp32", "bf16")),
+    ("alexnet", (128,), ("fp32", "bf16")),
+    ("mnist-mlp", (64,), ("fp32",)),
+    ("mnist-cnn", (64,), ("fp32",)),
+]
+QUICK = [("mnist-mlp", (64,), ("fp32", "bf16")), ("mnist-cnn", (64,), ("fp32",))]
+CONVOLUTIONAL = {"resnet50", "vgg16", "alexnet", "mnist-cnn"}
 
 
-def measured_step_ms(name: str, batch: int, steps: int = 10) -> float:
-    model = preset(name).factory().cuda()
+def configure(precision: str) -> None:
+    """PyTorch's switches as ``--precision`` describes them (gpurig.perf.precision)."""
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default, which gpurig's fp32 assumes
+
+
+def training_step(name: str, batch: int, precision: str, channels_last: bool, device: torch.device):
+    """One training step of a built-in model on synthetic data already on ``device``, as ``precision`` runs it."""
+    configure(precision)
+    model = preset(name).factory().to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     example = preset(name).example()
     shape = (batch, *example.shape[1:])
     if example.dtype == torch.int64:
-        x = torch.randint(0, 1000, shape, device="cuda")
+        x = torch.randint(0, 1000, shape, device=device)
     else:
-        x = torch.randn(shape, device="cuda")
+        x = torch.randn(shape, device=device)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+    mixed = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    labels = torch.zeros(batch, dtype=torch.long, device=device)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        out = model(x)
-        out = out if isinstance(out, torch.Tensor) else out[0]
-        loss = out.float().square().mean() if out.dim() != 2 else F.cross_entropy(out, torch.zeros(
-            batch, dtype=torch.long, device="cuda"))
-        loss.backward()
-        optimizer.step()
+        with torch.autocast(device.type, dtype=mixed or torch.float32, enabled=mixed is not None):
+            out = model(x)
+            out = out if isinstance(out, torch.Tensor) else out[0]
+            loss = F.cross_entropy(out, labels) if out.dim() == 2 else out.float().square().mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return step
+
+
+def measured_step(name: str, batch: int, precision: str, channels_last: bool, device: torch.device,
+                  seconds: float) -> dict:
+    """The mean step time over about ``seconds`` after a warm-up, and the peak memory allocated."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    step = training_step(name, batch, precision, channels_last, device)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
+    sync()
+    start = time.perf_counter()
+    step()
+    sync()
+    once = time.perf_counter() - start
+    steps = max(3, min(50, int(seconds / max(once, 1e-6))))
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - start) / steps
+    sync()
+    elapsed = (time.perf_counter() - start) / steps
+    peak = torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else None
+    return {"measured_ms": 1000 * elapsed, "steps": steps, "peak_allocated_gb": peak}
+
+
+def predicted(name: str, batch: int, precision: str, channels_last: bool, gpu: str, profile: str | None) -> dict:
+    """gpurig predict's step (ms) and memory (GB) for one GPU, or the one-line reason it refuses."""
+    try:
+        r = predict(PredictRequest(model=name, cluster=f"1 node x 1 {gpu}", batch=batch, precision=precision,
+                                   profile=profile, memory_format="channels-last" if channels_last else "contiguous"))
+    except UsageError as e:
+        return {"error": str(e)}
+    except Exception as e:  # a crash of predict is a finding to record, not a reason to lose the run
+        return {"error": f"predict crashed: {e!r}"}
+    return {"step_ms": r["step"]["step_ms"], "memory_gb": r["memory"]["total_gb"],
+            "largest_batch": r["memory"]["largest_batch"], "mfu": r["utilization"].get("mfu")}
+
+
+def bench_profile(path: Path) -> bool:
+    """This GPU's compute profile (GEMM rates, memory bandwidth, per-layer cost) from ``gpurig bench``."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "gpurig", "bench", "--parts", "compute", "-n", "1", "--out",
+                               str(path), "--json"], capture_output=True, text=True, timeout=240)
+    except (subprocess.SubprocessError, OSError) as e:
+        print(f"gpurig bench failed: {e}", flush=True)
+        return False
+    if done.returncode != 0:
+        print(f"gpurig bench failed ({done.returncode}): {done.stderr.strip()[-600:]}", flush=True)
+    return done.returncode == 0
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--gpu", default=None, help="catalog name of this GPU (default: from the device name)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--seconds", type=float, default=1.0, help="time each case for about this long")
+    p.add_argument("--quick", action="store_true", help="two small cases (a check of the script)")
+    p.add_argument("--no-profile", action="store_true", help="skip the gpurig bench profile")
+    p.add_argument("--precisions", default=None, help="only these, comma-separated (default: every case's)")
     args = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    gpu = args.gpu or torch.cuda.get_device_name()
+    device = torch.device(args.device)
+    gpu = args.gpu or (torch.cuda.get_device_name() if device.type == "cuda" else "H100 SXM")
+    result = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         profile = Path(tmp) / "profile.json"
-        subprocess.run([sys.executable, "-m", "gpurig", "bench", "--parts", "compute", "-n", "1", "--out",
-                        str(profile), "--json"], check=True, capture_output=True)
-        rows = []
-        for name, batch in CASES:
-            measured = measured_step_ms(name, batch)
-            catalog = predict(PredictRequest(model=name, cluster=f"1 node x 1 {gpu}", batch=batch))["step"]
-            calibrated = predict(PredictRequest(model=name, cluster=f"1 node x 1 {gpu}", profile=str(profile),
-                                                batch=batch))["step"]
-            rows.append({"model": name, "batch": batch, "measured_ms": measured,
-                         "catalog_ms": catalog["step_ms"], "profile_ms": calibrated["step_ms"]})
-            print(f"{name:10s} batch {batch:4d}  measured {measured:8.2f} ms  catalog {catalog['step_ms']:8.2f} "
-                  f"({catalog['step_ms'] / measured - 1:+.0%})  profile {calibrated['step_ms']:8.2f} "
-                  f"({calibrated['step_ms'] / measured - 1:+.0%})", flush=True)
-        Path(args.out).write_text(json.dumps({"gpu": gpu, "rows": rows,
-                                              "profile": json.loads(profile.read_text())}, indent=2))
+        have_profile = not args.no_profile and bench_profile(profile)
+        if have_profile:
+            result["profile"] = json.loads(profile.read_text())
+        for name, batches, precisions in (QUICK if args.quick else CASES):
+            layouts = (False, True) if name in CONVOLUTIONAL else (False,)
+            for batch in batches:
+                for precision in precisions:
+                    if args.precisions and precision not in args.precisions.split(","):
+                        continue
+                    for channels_last in layouts:
+                        if channels_last and precision not in ("bf16", "fp16"):
+                            continue
+                        try:
+                            row = measured_step(name, batch, precision, channels_last, device, args.seconds)
+                        except torch.OutOfMemoryError as e:
+                            row = {"error": f"out of memory: {e}"[:200]}
+                        row.update({"model": name, "batch": batch, "precision": precision,
+                                    "memory_format": "channels-last" if channels_last else "contiguous",
+                                    "catalog": predicted(name, batch, precision, channels_last, gpu, None)})
+                        if have_profile and precision == "fp32" and not channels_last:
+                            row["profile"] = predicted(name, batch, precision, False, gpu, str(profile))
+                        result["rows"].append(row)
+                        Path(args.out).write_text(json.dumps(result, indent=2))
+                        print(line(row), flush=True)
+
+
+def line(row: dict) -> str:
+    """One row as text: measured, and each prediction's error."""
+    head = f"{row['model']:10s} {row['batch']:4d} {row['precision']:5s} {row['memory_format'][:8]:8s}"
+    if "measured_ms" not in row:
+        return f"{head} {row['error']}"
+    text = f"{head} measured {row['measured_ms']:8.2f} ms"
+    for source in ("catalog", "profile"):
+        pred = row.get(source)
+        if pred and "step_ms" in pred:
+            text += f"  {source} {pred['step_ms']:8.2f} ({pred['step_ms'] / row['measured_ms'] - 1:+.0%})"
+        elif pred:
+            text += f"  {source}: {pred['error'][:40]}"
+    if row.get("peak_allocated_gb") is not None and "memory_gb" in row["catalog"]:
+        text += f"  memory {row['peak_allocated_gb']:.2f} GB, predicted {row['catalog']['memory_gb']:.2f}"
+    return text
 
 
 if __name__ == "__main__":

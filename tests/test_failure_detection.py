@@ -31,7 +31,7 @@ for i in range(1, 100_000):
     comm.allreduce(t, name="grad")
     if comm.rank == victim and i == at:
         with open(ready, "w") as f:
-            json.dump({{"time": time.time(), "seq": i, "sm": os.environ.get("OMPI_MCA_btl_sm_backing_directory")}}, f)
+            json.dump({{"time": time.time(), "seq": i, "sm": os.environ.get("OMPI_MCA_btl_vader_backing_directory")}}, f)
         os.kill(os.getpid(), getattr(signal, how))
     time.sleep(0.005)
 """

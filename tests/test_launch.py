@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -139,7 +140,7 @@ def test_a_singleton_leaves_no_shared_memory_file(tmp_path):
     would leave its 16 MB backing file behind after every run (shown by the control, which asks for it)."""
     code = "import gpurig, torch; comm = gpurig.init(); t = torch.ones(3); comm.allreduce(t, op='sum'); print(t.sum().item())"
     env = {name: value for name, value in os.environ.items() if not name.startswith(("OMPI_", "PMIX_", "PMI_"))}
-    for btl, files in ((None, 0), ("self,sm", 1)):
+    for btl, files in ((None, 0), ("self,vader", 1)):
         backing = tmp_path / (btl or "default")
         backing.mkdir()
         run_env = {**env, "OMPI_MCA_btl_sm_backing_directory": str(backing), **({"OMPI_MCA_btl": btl} if btl else {})}
@@ -163,6 +164,24 @@ def _wrapped(code: str, tmp_path, rank="1", **kwargs) -> subprocess.Popen:
     env = {**os.environ, "RANK": rank, "GPURIG_RUN_STATUS_DIR": str(tmp_path)}
     return subprocess.Popen(WRAPPER + [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_python_in_a_rank_is_the_launchers_even_when_mpirun_put_its_own_directory_first(tmp_path):
+    """Debian's /usr/bin/mpirun, started by its full path, puts /usr/bin first in every rank's PATH, where
+    ``python3`` is the system's, without the venv's torch (found on a lent GPU machine). The wrapper puts the
+    launcher's Python first again. The control: the same PATH without the wrapper finds the impostor."""
+    impostor = tmp_path / "bin"
+    impostor.mkdir()
+    (impostor / "python3").write_text("#!/bin/sh\necho impostor\n")
+    (impostor / "python3").chmod(0o755)
+    env = {**os.environ, "RANK": "0", "GPURIG_RUN_STATUS_DIR": str(tmp_path),
+           "PATH": os.pathsep.join([str(impostor), os.environ.get("PATH", "")])}
+    code = "import sys; print(sys.executable)"
+    plain = subprocess.run(["python3", "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert plain.stdout.strip() == "impostor"
+    wrapped = subprocess.run(WRAPPER + ["python3", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert wrapped.returncode == 0, wrapped.stderr[-800:]
+    assert Path(wrapped.stdout.strip()).parent == Path(sys.executable).parent
 
 
 def test_the_wrapper_reports_a_failing_rank(tmp_path):

@@ -89,7 +89,7 @@ def confine(env: dict, engine: str, all_here: bool, iface: str | None, mpi_args:
 
     >>> env, args = confine({}, "mpi", True, None, "")
     >>> args
-    '--mca btl self,sm'
+    '--mca btl self,vader'
     >>> env = confine({}, "torch", False, "lo", "")[0]
     >>> env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]
     ('127.0.0.1', 'lo', 'lo')
@@ -105,5 +105,7 @@ def confine(env: dict, engine: str, all_here: bool, iface: str | None, mpi_args:
     elif all_here:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         if engine == "mpi" and "btl" not in mpi_args:
-            mpi_args = f"{mpi_args} --mca btl self,sm".strip()
+            # shared memory is "vader" in Open MPI 4 and "sm" in 5, which still takes "vader" as an alias (4's "sm"
+            # is a stub that stops every rank, as Debian's 4.1.6 on a lent GPU machine showed)
+            mpi_args = f"{mpi_args} --mca btl self,vader".strip()
     return env, mpi_args

@@ -253,7 +253,10 @@ def mpi_settings(environ) -> dict:
 # rank killed by a signal leaves its file there (16 MB, sparse) for good; a job on this machine gets a directory of
 # its own, removed when mpirun has ended, however its ranks ended (and by the next job here, if the launcher itself
 # was killed: the directory names its process).
-BACKING_VARIABLE = "OMPI_MCA_btl_sm_backing_directory"
+# The transport is "vader" in Open MPI 4 and "sm" in 5, which still reads vader's names as aliases; 4 ignores sm_*
+# settings (its "sm" is a stub), so its backing files went to /dev/shm as before (Debian's 4.1.6, a lent GPU machine).
+BACKING_VARIABLE = "OMPI_MCA_btl_vader_backing_directory"
+BACKING_NAMES = (BACKING_VARIABLE, "OMPI_MCA_btl_sm_backing_directory")
 
 
 def shared_memory_directory(line: list[str], env: dict, parent: str = "/dev/shm") -> str | None:
@@ -267,7 +270,7 @@ def shared_memory_directory(line: list[str], env: dict, parent: str = "/dev/shm"
     """
     chosen = any(word in ("--mca", "-mca") and line[i + 1].endswith("backing_directory")
                  for i, word in enumerate(line[:-1]))
-    if BACKING_VARIABLE in env or chosen:
+    if any(name in env for name in BACKING_NAMES) or chosen:
         return None
     if "--host" in line and not all(is_this_host(entry.rsplit(":", 1)[0])
                                     for entry in line[line.index("--host") + 1].split(",")):

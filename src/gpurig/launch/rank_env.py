@@ -29,10 +29,17 @@ from gpurig.launch.hosts import expand_hostlist, tasks_per_node
 def rank_path(env: dict) -> str:
     """The PATH ranks get: this Python's directory first, so that ``python`` means this Python.
 
+    The rank wrapper applies it again: an ``mpirun`` started by its full path (Debian's ``/usr/bin/mpirun``)
+    puts its own directory first in every rank's PATH, and ``python3`` there is the system's, without the
+    packages of the venv that launched the job.
+
     >>> rank_path({"PATH": "/usr/bin"}).endswith(os.pathsep + "/usr/bin")
     True
+    >>> rank_path({"PATH": rank_path({"PATH": "/usr/bin"})}) == rank_path({"PATH": "/usr/bin"})
+    True
     """
-    return os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    here, path = str(Path(sys.executable).parent), env.get("PATH", "")
+    return path if path.split(os.pathsep)[0] == here else os.pathsep.join([here, path])
 
 
 # glibc's malloc serves blocks above a moving threshold (128 KB at first) with a fresh mmap and returns

@@ -36,6 +36,7 @@ from gpurig.launch.env import rank_from_env, torch_style_env
 from gpurig.launch.output import RankOutput
 from gpurig.launch.processes import GRACE_S, die_with_parent, in_terminal_foreground, say
 from gpurig.launch.progress import PROGRESS_VARIABLE, ProgressFile
+from gpurig.launch.rank_env import rank_path
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -45,7 +46,8 @@ def _start(command: list[str], rank: int | None, host: str, progress: ProgressFi
            output: RankOutput) -> subprocess.Popen | int:
     try:
         # torchrun's variables too, under mpirun: a torchrun script runs unchanged on either engine
-        env = output.child_env({**os.environ, **torch_style_env(os.environ), PROGRESS_VARIABLE: progress.path})
+        env = output.child_env({**os.environ, **torch_style_env(os.environ), PROGRESS_VARIABLE: progress.path,
+                                "PATH": rank_path(os.environ)})
         child = subprocess.Popen(command, preexec_fn=die_with_parent, env=env, pass_fds=[progress.fd],
                                  **output.popen_kwargs())
         output.start()
