@@ -107,8 +107,8 @@ def measured_step(name: str, batch: int, precision: str, channels_last: bool, de
         step()
     sync()
     elapsed = (time.perf_counter() - start) / steps
-    peak = torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else None
-    return {"measured_ms": 1000 * elapsed, "steps": steps, "peak_allocated_gb": peak}
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None  # GiB, as predict's "GB"
+    return {"measured_ms": 1000 * elapsed, "steps": steps, "peak_allocated_gib": peak}
 
 
 def predicted(name: str, batch: int, precision: str, channels_last: bool, gpu: str, profile: str | None) -> dict:
@@ -146,7 +146,11 @@ def main():
     p.add_argument("--quick", action="store_true", help="two small cases (a check of the script)")
     p.add_argument("--no-profile", action="store_true", help="skip the gpurig bench profile")
     p.add_argument("--precisions", default=None, help="only these, comma-separated (default: every case's)")
+    p.add_argument("--again", metavar="RUN.json", help="no GPU needed: predict a stored run's rows again with this "
+                                                      "tree's predict, print them and the summary")
     args = p.parse_args()
+    if args.again:
+        return again(args.again)
     device = torch.device(args.device)
     gpu = args.gpu or (torch.cuda.get_device_name() if device.type == "cuda" else "H100 SXM")
     result = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "rows": []}
@@ -178,6 +182,30 @@ def main():
                         print(line(row), flush=True)
 
 
+def again(path: str) -> None:
+    """A stored run's measurements against this tree's predictions (catalog only: a stored profile is the GPU's,
+    so it is used as stored), then the median and worst |error| of step and memory."""
+    import statistics
+
+    run = json.loads(Path(path).read_text())
+    steps, memories = [], []
+    for row in run["rows"]:
+        if "measured_ms" not in row:
+            continue
+        if "peak_allocated_gb" in row:  # the first runs stored decimal GB
+            row["peak_allocated_gib"] = row.pop("peak_allocated_gb") * 1e9 / 2**30
+        row["catalog"] = predicted(row["model"], row["batch"], row["precision"],
+                                   row["memory_format"] == "channels-last", run["gpu"], None)
+        print(line(row))
+        if row["model"] in ("mnist-mlp", "mnist-cnn"):  # steps of 1-2 ms: launch-bound, not what predict is for
+            continue
+        steps.append(abs(row["catalog"]["step_ms"] / row["measured_ms"] - 1))
+        memories.append(abs(row["catalog"]["memory_gb"] / row["peak_allocated_gib"] - 1))
+    for name, errors in (("step", steps), ("memory", memories)):
+        print(f"{name}: {len(errors)} rows, median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
+              f"{sum(e <= 0.1 for e in errors)} within 10 %, {sum(e <= 0.25 for e in errors)} within 25 %")
+
+
 def line(row: dict) -> str:
     """One row as text: measured, and each prediction's error."""
     head = f"{row['model']:10s} {row['batch']:4d} {row['precision']:5s} {row['memory_format'][:8]:8s}"
@@ -190,8 +218,8 @@ def line(row: dict) -> str:
             text += f"  {source} {pred['step_ms']:8.2f} ({pred['step_ms'] / row['measured_ms'] - 1:+.0%})"
         elif pred:
             text += f"  {source}: {pred['error'][:40]}"
-    if row.get("peak_allocated_gb") is not None and "memory_gb" in row["catalog"]:
-        text += f"  memory {row['peak_allocated_gb']:.2f} GB, predicted {row['catalog']['memory_gb']:.2f}"
+    if row.get("peak_allocated_gib") is not None and "memory_gb" in row["catalog"]:
+        text += f"  memory {row['peak_allocated_gib']:.2f} GiB, predicted {row['catalog']['memory_gb']:.2f}"
     return text
 
 

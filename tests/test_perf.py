@@ -2,6 +2,7 @@
 
 
 import pytest
+import torch
 
 import gpurig.perf.busbw
 import gpurig.perf.fit
@@ -101,3 +102,51 @@ def test_units_refuse_nonsense():
     with pytest.raises(ValueError):
         bytes_per_second(1, "parsecs/s")
     assert gpurig.units.gbit_per_s("56Gbps") == 56
+
+
+class _TinyLanguageModel(torch.nn.Module):
+    """Embedding, one hidden layer, logits over a large vocabulary: the logits dwarf everything else."""
+
+    def __init__(self, vocab: int = 20000, width: int = 64):
+        super().__init__()
+        self.embed, self.hidden = torch.nn.Embedding(vocab, width), torch.nn.Linear(width, width)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, tokens):
+        return self.head(torch.relu(self.hidden(self.embed(tokens))))
+
+
+def test_a_language_models_step_peaks_where_the_footprint_says():
+    """The bytes a real CPU training step allocates beyond what it held before (weights and momentum), at their
+    peak (torch.profiler's allocator events), against the footprint's activations, output and loss, and gradients.
+    The logits (8 × 256 × 20,000 floats, 164 MB) are most of it: without the output and the loss's four copies,
+    the footprint said a fifth of it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpurig.models.describe import describe
+    from gpurig.perf.footprint import step_memory
+
+    torch.manual_seed(0)
+    model, batch, tokens = _TinyLanguageModel(), 8, 256
+    x = torch.randint(0, 20000, (batch, tokens))
+    y = torch.randint(0, 20000, (batch * tokens,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        out = model(x)
+        torch.nn.functional.cross_entropy(out.view(-1, out.shape[-1]), y).backward()
+        optimizer.step()
+
+    step()  # the momentum buffers exist from here on, as the weights do
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    allocated = peak = 0
+    for event in sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns()):
+        if event.name() == "[memory]":
+            allocated += event.nbytes()
+            peak = max(peak, allocated)
+    parts = step_memory(describe(model, x[:1], batch=batch), "momentum", mixed=False, ranks=1)
+    predicted = parts["activations"] + parts["output_and_loss"] + parts["gradients"]
+    assert abs(predicted / peak - 1) < 0.1, (predicted, peak, parts)
+    assert parts["activations"] + parts["gradients"] < 0.3 * peak  # what the footprint counted before

@@ -107,6 +107,9 @@ class ModelSpec:
     # 0 in descriptions written before gpurig counted them
     saved_bytes: int = 0
     largest_saved_bytes: int = 0
+    # the forward pass's output (float32 as traced: a language model's logits, batch × tokens × vocabulary), which
+    # the loss holds with its own copy and backward starts from its gradient; 0 in older descriptions
+    output_bytes: int = 0
 
     parameters = _total("parameters", "Parameters, each tensor once.")
     parameter_bytes = _total("parameter_bytes", "Bytes of the parameters.")
@@ -198,7 +201,23 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
     return ModelSpec(name=name or type(module).__name__, batch=batch, sample=tuple(x.shape[1:]),
                      input_dtype=_dtype_name(x.dtype), dtype=",".join(sorted(map(_dtype_name, dtypes))),
                      layers=_layers(tracer.charges()), saved_bytes=saved.total_bytes,
-                     largest_saved_bytes=saved.largest_bytes)
+                     largest_saved_bytes=saved.largest_bytes, output_bytes=_float_bytes(_held))
+
+
+def _float_bytes(output) -> int:
+    """Bytes of the floating-point tensors in a forward pass's output (a tensor, or a tuple / list / dict of them),
+    as traced.
+
+    >>> _float_bytes((torch.empty(2, 3, device="meta"), torch.empty(5, dtype=torch.int64, device="meta")))
+    24
+    """
+    if isinstance(output, torch.Tensor):
+        return output.numel() * output.element_size() if output.is_floating_point() else 0
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        return sum(_float_bytes(item) for item in output)
+    return 0
 
 
 def on_meta(module: nn.Module) -> nn.Module:

@@ -15,8 +15,17 @@ PyTorch's allocator, so outside ``torch.cuda.max_memory_allocated``):
 - the activations backward needs: the tensors autograd saved in forward, counted
   as the model was described (:class:`gpurig.models.trace.SavedActivations`), plus
   the largest of them once more, for its gradient while backward starts; half the
-  bytes under mixed precision. They grow with the batch; the rest does not, so the
-  largest batch that fits follows from one batch's worth. A description written
+  bytes under mixed precision;
+- the model's output and its loss: the output itself (held by the loss), the
+  loss's own copy (cross-entropy keeps its log-probabilities) and, in backward, the
+  gradients of both at once: four copies, the last three in FP32 under mixed
+  precision too (autocast runs the loss in FP32). A classifier's are small; a
+  language model's logits are batch × tokens × vocabulary: on a lent H100, GPT-2
+  (124 M parameters, 4 × 1024 tokens) peaked at 7.2 GiB where saved tensors and
+  states alone predicted 3.6 (docs/gpu/h100-2026-11-26), and a CPU step's
+  allocations peak at exactly four logits more than before the step (tests/test_perf.py).
+  All of these grow with the batch; the rest does not, so the largest batch that
+  fits follows from one batch's worth. A description written
   before gpurig counted saved tensors falls back to every layer's input (in-place
   activations, such as convolutional nets' ReLU, keeping nothing of their own).
 
@@ -68,6 +77,7 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
         activations = sum(layer.input_elements for layer in spec.layers
                           if layer.kind != "embedding" and layer.module not in IN_PLACE)
         activations += sum(layer.output_elements for layer in spec.layers if layer.kind == "embedding")
+    output = spec.output_bytes / DTYPE_BYTES  # values
     return {
         "weights": params * DTYPE_BYTES,
         "gradients": math.ceil(params / ranks) * DTYPE_BYTES if stage2 else params * DTYPE_BYTES,
@@ -75,6 +85,7 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
         "amp_copies": params * 2 if mixed else 0,
         "buckets": (min(params * DTYPE_BYTES, BUCKET_BYTES) if stage2 else params * DTYPE_BYTES) if ranks > 1 else 0,
         "activations": round(activations * (2 if mixed else DTYPE_BYTES)),
+        "output_and_loss": round(output * ((2 if mixed else DTYPE_BYTES) + 3 * DTYPE_BYTES)),
     }
 
 

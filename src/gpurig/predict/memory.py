@@ -25,9 +25,9 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
            "gpu_gb": gpu_gb}
     if gpu_gb:
-        per_sample = parts["activations"] / spec.batch
+        growing = parts["activations"] + parts["output_and_loss"]  # the parts that grow with the batch
         out.update(usable_gb=round(usable_bytes(gpu_gb) / 2**30, 2), fits=total <= usable_bytes(gpu_gb),
-                   largest_batch=largest_batch(total - parts["activations"], per_sample, gpu_gb))
+                   largest_batch=largest_batch(total - growing, growing / spec.batch, gpu_gb))
     return out
 
 
