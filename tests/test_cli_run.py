@@ -50,10 +50,18 @@ def rank_script(marker: str, ready_dir, then: str = "", barrier: bool = False) -
 START_S = END_S = 120
 
 
+def interruptible() -> None:
+    """In a child before it runs: Ctrl-C as a terminal would have it. A suite started in the background by a
+    shell without job control (``make test &`` in a script) inherits SIGINT ignored, and a Python started so
+    never turns it into KeyboardInterrupt (the launcher would run on through every Ctrl-C test)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_job(engine: str, nprocs: int, marker: str, ready_dir) -> subprocess.Popen:
     """Start ``gpurig run`` of sleeping ranks and return once every rank is running."""
     job = subprocess.Popen([*GPURIG, "run", "-n", str(nprocs), "--engine", engine, "--", "python", "-c",
-                            rank_script(marker, ready_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            rank_script(marker, ready_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=interruptible)
     deadline = time.monotonic() + START_S
     while len(list(ready_dir.glob("ready-*"))) < nprocs:
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()
@@ -150,7 +158,7 @@ def test_ctrl_c_at_a_terminal_reaches_each_rank_once(engine, marker, tmp_path):
                                                   f"try:\n    {ready}\n    time.sleep(600)\n{cleanup}")
     terminal, their_end = pty.openpty()
     job = subprocess.Popen([*GPURIG, "run", "-n", "2", "--engine", engine, "--", "python", "-c", script],
-                           preexec_fn=lambda: os.login_tty(their_end), pass_fds=(their_end,))
+                           preexec_fn=lambda: (interruptible(), os.login_tty(their_end)), pass_fds=(their_end,))
     os.close(their_end)
     try:
         deadline = time.monotonic() + START_S
