@@ -4,9 +4,10 @@
 
 Each rank trains on ``cuda:(local rank % GPUs)`` (two ranks may share one GPU).
 Variants, interleaved in blocks as in dp_vs_ddp.py: gpurig over Gloo and DDP
-over Gloo (torch.distributed's default group, CUDA tensors), and gpurig over
-MPI, which stages each bucket through pinned host memory unless the MPI is
-CUDA-aware. NCCL is not among them when two ranks share a GPU: NCCL refuses a
+over Gloo (torch.distributed's default group, CUDA tensors), gpurig over Gloo
+without its checks, gpurig handing Gloo the CUDA buckets ("on device": not
+staging them itself, an experiment), and gpurig over MPI, which stages each
+bucket through pinned host memory unless the MPI is CUDA-aware. NCCL is not among them when two ranks share a GPU: NCCL refuses a
 group with the same GPU twice. Reported per variant: the median step of the
 slowest rank and the throughput ratio to DDP, round by round.
 """
@@ -22,6 +23,15 @@ from gpurig import models
 from gpurig.comm import Communicator
 from gpurig.comm.torch_engine import TorchEngine
 from common import both_engines, interleave, median, paired_ratio, slowest_rank, step_benchmark_args, write_result
+
+
+def device_tensors_to_gloo() -> TorchEngine:
+    """A Gloo engine that hands CUDA buckets to Gloo as they are, as DDP does (Gloo stages them on its own
+    streams), instead of gpurig copying them to pinned host memory first: the experiment docs/benchmarks.md's
+    "On a lent H100" proposes. Gloo's allreduce, broadcast and allgather take device tensors."""
+    engine = TorchEngine(backend="gloo")
+    engine.accepts_device_tensors = True
+    return engine
 
 
 def main():
@@ -42,6 +52,8 @@ def main():
                 "DDP / gloo": DDP(copy.deepcopy(base), device_ids=[device.index] if cuda else None),
                 "gpurig / gloo, no checks": gpurig.DataParallel(
                     copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False), nonfinite="ignore"),
+                "gpurig / gloo, on device": gpurig.DataParallel(copy.deepcopy(base), Communicator(
+                    device_tensors_to_gloo())),
                 "gpurig / mpi (staged)": gpurig.DataParallel(copy.deepcopy(base), mpi)}
 
     def block_of(model):
