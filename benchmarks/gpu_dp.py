@@ -15,14 +15,14 @@ slowest rank and the throughput ratio to DDP, round by round.
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gpurig
 from gpurig import models
 from gpurig.comm import Communicator
 from gpurig.comm.torch_engine import TorchEngine
-from common import both_engines, interleave, median, paired_ratio, slowest_rank, step_benchmark_args, write_result
+from common import (both_engines, interleave, median, paired_ratio, slowest_rank, step_benchmark_args, training_block,
+                    write_result)
 
 
 def device_tensors_to_gloo() -> TorchEngine:
@@ -57,13 +57,10 @@ def main():
                 "gpurig / mpi (staged)": gpurig.DataParallel(copy.deepcopy(base), mpi)}
 
     def block_of(model):
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        steps = training_block(model, data)
 
-        def block():
-            for x, y in data:
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
+        def block():  # a block ends when the GPU has done its work, not when the host has queued it
+            steps()
             if cuda:
                 torch.cuda.synchronize()
         return block
