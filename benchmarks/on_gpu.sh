@@ -23,7 +23,7 @@ step "versions"
 nvidia-smi -L; nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
 $PY -c "import torch, mpi4py; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), 'nccl', torch.cuda.nccl.version(), 'mpi4py', mpi4py.__version__)"
 step "predict vs measured training steps on this GPU"
-timeout ${VALIDATION_S:-300} $PY benchmarks/gpu_validation.py --out "$OUT/gpu_validation.json" 2>&1 | tee "$OUT/gpu_validation.txt"
+timeout ${VALIDATION_S:-240} $PY benchmarks/gpu_validation.py --out "$OUT/gpu_validation.json" 2>&1 | tee "$OUT/gpu_validation.txt"
 step "codec throughput on the GPU"
 timeout 60 $PY benchmarks/codec_throughput.py --device cuda --out "$OUT/codecs-gpu.json" && cat "$OUT/codecs-gpu.json"
 step "DataParallel on CUDA tensors vs DDP, 2 ranks sharing the GPU"
