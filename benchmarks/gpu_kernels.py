@@ -17,7 +17,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_validation import configure, training_step
+from gpu_validation import training_step
+from gpurig.timing import device_sync
 
 CASES = [("bert-base", 8, "fp32"), ("bert-base", 32, "tf32"), ("bert-base", 32, "bf16"), ("bert-base", 64, "bf16"),
          ("resnet50", 64, "bf16"), ("gpt2", 4, "bf16"), ("alexnet", 128, "fp32"), ("mnist-mlp", 64, "fp32")]
@@ -31,17 +32,17 @@ def main():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     for name, batch, precision in CASES:
-        configure(precision)
         step = training_step(name, batch, precision, False, device)
+        sync = device_sync(device)
         for _ in range(3):
             step()
-        torch.cuda.synchronize() if device.type == "cuda" else None
+        sync()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities) as prof:
             start = time.perf_counter()
             for _ in range(args.steps):
                 step()
-            torch.cuda.synchronize() if device.type == "cuda" else None
+            sync()
             wall = (time.perf_counter() - start) / args.steps
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         busy = sum(e.device_time for e in kernels) / 1e6 / args.steps  # device_time is in µs

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from gpurig.errors import UsageError
 from gpurig.models import preset
 from gpurig.predict import PredictRequest, predict
+from gpurig.timing import device_sync
 
 # (model, batches per GPU, precisions); every convolutional model also runs channels-last in mixed precision
 CASES = [
@@ -43,6 +44,19 @@ CASES = [
 ]
 QUICK = [("mnist-mlp", (64,), ("fp32", "bf16")), ("mnist-cnn", (64,), ("fp32",))]
 CONVOLUTIONAL = {"resnet50", "vgg16", "alexnet", "mnist-cnn"}
+LAUNCH_BOUND = {"mnist-mlp", "mnist-cnn"}  # steps of 1-2 ms: kernel launches, not what predict is for
+
+
+def cases(quick: bool, only: str | None):
+    """(model, batch, precision, channels_last) for every case to time; ``only``: comma-separated precisions."""
+    for name, batches, precisions in (QUICK if quick else CASES):
+        for batch in batches:
+            for precision in precisions:
+                if only and precision not in only.split(","):
+                    continue
+                yield name, batch, precision, False
+                if name in CONVOLUTIONAL and precision in ("bf16", "fp16"):
+                    yield name, batch, precision, True
 
 
 def configure(precision: str) -> None:
@@ -89,11 +103,7 @@ def measured_step(name: str, batch: int, precision: str, channels_last: bool, de
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     step = training_step(name, batch, precision, channels_last, device)
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
+    sync = device_sync(device)
     for _ in range(3):
         step()
     sync()
@@ -159,27 +169,19 @@ def main():
         have_profile = not args.no_profile and bench_profile(profile)
         if have_profile:
             result["profile"] = json.loads(profile.read_text())
-        for name, batches, precisions in (QUICK if args.quick else CASES):
-            layouts = (False, True) if name in CONVOLUTIONAL else (False,)
-            for batch in batches:
-                for precision in precisions:
-                    if args.precisions and precision not in args.precisions.split(","):
-                        continue
-                    for channels_last in layouts:
-                        if channels_last and precision not in ("bf16", "fp16"):
-                            continue
-                        try:
-                            row = measured_step(name, batch, precision, channels_last, device, args.seconds)
-                        except torch.OutOfMemoryError as e:
-                            row = {"error": f"out of memory: {e}"[:200]}
-                        row.update({"model": name, "batch": batch, "precision": precision,
-                                    "memory_format": "channels-last" if channels_last else "contiguous",
-                                    "catalog": predicted(name, batch, precision, channels_last, gpu, None)})
-                        if have_profile and precision == "fp32" and not channels_last:
-                            row["profile"] = predicted(name, batch, precision, False, gpu, str(profile))
-                        result["rows"].append(row)
-                        Path(args.out).write_text(json.dumps(result, indent=2))
-                        print(line(row), flush=True)
+        for name, batch, precision, channels_last in cases(args.quick, args.precisions):
+            try:
+                row = measured_step(name, batch, precision, channels_last, device, args.seconds)
+            except torch.OutOfMemoryError as e:
+                row = {"error": f"out of memory: {e}"[:200]}
+            row.update({"model": name, "batch": batch, "precision": precision,
+                        "memory_format": "channels-last" if channels_last else "contiguous",
+                        "catalog": predicted(name, batch, precision, channels_last, gpu, None)})
+            if have_profile and precision == "fp32" and not channels_last:
+                row["profile"] = predicted(name, batch, precision, False, gpu, str(profile))
+            result["rows"].append(row)
+            Path(args.out).write_text(json.dumps(result, indent=2))
+            print(line(row), flush=True)
 
 
 def again(path: str) -> None:
@@ -197,7 +199,7 @@ def again(path: str) -> None:
         row["catalog"] = predicted(row["model"], row["batch"], row["precision"],
                                    row["memory_format"] == "channels-last", run["gpu"], None)
         print(line(row))
-        if row["model"] in ("mnist-mlp", "mnist-cnn"):  # steps of 1-2 ms: launch-bound, not what predict is for
+        if row["model"] in LAUNCH_BOUND:
             continue
         steps.append(abs(row["catalog"]["step_ms"] / row["measured_ms"] - 1))
         memories.append(abs(row["catalog"]["memory_gb"] / row["peak_allocated_gib"] - 1))
