@@ -8,10 +8,11 @@ import sys
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpurig.errors import UsageError
-from gpurig.models.describe import KINDS, ModelSpec, describe
+from gpurig.models.describe import KINDS, ModelSpec, describe, on_meta
 from gpurig.models.ops import Gemm
 from gpurig.models import PRESETS, model_spec, preset
 from gpurig.models.factory import load_factory, parse_sample
@@ -357,3 +358,42 @@ def test_the_saved_activations_count_the_same_every_time_a_model_is_described():
         models._preset_spec.cache_clear()
         counts.add(models.model_spec("bert-base", 8, tokens=128).saved_bytes)
     assert len(counts) == 1
+
+
+class _Residual(nn.Module):
+    """Token embeddings, then three products of one input (as Q, K, V) and a GELU MLP on a residual stream: only
+    operators on which autocast's CPU and CUDA lists agree (products in 16 bits, the rest in their inputs' type)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.embed = nn.Embedding(100, width)
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+        self.fc, self.proj = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        x = x + self.q(x) * self.k(x) + self.v(x)       # a 16-bit branch added to the FP32 stream: FP32
+        return x + self.proj(F.gelu(self.fc(x)))
+
+
+def test_the_mixed_precision_trace_saves_what_torch_autocast_saves():
+    """The meta trace under MetaAutocast against a real CPU forward under torch.autocast: the same bytes saved,
+    once each input's 16-bit copy per product (autocast caches weights' casts only) and the FP32 residual stream;
+    the weights' casts are the step's 16-bit weight copies, counted apart."""
+    from gpurig.models.autocast import MetaAutocast
+    from gpurig.models.trace import SavedActivations
+
+    torch.manual_seed(0)
+    model, ids = _Residual(), torch.randint(0, 100, (8, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16), SavedActivations(model) as real:
+        out = model(ids)
+    weight_casts = sum(p.numel() * 2 for p in model.parameters() if p.dim() == 2 and p.shape[0] != 100)
+    with torch.device("meta"):
+        meta_model, amp = on_meta(model), MetaAutocast(torch.bfloat16)
+        with SavedActivations(meta_model, amp.weight_casts) as traced, amp:
+            meta_out = meta_model(ids.to("meta"))
+    assert meta_out.dtype == out.dtype == torch.float32
+    assert traced.total_bytes + weight_casts == real.total_bytes
+    spec = describe(model, ids[:1], batch=8, mixed_precision=True)
+    assert spec.mixed_saved_bytes == traced.total_bytes
+    assert 0.5 < spec.mixed_saved_bytes / spec.saved_bytes < 0.75      # neither half nor all of the FP32 bytes

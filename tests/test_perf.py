@@ -150,3 +150,45 @@ def test_a_language_models_step_peaks_where_the_footprint_says():
     predicted = parts["activations"] + parts["output_and_loss"] + parts["gradients"]
     assert abs(predicted / peak - 1) < 0.1, (predicted, peak, parts)
     assert parts["activations"] + parts["gradients"] < 0.3 * peak  # what the footprint counted before
+
+
+def test_a_mixed_precision_transformer_step_peaks_where_the_footprint_says():
+    """The same allocator peak for a small GPT-2 whose tensors are typed as CUDA's autocast types them (products in
+    16 bits; layer norms, softmax and the loss in FP32; the residual stream FP32): MetaAutocast on CPU tensors, since
+    torch.autocast("cpu") runs layer norms in 16 bits. Halving the FP32 activations, as the footprint did, falls
+    short. No dropout: on a CPU, attention with dropout falls back to materialising the scores, which a GPU's fused
+    kernel does not."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpurig.models.autocast import MetaAutocast
+    from gpurig.models.describe import describe
+    from gpurig.models.text import GPT2
+    from gpurig.perf.footprint import step_memory
+
+    torch.manual_seed(0)
+    model, batch, tokens = GPT2(width=64, layers=2, heads=2, vocab=64, context=256, dropout=0.0), 8, 256
+    x = torch.randint(0, 64, (batch, tokens))
+    y = torch.randint(0, 64, (batch * tokens,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with MetaAutocast(torch.bfloat16):
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out.view(-1, out.shape[-1]), y)
+        loss.backward()
+        optimizer.step()
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    allocated = peak = 0
+    for event in sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns()):
+        if event.name() == "[memory]":
+            allocated += event.nbytes()
+            peak = max(peak, allocated)
+    parts = step_memory(describe(model, x[:1], batch=batch, mixed_precision=True), "momentum", mixed=True, ranks=1)
+    predicted = parts["activations"] + parts["output_and_loss"] + parts["gradients"] + parts["amp_copies"]
+    assert abs(predicted / peak - 1) < 0.05, (predicted, peak, parts)
+    halved = step_memory(describe(model, x[:1], batch=batch), "momentum", mixed=True, ranks=1)["activations"]
+    assert (predicted - parts["activations"] + halved) / peak < 0.92

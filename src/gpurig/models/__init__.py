@@ -144,8 +144,10 @@ def preset(name: str) -> Preset:
         raise SpecError(f"unknown model {name!r}{hint} (or give module:factory)") from None
 
 
-def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample: str | None = None) -> ModelSpec:
+def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample: str | None = None,
+               mixed: bool = False) -> ModelSpec:
     """Describe a preset by name, or any ``module:factory`` with its per-sample input (``3x224x224``, ``128:int64``).
+    ``mixed``: also what a mixed-precision step saves (:func:`gpurig.models.describe.describe`'s ``mixed_precision``).
 
     >>> spec = model_spec("gpurig.models:cnn", batch=64, sample="784")
     >>> spec.name, spec.parameters, spec.batch
@@ -157,18 +159,19 @@ def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample:
         if sample is None:
             raise UsageError(f"{model}: give the input of one sample, such as 3x224x224 or 128:int64 for token ids")
         shape, dtype = parse_sample(sample)
-        return describe(load_factory(model), torch.empty((1, *shape), dtype=dtype, device="meta"), batch, name=model)
+        return describe(load_factory(model), torch.empty((1, *shape), dtype=dtype, device="meta"), batch, name=model,
+                        mixed_precision=mixed)
     found = preset(model)
     if batch < found.min_batch:
         raise UsageError(f"{found.name} trains with a batch of at least {found.min_batch} per GPU (batch norm over "
                          f"1×1 feature maps), got {batch}")
     if sample is not None:
         raise UsageError(f"{found.name} takes {found.describes}; an input shape is only for module:factory models")
-    return _preset_spec(found.name, batch, tokens)
+    return _preset_spec(found.name, batch, tokens, mixed)
 
 
 @functools.lru_cache(maxsize=256)
-def _preset_spec(name: str, batch: int, tokens: int | None) -> ModelSpec:
+def _preset_spec(name: str, batch: int, tokens: int | None, mixed: bool = False) -> ModelSpec:
     """A preset described once per (batch, tokens): a :class:`ModelSpec` is frozen, and ``predict`` asks for the
     same one many times (its scaling curves, its advice, ``gpurig choose``'s every candidate).
 
@@ -176,7 +179,7 @@ def _preset_spec(name: str, batch: int, tokens: int | None) -> ModelSpec:
     True
     """
     found = PRESETS[name]
-    return describe(found.build(), found.example(tokens), batch, name=found.name)
+    return describe(found.build(), found.example(tokens), batch, name=found.name, mixed_precision=mixed)
 
 
 # The presets ``gpurig train`` trains (on MNIST), by the short names its --model takes.

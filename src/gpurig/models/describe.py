@@ -38,6 +38,7 @@ from torch import nn
 
 from gpurig.errors import UsageError, one_line
 from gpurig.models.ops import NORM_OPS, Gemm, aten
+from gpurig.models.autocast import MetaAutocast
 from gpurig.models.trace import Charges, SavedActivations, Tracer
 
 KINDS = ("linear", "conv", "embedding", "norm", "attention-matmul", "pool", "activation", "other")
@@ -110,6 +111,11 @@ class ModelSpec:
     # the forward pass's output (float32 as traced: a language model's logits, batch × tokens × vocabulary), which
     # the loss holds with its own copy and backward starts from its gradient; 0 in older descriptions
     output_bytes: int = 0
+    # the same three under mixed precision, as CUDA's autocast types each tensor (16-bit products, FP32 norms,
+    # softmax and residual sums; :mod:`gpurig.models.autocast`); 0 when not traced (describe's mixed_precision)
+    mixed_saved_bytes: int = 0
+    mixed_largest_saved_bytes: int = 0
+    mixed_output_bytes: int = 0
 
     parameters = _total("parameters", "Parameters, each tensor once.")
     parameter_bytes = _total("parameter_bytes", "Bytes of the parameters.")
@@ -162,7 +168,7 @@ class ModelSpec:
 
 
 def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = None,
-             training: bool = True) -> ModelSpec:
+             training: bool = True, mixed_precision: bool = False) -> ModelSpec:
     """Describe ``module`` for one forward pass of ``batch`` samples, on the meta device.
 
     ``example`` is either a per-sample shape (a float32 input of shape
@@ -173,6 +179,9 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
     changed (build large models under ``with torch.device("meta")`` to never
     allocate them at all). ``training`` describes the training-mode forward
     pass (dropout, batch statistics), which is what a training step runs.
+    ``mixed_precision`` traces the forward pass once more as CUDA's autocast
+    runs it, for what a mixed-precision step saves (the ``mixed_*`` fields; a
+    second pass, so only when asked).
 
     >>> from gpurig.models import mlp
     >>> spec = describe(mlp(), (784,), batch=128)
@@ -197,11 +206,32 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
     finally:
         for m, mode in modes.items():
             m.training = mode
+    mixed = _mixed_precision_activations(model, x, training) if mixed_precision else {}
     dtypes = {p.dtype for p in model.parameters()} or {torch.float32}
     return ModelSpec(name=name or type(module).__name__, batch=batch, sample=tuple(x.shape[1:]),
                      input_dtype=_dtype_name(x.dtype), dtype=",".join(sorted(map(_dtype_name, dtypes))),
                      layers=_layers(tracer.charges()), saved_bytes=saved.total_bytes,
-                     largest_saved_bytes=saved.largest_bytes, output_bytes=_float_bytes(_held))
+                     largest_saved_bytes=saved.largest_bytes, output_bytes=_float_bytes(_held), **mixed)
+
+
+def _mixed_precision_activations(model: nn.Module, x: torch.Tensor, training: bool) -> dict[str, int]:
+    """What a mixed-precision forward pass of ``model`` saves and returns, in bytes, as CUDA's
+    autocast types each tensor; nothing (the footprint then halves the FP32 counts) when the model's own code
+    cannot run that way on the meta device, which :func:`describe` has already shown it can in FP32."""
+    modes = {m: m.training for m in model.modules()}
+    model.train(training)
+    try:
+        with torch.device("meta"), torch.enable_grad():
+            amp = MetaAutocast(torch.float16)
+            with SavedActivations(model, amp.weight_casts) as saved, amp:
+                _held = model(x)
+    except Exception:  # noqa: BLE001 (a model's own code, which FP32 already ran: keep the FP32-derived estimate)
+        return {}
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    return {"mixed_saved_bytes": saved.total_bytes, "mixed_largest_saved_bytes": saved.largest_bytes,
+            "mixed_output_bytes": _float_bytes(_held)}
 
 
 def _float_bytes(output) -> int:

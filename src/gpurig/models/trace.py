@@ -175,7 +175,8 @@ class SavedActivations:
 
     Counted when the block ends, of the tensors still held then (keep the output referenced inside the block).
     Each storage counts once (a view saved twice, or saved by two operators, is one tensor); the
-    model's parameters and buffers, and their views (a transposed weight), are not activations.
+    model's parameters and buffers, and their views (a transposed weight), are not activations; nor are
+    ``weight_casts`` (a dict whose values are the weights' 16-bit copies, :class:`gpurig.models.autocast.MetaAutocast`).
     ``F.scaled_dot_product_attention`` keeps what a fused (flash) kernel keeps: Q, K, V, its output
     and one float per query row, not the tokens × tokens scores its decomposition would.
 
@@ -187,8 +188,9 @@ class SavedActivations:
     (3072, 2048)
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, weight_casts: dict | None = None):
         self._weights = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
+        self._weight_casts = weight_casts if weight_casts is not None else {}
         # weak references: a tensor autograd let go of before forward ended is not held, and its storage's
         # address may be reused by a later one (keyed by address alone, the count depended on the allocator)
         self._saved: list[tuple[weakref.ref, int]] = []
@@ -216,6 +218,7 @@ class SavedActivations:
 
     def __exit__(self, *exc) -> None:
         self._exits.close()
+        self._weights |= {t.untyped_storage()._cdata for t in self._weight_casts.values()}
         storages: dict[int, int] = {}
         extra = []
         for ref, nbytes in self._saved:

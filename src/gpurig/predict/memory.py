@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpurig.models import model_spec
 from gpurig.perf.footprint import OPTIMIZER_STATES, largest_batch, step_memory, usable_bytes
 from gpurig.perf.precision import MIXED
 from gpurig.predict.hardware import Hardware
@@ -18,8 +19,10 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     >>> m["fits"], m["largest_batch"] < 32
     (False, True)
     """
-    parts = step_memory(spec, request.optimizer, request.precision in MIXED, ranks if request.parallel == "data" else 1,
-                        shard=request.shard)
+    mixed = request.precision in MIXED
+    if mixed and not spec.mixed_saved_bytes:   # described without the mixed-precision pass: describe it with one
+        spec = model_spec(request.model, batch=spec.batch, tokens=request.tokens, sample=request.sample, mixed=True)
+    parts = step_memory(spec, request.optimizer, mixed, ranks if request.parallel == "data" else 1, shard=request.shard)
     total = sum(parts.values())
     gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
