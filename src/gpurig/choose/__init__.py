@@ -99,7 +99,7 @@ def _nothing_fits(request: ChooseRequest, rows: list[dict]) -> str:
     fix = " or ".join(closest["fit_advice"])
     what = f"{closest['model']} at {closest['batch_per_gpu']} per GPU ({request.precision})"
     return (f"{what} fits none of the {len(rows)} options: the closest, {closest['option']}, needs "
-            f"{memory['total_gb']:.1f} GB of {memory['usable_gb']:.1f} usable; {fix} would make it fit")
+            f"{memory['total_gb']:.1f} GiB of {memory['usable_gb']:.1f} usable; {fix} would make it fit")
 
 
 __all__ = ["ChooseRequest", "choose", "SCHEMA"]

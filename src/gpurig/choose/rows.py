@@ -148,7 +148,7 @@ def reasons(o: Option, row: dict, request: ChooseRequest) -> list[str]:
     memory = row["memory"]
     if not memory["fits"]:
         fix = " or ".join(row.get("fit_advice") or []) or "model parallelism or a GPU with more memory"
-        out.append(f"does not fit: {memory['total_gb']:.2f} of {memory['usable_gb']:.2f} GB; {fix} would fit")
+        out.append(f"does not fit: {memory['total_gb']:.2f} of {memory['usable_gb']:.2f} GiB; {fix} would fit")
     machine = o.build.machines()[0]
     gpu = min((g.gpu for m in o.build.machines() for g in m.gpus), key=lambda g: g.memory_gb)
     cores = f"tensor cores {gpu.tensor_tflops:g} TF" if gpu.tensor_tflops else "no tensor cores"

@@ -163,7 +163,7 @@ def show(result: dict) -> None:
     needed = result["memory"]
     if needed.get("gpu_gb"):
         verdict = "fits" if needed["fits"] else "[bold red]does NOT fit[/]"
-        console.print(f"memory per GPU: {needed['total_gb']:.1f} GB of {needed['usable_gb']:.1f} usable "
+        console.print(f"memory per GPU: {needed['total_gb']:.1f} GiB of {needed['usable_gb']:.1f} usable "
                       f"({needed['gpu_gb']:g} GB): {verdict}; the largest batch that fits: {needed['largest_batch']}")
     used = result.get("utilization") or {}
     if used.get("mfu") is not None:

@@ -46,7 +46,7 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
     """
     if needed.get("fits", True):
         return []
-    why = f"{needed['total_gb']:.1f} GB per GPU needed, {needed['usable_gb']:.1f} GB usable: it does not fit"
+    why = f"{needed['total_gb']:.1f} GiB per GPU needed, {needed['usable_gb']:.1f} GiB usable: it does not fit"
     items = []
     if needed["largest_batch"]:
         items.append({"what": f"per-GPU batch {needed['largest_batch']}", "why": why, "samples_per_s_gain": None,
@@ -55,7 +55,7 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
         sixteen = "bf16" if hardware.gpu is not None and hardware.gpu.bf16_tflops else "fp16"
         mixed = memory(spec, replace(request, precision=sixteen), hardware, ranks)
         items.append({"what": f"--precision {sixteen} (mixed precision)", "why": f"16-bit activations: "
-                      f"{mixed['total_gb']:.1f} GB, largest batch {mixed['largest_batch']}",
+                      f"{mixed['total_gb']:.1f} GiB, largest batch {mixed['largest_batch']}",
                       "samples_per_s_gain": None, "fits": mixed["fits"]})
     if ranks > 1 and request.parallel == "data" and request.shard != "gradients":
         for shard, what in (("optimizer", "optimizer state"), ("gradients", "optimizer state and gradients")):
@@ -63,7 +63,7 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
                 continue
             sharded = memory(spec, replace(request, shard=shard), hardware, ranks)
             items.append({"what": f"--shard {shard} (ZeRO: {what} split over the {ranks} GPUs)",
-                          "why": f"{sharded['total_gb']:.1f} GB per GPU, largest batch {sharded['largest_batch']}; "
+                          "why": f"{sharded['total_gb']:.1f} GiB per GPU, largest batch {sharded['largest_batch']}; "
                                  "the same bytes on the wire (a reduce-scatter and an allgather instead of the "
                                  "allreduce)", "samples_per_s_gain": None, "fits": sharded["fits"]})
     if not items:
