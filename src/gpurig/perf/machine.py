@@ -46,7 +46,7 @@ class GpuEfficiency:
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
     memory: float = 0.6724          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.01538       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    unhidden: float = 0.01337       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
     flops_per_value: float = 219.9  # vector-unit operations per value transcendentals and random numbers move
     cache: float = 1.233            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
