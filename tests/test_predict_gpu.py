@@ -133,6 +133,21 @@ def test_only_dense_3x3_stride_1_convolutions_get_winograds_saving_and_groups_ar
     assert grouped > 2 * packed
 
 
+def test_grouped_convolutions_in_tf32_run_on_the_cuda_cores_in_cudnns_fp32_tiles():
+    from gpurig.perf.step import LayerCost
+
+    grouped = LayerCost("g", 0, ((64 * 56 * 56, 4, 4 * 9, 32),), kind="conv")
+    dense = LayerCost("d", 0, ((64 * 56 * 56, 128, 128),), kind="conv")
+    a100_tf32, a100_amp = machine.gpu_device(catalog.gpu("A100"), "tf32"), machine.gpu_device(catalog.gpu("A100"), "fp16")
+    assert a100_tf32.gemm_for(grouped) is a100_tf32.grouped_gemm
+    assert a100_tf32.grouped_gemm.flops_per_s == pytest.approx(19.5e12 * machine.GPU_EFFICIENCY.cuda_gemm)
+    assert a100_tf32.gemm_for(dense) is a100_tf32.conv_gemm                 # dense ones stay on the tensor cores
+    assert a100_amp.grouped_gemm is None and a100_amp.gemm_for(grouped) is a100_amp.conv_gemm
+    # on the CUDA cores a 16-channel output (SSD's box head) fills a 128x32 tile, not a 64x128 one
+    v100 = machine.gpu_device(catalog.gpu("V100"), "fp32")
+    assert v100.conv_gemm.computed_flops(128 * 800, 16, 576) == 2 * 128 * 800 * 32 * 576   # 800 tiles: 10 waves of 80 SMs
+
+
 def test_an_unknown_memory_format_is_one_line_with_the_choices():
     code, _, err = run_cli(["predict", "--model", "resnet50", "--cluster", "1 x A100", "--memory-format", "nhwc"])
     assert code == 2

@@ -62,13 +62,13 @@ class GpuEfficiency:
     # Fitted only where the rows hold two GPUs of an architecture (one B200 keeps Blackwell at 1). Turing's rows
     # are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.037), ("Hopper", 0.5023), ("Turing", 0.8607),
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.037), ("Hopper", 0.5023), ("Turing", 0.8867),
                                                    ("Volta", 1.166))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
     software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.8123),
-                                                           (("pytorch-1.4", "mixed"), 0.7572),
+                                                           (("pytorch-1.4", "mixed"), 0.746),
                                                            (("pytorch-1.7", "fp32"), 0.8836),
                                                            (("pytorch-1.7", "mixed"), 1.0))
 
@@ -125,6 +125,11 @@ CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 24}  # memory 
 # used 64 x 128, the source's rule.
 TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 OLD_TILE = (64, 128)
+# Convolutions on CUDA cores (FP32, and grouped ones in TF32: :func:`gpu_device`): cuDNN's FP32 implicit-GEMM
+# kernels tile 128 output pixels by 128, 64 or 32 output channels (their names in a profile:
+# ``volta_scudnn_128x128_relu_interior_nn``, ``..._128x64_...``, ``..._128x32_...``), so a convolution with few
+# output channels (a detection head's 16 box coordinates, a ResNeXt group's 4-32) is not padded to 128.
+CONV_CUDA_TILES = ((128, 128), (128, 64), (128, 32))
 
 
 def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = None,
@@ -151,14 +156,22 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture)
     cuda = e.cuda_gemm * e.cuda_core_scale(gpu.architecture)
 
-    def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0) -> GemmModel:
+    def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0, tiles=None) -> GemmModel:
         rate = tflops * 1e12 * (tensor if tensor_cores else cuda) * scale * speed
-        return GemmModel(KERNEL_OVERHEAD_S, rate, memory, TILES if tensor_cores else OLD_TILE, units, e.unhidden)
+        return GemmModel(KERNEL_OVERHEAD_S, rate, memory, tiles or (TILES if tensor_cores else OLD_TILE), units,
+                         e.unhidden)
 
     linear = gemm(p.linear_tflops, p.linear_tensor_cores)
     tensor_conv = e.conv_mixed if precision in MIXED else e.conv
-    # on CUDA cores a convolution is an implicit GEMM like any other (1×1, strided and grouped ones)
-    conv = gemm(p.conv_tflops, p.conv_tensor_cores, tensor_conv if p.conv_tensor_cores else 1.0)
+    # on CUDA cores a convolution is an implicit GEMM like any other (1×1, strided and grouped ones), in cuDNN's
+    # FP32 kernels' tiles
+    conv = gemm(p.conv_tflops, p.conv_tensor_cores, tensor_conv if p.conv_tensor_cores else 1.0,
+                None if p.conv_tensor_cores else CONV_CUDA_TILES)
+    # Grouped convolutions in TF32 (ResNeXt's 3×3s, 4-32 channels a group) run cuDNN's FP32 grouped kernels on the
+    # CUDA cores, as on a GPU without TF32, not its tensor-core ones (which it has for 16-bit NHWC tensors); the
+    # V100's FP32 ResNeXt rows fix those kernels' pricing
+    grouped = gemm(p.cuda_tflops, False, tiles=CONV_CUDA_TILES) \
+        if precision not in MIXED and p.conv_tensor_cores else None
     # cuDNN tries every algorithm (DeepLearningExamples set cudnn.benchmark): for a dense 3×3 stride-1 convolution
     # (:func:`gpurig.perf.step.winograd_applies`) that includes the CUDA cores' Winograd kernels, which win where
     # there are no tensor cores for this type or they are slow (GeForce TF32 is half rate)
@@ -172,7 +185,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   vector_flops_per_s=gpu.fp32_tflops * 1e12 * cuda * speed,
                   cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache,
                   conv_transposes=e.transposes if precision in MIXED and p.conv_tensor_cores
-                  and memory_format == "contiguous" else 0.0)
+                  and memory_format == "contiguous" else 0.0, grouped_gemm=grouped)
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

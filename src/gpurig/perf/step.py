@@ -117,6 +117,9 @@ class Device:
     # 16-bit tensor-core convolutions on NCHW tensors: each transposes its input and output to NHWC and back
     # (:data:`gpurig.perf.precision.MEMORY_FORMATS`), this many passes over them (0: none)
     conv_transposes: float = 0.0
+    # grouped convolutions' GEMMs, where they run on other units than dense ones (TF32: the CUDA cores); None: as
+    # every other convolution
+    grouped_gemm: GemmModel | None = None
 
     def stream_seconds(self, nbytes: float, working_set: float = math.inf,
                        vector: tuple[float, float] | None = None) -> float:
@@ -157,6 +160,8 @@ class Device:
         """
         if layer.kind != "conv":
             return self.gemm
+        if self.grouped_gemm is not None and any(len(g) > 3 and g[3] > 1 for g in layer.forward_gemms):
+            return self.grouped_gemm
         if layer.winograd and self.winograd_gemm is not None:
             return self.winograd_gemm
         return self.conv_gemm or self.gemm
