@@ -96,9 +96,9 @@ def default_run(tmp_path_factory):
 def mlp_two_epochs_of_512(tmp_path_factory):
     """The MLP for 2 epochs of 7 steps of 512 on 2 MPI ranks, uncompressed, uninterrupted, recorded with --timeline
     (its summary's ``timeline``); its checkpoints are kept (copy them before changing any). test_resilience's
-    reference run, test_train_precision's fp32 reference for mixed precision, and (its epoch 1, as no learning-rate
-    schedule makes epoch 1 depend on the epochs after it) test_train_precision's plain epoch; test_timeline's MPI
-    run (recording changes no number: the weights are those of a run without it)."""
+    reference run, (its epoch 1, as no learning-rate schedule makes epoch 1 depend on the epochs after it)
+    test_train_precision's plain epoch and fp32 reference for mixed precision, and test_timeline's MPI run
+    (recording changes no number: the weights are those of a run without it)."""
     directory = tmp_path_factory.mktemp("mlp-2x512")
     return train_json("--epochs", 2, "--global-batch", 512, "--compression", "none", "--no-predict",
                       "--timeline", directory / "trace.json", checkpoint_dir=directory / "ck")
