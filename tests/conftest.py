@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -93,11 +94,14 @@ def default_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def mlp_two_epochs_of_512(tmp_path_factory):
-    """The MLP for 2 epochs of 7 steps of 512 on 2 MPI ranks, uncompressed, uninterrupted; its checkpoints are kept
-    (copy them before changing any). test_resilience's reference run, and (its epoch 1, as no learning-rate
-    schedule makes epoch 1 depend on the epochs after it) test_train_precision's plain epoch."""
+    """The MLP for 2 epochs of 7 steps of 512 on 2 MPI ranks, uncompressed, uninterrupted, recorded with --timeline
+    (its summary's ``timeline``); its checkpoints are kept (copy them before changing any). test_resilience's
+    reference run, (its epoch 1, as no learning-rate schedule makes epoch 1 depend on the epochs after it)
+    test_train_precision's plain epoch and fp32 reference for mixed precision, and test_timeline's MPI run
+    (recording changes no number: the weights are those of a run without it)."""
+    directory = tmp_path_factory.mktemp("mlp-2x512")
     return train_json("--epochs", 2, "--global-batch", 512, "--compression", "none", "--no-predict",
-                      checkpoint_dir=tmp_path_factory.mktemp("mlp-2x512"))
+                      "--timeline", directory / "trace.json", checkpoint_dir=directory / "ck")
 
 
 @pytest.fixture(scope="session")
@@ -106,3 +110,33 @@ def torch_cnn_one_epoch(tmp_path_factory):
     and test_model_parallel's reference for the hybrid CNN."""
     return train_json("--engine", "torch", "--model", "cnn", "--parallel", "data", "--epochs", 1, "--compression",
                       "none", "--no-predict", checkpoint_dir=tmp_path_factory.mktemp("cnn-gloo"))
+
+
+INT8_THREE_EPOCHS = ("--epochs", 3, "--global-batch", 512, "--keep-checkpoints", 2, "--compression", "int8")
+
+
+@pytest.fixture(scope="session")
+def int8_three_epochs_of_512(tmp_path_factory):
+    """The MLP for 3 epochs of 7 steps of 512 on 2 MPI ranks with int8, the 2 newest checkpoints kept (copy them
+    before changing any), TensorBoard event files in ``<checkpoint dir>/../tb``. test_train's int8 run (its epoch 2
+    against mlp_two_epochs_of_512: no learning-rate schedule makes epochs 1-2 depend on epoch 3) and
+    test_train_metrics' run."""
+    directory = tmp_path_factory.mktemp("int8-3x512")
+    return train_json(*INT8_THREE_EPOCHS, "--no-predict", "--logdir", directory / "tb", checkpoint_dir=directory / "ck")
+
+
+@pytest.fixture(scope="session")
+def int8_resumed(int8_three_epochs_of_512, tmp_path_factory):
+    """int8_three_epochs_of_512 resumed from epoch 2's checkpoint in a copy of its directory left as a run killed
+    during epoch 3 leaves it: epoch 3's files removed, one more line in metrics.jsonl (a step logged before the kill).
+    Returns (the resumed run's summary, the directory, the names of the checkpoint files copied). test_train checks
+    the weights (the error-feedback residuals came back), test_train_metrics the lines."""
+    directory = tmp_path_factory.mktemp("int8-resumed")
+    shutil.copytree(Path(int8_three_epochs_of_512["checkpoint"]).parent, directory, dirs_exist_ok=True)
+    kept = sorted(p.name for p in directory.glob("*.pt"))
+    for path in directory.glob("*-epoch3.pt"):
+        path.unlink()
+    with open(directory / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "step", "epoch": 3, "step": 999}) + "\n")
+    summary = train_json(*INT8_THREE_EPOCHS, "--resume", "--no-predict", checkpoint_dir=directory)
+    return summary, directory, kept

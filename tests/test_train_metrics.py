@@ -2,20 +2,20 @@
 --logdir; both hold every step and every epoch, with the numbers the run's summary reports."""
 
 import json
+from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import gpurig, run_cli
+from conftest import run_cli
 
-STEPS = 4000 // 512  # --global-batch 512 on the 4,000 training images, the last partial batch dropped
+STEPS = 3 * (4000 // 512)  # 3 epochs of --global-batch 512 on the 4,000 training images, last partial batches dropped
 
 
-def test_metrics_reach_the_jsonl_file_and_tensorboard(tmp_path):
-    done = gpurig("train", "--epochs", 1, "--global-batch", 512, "--compression", "int8", "--no-predict", "--json",
-                  "--checkpoint-dir", tmp_path / "ck", "--logdir", tmp_path / "tb", timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
-    lines = [json.loads(line) for line in (tmp_path / "ck" / "metrics.jsonl").read_text().splitlines()]
+def test_metrics_reach_the_jsonl_file_and_tensorboard(int8_three_epochs_of_512):
+    """conftest's int8 run (3 epochs of 512, --logdir beside its checkpoint directory)."""
+    summary = int8_three_epochs_of_512
+    ck = Path(summary["checkpoint"]).parent
+    lines = [json.loads(line) for line in (ck / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if r["kind"] == "step"]
     epochs = [r for r in lines if r["kind"] == "epoch"]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
@@ -25,22 +25,21 @@ def test_metrics_reach_the_jsonl_file_and_tensorboard(tmp_path):
     assert steps[-1]["bytes_sent"] == summary["bytes_sent_per_step"] > 0
     assert [e["test_accuracy"] for e in epochs] == [e["test_accuracy"] for e in summary["epochs"]]
 
-    events = EventAccumulator(str(tmp_path / "tb"))
+    events = EventAccumulator(str(ck.parent / "tb"))
     events.Reload()
     assert [e.step for e in events.Scalars("step/loss")] == list(range(1, STEPS + 1))
     assert [round(e.value, 5) for e in events.Scalars("epoch/test_accuracy")] == \
         [e["test_accuracy"] for e in summary["epochs"]]
     assert {"step/samples_per_s", "step/comm_wait_ms", "step/bytes_sent", "epoch/loss"} <= set(events.Tags()["scalars"])
 
-    # a resumed run keeps the epochs it resumes after, drops what a run killed in the next one logged, appends its own
-    with open(tmp_path / "ck" / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"kind": "step", "epoch": 2, "step": 999}) + "\n")
-    resumed = gpurig("train", "--epochs", 2, "--resume", "--global-batch", 512, "--compression", "int8",
-                     "--no-predict", "--json", "--checkpoint-dir", tmp_path / "ck", timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    lines = [json.loads(line) for line in (tmp_path / "ck" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(1, 2 * STEPS + 1))
-    assert [r["epoch"] for r in lines if r["kind"] == "epoch"] == [1, 2]
+
+def test_a_resumed_run_keeps_the_lines_before_its_checkpoint_and_appends_its_own(int8_resumed):
+    """A resumed run keeps the epochs it resumes after, drops what the killed run logged after them (epoch 3's
+    lines and the step conftest's int8_resumed appended), appends its own."""
+    _, ck, _ = int8_resumed
+    lines = [json.loads(line) for line in (ck / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(1, STEPS + 1))
+    assert [r["epoch"] for r in lines if r["kind"] == "epoch"] == [1, 2, 3]
 
 
 def test_logdir_without_tensorboard_is_refused_in_one_line(tmp_path, monkeypatch):
