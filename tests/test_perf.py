@@ -116,13 +116,27 @@ class _TinyLanguageModel(torch.nn.Module):
         return self.head(torch.relu(self.hidden(self.embed(tokens))))
 
 
+def _allocation_peak(step) -> int:
+    """Bytes a second call of ``step`` allocates beyond what it held before, at their peak (torch.profiler's
+    allocator events); the first call makes what stays (gradients' buffers, the optimizer's state)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    allocated = peak = 0
+    for event in sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns()):
+        if event.name() == "[memory]":
+            allocated += event.nbytes()
+            peak = max(peak, allocated)
+    return peak
+
+
 def test_a_language_models_step_peaks_where_the_footprint_says():
     """The bytes a real CPU training step allocates beyond what it held before (weights and momentum), at their
     peak (torch.profiler's allocator events), against the footprint's activations, output and loss, and gradients.
     The logits (8 × 256 × 20,000 floats, 164 MB) are most of it: without the output and the loss's four copies,
     the footprint said a fifth of it."""
-    from torch.profiler import ProfilerActivity, profile
-
     from gpurig.models.describe import describe
     from gpurig.perf.footprint import step_memory
 
@@ -138,14 +152,7 @@ def test_a_language_models_step_peaks_where_the_footprint_says():
         torch.nn.functional.cross_entropy(out.view(-1, out.shape[-1]), y).backward()
         optimizer.step()
 
-    step()  # the momentum buffers exist from here on, as the weights do
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    allocated = peak = 0
-    for event in sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns()):
-        if event.name() == "[memory]":
-            allocated += event.nbytes()
-            peak = max(peak, allocated)
+    peak = _allocation_peak(step)
     parts = step_memory(describe(model, x[:1], batch=batch), "momentum", mixed=False, ranks=1)
     predicted = parts["activations"] + parts["output_and_loss"] + parts["gradients"]
     assert abs(predicted / peak - 1) < 0.1, (predicted, peak, parts)
@@ -158,8 +165,6 @@ def test_a_mixed_precision_transformer_step_peaks_where_the_footprint_says():
     torch.autocast("cpu") runs layer norms in 16 bits. Halving the FP32 activations, as the footprint did, falls
     short. No dropout: on a CPU, attention with dropout falls back to materialising the scores, which a GPU's fused
     kernel does not."""
-    from torch.profiler import ProfilerActivity, profile
-
     from gpurig.models.autocast import MetaAutocast
     from gpurig.models.describe import describe
     from gpurig.models.text import GPT2
@@ -179,14 +184,7 @@ def test_a_mixed_precision_transformer_step_peaks_where_the_footprint_says():
         loss.backward()
         optimizer.step()
 
-    step()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    allocated = peak = 0
-    for event in sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns()):
-        if event.name() == "[memory]":
-            allocated += event.nbytes()
-            peak = max(peak, allocated)
+    peak = _allocation_peak(step)
     parts = step_memory(describe(model, x[:1], batch=batch, mixed_precision=True), "momentum", mixed=True, ranks=1)
     predicted = parts["activations"] + parts["output_and_loss"] + parts["gradients"] + parts["amp_copies"]
     assert abs(predicted / peak - 1) < 0.05, (predicted, peak, parts)
