@@ -28,6 +28,7 @@ Conventions (docs/predict.md says more):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -194,18 +195,14 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
         raise UsageError(f"batch must be a whole number ≥ 1, got {batch!r}")
     model = on_meta(module)
     x = example_input(example, batch)
-    modes = {m: m.training for m in model.modules()}
-    model.train(training)
     try:
-        with torch.device("meta"), torch.enable_grad(), Tracer(model) as tracer, SavedActivations(model) as saved:
+        with _in_mode(model, training), torch.device("meta"), torch.enable_grad(), Tracer(model) as tracer, \
+                SavedActivations(model) as saved:
             _held = model(x)    # held until the count ends: what autograd keeps for backward hangs from it
     except Exception as error:  # the model's own code: report it in one line
         raise UsageError(f"{name or type(module).__name__}: its forward pass fails on the meta device "
                          f"({one_line(error)}); a model that reads tensor values "
                          "(.item(), data-dependent shapes) cannot be described without running it") from None
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
     mixed = _mixed_precision_activations(model, x, training) if mixed_precision else {}
     dtypes = {p.dtype for p in model.parameters()} or {torch.float32}
     return ModelSpec(name=name or type(module).__name__, batch=batch, sample=tuple(x.shape[1:]),
@@ -218,20 +215,27 @@ def _mixed_precision_activations(model: nn.Module, x: torch.Tensor, training: bo
     """What a mixed-precision forward pass of ``model`` saves and returns, in bytes, as CUDA's
     autocast types each tensor; nothing (the footprint then halves the FP32 counts) when the model's own code
     cannot run that way on the meta device, which :func:`describe` has already shown it can in FP32."""
+    amp = MetaAutocast(torch.float16)
+    try:
+        with _in_mode(model, training), torch.device("meta"), torch.enable_grad(), \
+                SavedActivations(model, amp.weight_casts) as saved, amp:
+            _held = model(x)
+    except Exception:  # noqa: BLE001 (a model's own code, which FP32 already ran: keep the FP32-derived estimate)
+        return {}
+    return {"mixed_saved_bytes": saved.total_bytes, "mixed_largest_saved_bytes": saved.largest_bytes,
+            "mixed_output_bytes": _float_bytes(_held)}
+
+
+@contextlib.contextmanager
+def _in_mode(model: nn.Module, training: bool):
+    """``model`` in training (or eval) mode for the block, each module's own mode restored after it."""
     modes = {m: m.training for m in model.modules()}
     model.train(training)
     try:
-        with torch.device("meta"), torch.enable_grad():
-            amp = MetaAutocast(torch.float16)
-            with SavedActivations(model, amp.weight_casts) as saved, amp:
-                _held = model(x)
-    except Exception:  # noqa: BLE001 (a model's own code, which FP32 already ran: keep the FP32-derived estimate)
-        return {}
+        yield
     finally:
         for m, mode in modes.items():
             m.training = mode
-    return {"mixed_saved_bytes": saved.total_bytes, "mixed_largest_saved_bytes": saved.largest_bytes,
-            "mixed_output_bytes": _float_bytes(_held)}
 
 
 def _float_bytes(output) -> int:
