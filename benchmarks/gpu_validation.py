@@ -216,16 +216,20 @@ def again(path: str) -> None:
 
 def square_loss_extra(row: dict) -> float:
     """Bytes a run before 2026-11-27 held beyond predict's cross-entropy for a model whose output has tokens (a
-    language model's logits, BERT's hidden states): those runs trained it on ``out.float().square().mean()``, which
-    holds 5 copies of the output in FP32 at its peak and 5.5 under autocast (its FP32 cast is kept for backward),
-    where cross-entropy holds 4 and 3.5 (a CPU step's allocator, /tmp/amp in the 2026-11-27 session; tests/test_perf.py
-    checks cross-entropy's)."""
+    language model's logits, BERT's hidden states): those runs trained it on ``out.float().square().mean()``. The
+    difference of the two steps' peaks, each traced on the meta device (:func:`gpurig.models.peak.trace_step`)."""
     example = preset(row["model"]).example()
     if example.dtype != torch.int64:
         return 0.0
-    from gpurig.models import model_spec
-    values = model_spec(row["model"], batch=row["batch"]).output_bytes / 4
-    return values * 4 * (2.0 if row["precision"] in ("bf16", "fp16") else 1.0)
+    from gpurig.models.peak import trace_step
+
+    x = torch.zeros((row["batch"], *example.shape[1:]), dtype=example.dtype, device="meta")
+    mixed = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(row["precision"])
+    def square(out):
+        return (out if isinstance(out, torch.Tensor) else out[0]).float().square().mean()
+
+    square = trace_step(preset(row["model"]).build(), x, mixed, loss_of=square)
+    return square["peak"] - trace_step(preset(row["model"]).build(), x, mixed)["peak"]
 
 
 def line(row: dict) -> str:

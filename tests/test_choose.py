@@ -62,9 +62,12 @@ def test_the_posts_gtx_980_or_gtx_680(old_gpus):
     compute = maxwell.fp32_tflops / (kepler.fp32_tflops * GPU_EFFICIENCY.cuda_core_scale("Kepler"))
     assert 1.35 < one_980["samples_per_s"] / one_680["samples_per_s"] < compute
     assert one_980["usd_per_m_samples"] < one_680["usd_per_m_samples"]
-    # two 680s do not fit AlexNet's batch of 128 in 2 GB (the commenter: "2GB RAM ... inadequate for AlexNet")
-    assert not two_680["memory"]["fits"] and two_680["rank"] == len(old_gpus["rows"])
-    assert any(r.startswith("does not fit") for r in two_680["reasons"])
+    # two 680s: AlexNet's batch of 128 fills their 2 GB (the commenter: "2GB RAM ... inadequate for AlexNet"; the
+    # post: "a 4GB GTX 680 variant ... is quite okay") to over nine tenths of what tensors can have, in today's
+    # PyTorch, whose backward frees each layer's activations as it makes its gradients (an H100 measured 1.23 GiB
+    # for one GPU, docs/gpu/h100-2026-11-26); and one 980 does as much for less
+    assert two_680["memory"]["total_gb"] > 0.9 * two_680["memory"]["usable_gb"]
+    assert two_680["rank"] > one_980["rank"] and two_680["usd_per_m_samples"] > one_980["usd_per_m_samples"]
 
 
 def test_the_posts_one_titan_x_or_two_gtx_980s(old_gpus):

@@ -190,3 +190,60 @@ def test_a_mixed_precision_transformer_step_peaks_where_the_footprint_says():
     assert abs(predicted / peak - 1) < 0.05, (predicted, peak, parts)
     halved = step_memory(describe(model, x[:1], batch=batch), "momentum", mixed=True, ranks=1)["activations"]
     assert (predicted - parts["activations"] + halved) / peak < 0.92
+
+
+def test_a_step_traced_on_the_meta_device_peaks_where_the_cpu_allocator_does():
+    """gpurig.models.peak runs a training step on meta tensors and follows each tensor from its creation until
+    autograd lets it go. The same step on CPU tensors, through the allocator (torch.profiler's events): its peak
+    beyond what it held before is the traced one, in FP32 and typed as CUDA's autocast types it. A small GPT-2
+    with dropout, its attention as a CPU runs it (materialising the scores); a GPU's fused kernel, which the trace
+    follows by default, keeps far less."""
+    import contextlib
+
+    from gpurig.models.autocast import MetaAutocast
+    from gpurig.models.describe import on_meta
+    from gpurig.models.peak import trace_step
+    from gpurig.models.text import GPT2
+
+    torch.manual_seed(0)
+    for mixed in (None, torch.bfloat16):
+        model, batch, tokens = GPT2(width=64, layers=2, heads=2, vocab=512, context=256, dropout=0.1), 8, 256
+        x = torch.randint(0, 512, (batch, tokens))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            with MetaAutocast(mixed) if mixed else contextlib.nullcontext():
+                out = model(x)
+                loss = torch.nn.functional.cross_entropy(out.flatten(0, -2), torch.zeros(batch * tokens).long())
+            loss.backward()
+            optimizer.step()    # in place: momentum adds nothing at the peak
+
+        peak = _allocation_peak(step)
+        traced = trace_step(on_meta(model), x.to("meta"), mixed, fused_attention=False)
+        assert abs((traced["peak"] - x.nbytes) / peak - 1) < 0.01, (mixed, traced, peak)
+        assert trace_step(on_meta(model), x.to("meta"), mixed)["peak"] < 0.8 * traced["peak"]
+
+
+def test_adams_step_peaks_with_one_more_copy_of_the_parameters():
+    """torch.optim.Adam's foreach step (CUDA's default) computes √v for every parameter at once. At a batch small
+    enough for the optimizer's step to be the peak, the allocator's peak beyond the weights and the moments is
+    the gradients and that copy, as the footprint says."""
+    from gpurig.models.describe import describe, on_meta
+    from gpurig.models.peak import step_peaks
+    from gpurig.perf.footprint import step_memory
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+    x = torch.randn(2, 1024)
+    optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        optimizer.step()
+
+    peak = _allocation_peak(step)
+    parts = step_memory(describe(model, x[:1], batch=2), "adam", False, 1, traced=step_peaks(on_meta(model), x.to("meta")))
+    assert parts["optimizer_working"] == parts["gradients"] == parts["weights"]
+    held = parts["weights"] + parts["optimizer"]
+    assert abs((sum(parts.values()) - held) / peak - 1) < 0.01, (parts, peak)

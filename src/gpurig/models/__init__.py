@@ -30,7 +30,8 @@ from torch import nn
 
 from gpurig.errors import UsageError
 from gpurig.models import text, transformer_xl, vision
-from gpurig.models.describe import ModelSpec, describe
+from gpurig.models.describe import ModelSpec, describe, example_input, on_meta
+from gpurig.models.peak import step_peaks
 from gpurig.models.factory import load_factory, parse_sample
 from gpurig.models.reference import cnn, mlp, wide_cnn
 from gpurig.spec.catalog import Lookup
@@ -180,6 +181,29 @@ def _preset_spec(name: str, batch: int, tokens: int | None, mixed: bool = False)
     """
     found = PRESETS[name]
     return describe(found.build(), found.example(tokens), batch, name=found.name, mixed_precision=mixed)
+
+
+@functools.lru_cache(maxsize=256)
+def step_peak(model: str, batch: int, *, tokens: int | None = None, sample: str | None = None,
+              mixed: bool = False) -> dict | None:
+    """The peak memory of one training step of a preset or ``module:factory`` model at ``batch``, traced on the
+    meta device in FP32 or, ``mixed``, as CUDA's autocast runs it (:func:`gpurig.models.peak.step_peaks`);
+    None when the meta device cannot run the model's backward.
+
+    >>> peak = step_peak("mnist-mlp", 64)
+    >>> peak["peak"] > peak["gradients"] > 0 and peak["per_sample"] > 0
+    True
+    """
+    if ":" in model:
+        shape, dtype = parse_sample(sample)
+        module, x = load_factory(model), torch.empty((batch, *shape), dtype=dtype, device="meta")
+    else:
+        found = preset(model)
+        module, x = found.build(), example_input(found.example(tokens), batch)
+    try:
+        return step_peaks(on_meta(module), x, torch.float16 if mixed else None)
+    except Exception:  # noqa: BLE001 (a model's own backward: the footprint then adds up its parts)
+        return None
 
 
 # The presets ``gpurig train`` trains (on MNIST), by the short names its --model takes.

@@ -1,7 +1,14 @@
 """What a training step holds in one GPU's memory, and the largest batch that fits.
 
-A rank holds, besides the CUDA context and libraries' workspaces (outside
-PyTorch's allocator, so outside ``torch.cuda.max_memory_allocated``):
+A rank holds the weights, the optimizer's state and, with several ranks, the
+gradient buckets for the whole step, and on top of them what the step makes.
+That part is taken from the step itself, traced on the meta device
+(:mod:`gpurig.models.peak`): the most forward, the loss and backward hold at once
+(backward frees each layer's saved tensors as it makes its gradients), or the
+optimizer's step with every gradient and its own working copy, whichever is
+more. When the meta device cannot run a model's backward, the parts are added
+up instead, as follows. A rank holds, besides the CUDA context and libraries'
+workspaces (outside PyTorch's allocator, so outside ``torch.cuda.max_memory_allocated``):
 
 - the weights in FP32, their gradients in FP32 and the optimizer's state
   (momentum: one value per parameter; Adam: two);
@@ -46,6 +53,9 @@ from gpurig.perf.compute import DTYPE_BYTES
 
 # Optimizer state per parameter, in FP32 values (SGD keeps nothing, momentum one buffer, Adam/LAMB two moments).
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "lamb": 2}
+# What the optimizer's step makes on top, per parameter, in FP32 values: PyTorch's foreach Adam (CUDA's default)
+# computes √v for every parameter at once before adding the update to the weights; SGD works in place.
+OPTIMIZER_WORKING = {"sgd": 0, "momentum": 0, "adam": 1, "lamb": 1}
 # Activations that overwrite their input (nn.ReLU(inplace=True) in every torchvision convolutional net).
 IN_PLACE = {"ReLU", "ReLU6", "LeakyReLU", "Hardtanh"}
 # What the allocator cannot hand to tensors: fragmentation between differently sized blocks, and the CUDA
@@ -57,11 +67,17 @@ CONTEXT_BYTES = 0.5 * 2**30
 BUCKET_BYTES = 25 * 2**20  # DataParallel's (and DDP's) gradient bucket
 
 
-def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "none") -> dict[str, int]:
-    """Bytes one rank holds for a training step of ``spec`` (a described model at its batch), by kind.
+def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "none",
+                traced: dict | None = None) -> dict[str, int]:
+    """Bytes one rank holds at the peak of a training step of ``spec`` (a described model at its batch), by kind.
 
     ``shard``: ``"optimizer"``, each of the ``ranks`` keeps its share of the optimizer state (ZeRO stage 1,
     PyTorch's ``ZeroRedundancyOptimizer``); ``"gradients"``, of the gradients too (stage 2).
+
+    With ``traced``, the step's peak traced at ``spec``'s batch and precision (:func:`gpurig.models.step_peak`),
+    the parts are what is held at the step's peak: at backward's, or at the optimizer's step when that holds
+    more (every gradient and the optimizer's working copy, ``optimizer_working``). Without, every activation,
+    gradient and copy is added up.
 
     >>> from gpurig.models import model_spec
     >>> bert = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", mixed=True, ranks=8)
@@ -70,10 +86,36 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
     >>> zero2 = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", True, 8, shard="gradients")
     >>> round(zero2["optimizer"] / bert["optimizer"], 3), round(zero2["gradients"] / bert["gradients"], 3)
     (0.125, 0.125)
+    >>> from gpurig.models import step_peak
+    >>> bert8 = model_spec("bert-base", batch=8, tokens=128)
+    >>> traced = step_memory(bert8, "momentum", False, 1, traced=step_peak("bert-base", 8, tokens=128))
+    >>> round(sum(traced.values()) / sum(step_memory(bert8, "momentum", False, 1).values()), 2)   # backward frees
+    0.83
     """
+    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced)
+    return {**held, **max(backward, optimizer_step, key=lambda parts: sum(parts.values()))}
+
+
+def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: dict | None) -> tuple[dict, dict, dict]:
+    """What the whole step holds (weights, optimizer state, buckets), and on top of it at backward's peak and at the
+    optimizer step's (all zeros when the step was not traced: the summed parts are then backward's)."""
     params = spec.parameters
     shards = ranks if shard != "none" else 1
     stage2 = shard == "gradients" and ranks > 1
+    gradients = params * DTYPE_BYTES
+    held = {
+        "weights": params * DTYPE_BYTES,
+        "optimizer": math.ceil(params / shards) * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
+        "buckets": (min(params * DTYPE_BYTES, BUCKET_BYTES) if stage2 else params * DTYPE_BYTES) if ranks > 1 else 0,
+    }
+    if traced:
+        share = 1 / ranks if stage2 else 1   # ZeRO-2 keeps its share of each bucket's averaged gradients
+        backward = {"gradients": round(traced["gradients"] * share), "amp_copies": traced["weight_casts"],
+                    "activations": traced["activations"], "output_and_loss": traced["output_and_loss"],
+                    "backward_working": traced["backward_working"], "optimizer_working": 0}
+        optimizer_step = {**dict.fromkeys(backward, 0), "gradients": round(gradients * share),
+                          "optimizer_working": math.ceil(params / shards) * DTYPE_BYTES * OPTIMIZER_WORKING[optimizer]}
+        return held, backward, optimizer_step
     if mixed and spec.mixed_saved_bytes:
         activations = spec.mixed_saved_bytes + spec.mixed_largest_saved_bytes
     elif spec.saved_bytes:
@@ -85,15 +127,34 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
         activations = values * (2 if mixed else DTYPE_BYTES)
     output = spec.output_bytes / DTYPE_BYTES  # values
     held_output = (spec.mixed_output_bytes or output * 2) if mixed else spec.output_bytes
-    return {
-        "weights": params * DTYPE_BYTES,
-        "gradients": math.ceil(params / ranks) * DTYPE_BYTES if stage2 else params * DTYPE_BYTES,
-        "optimizer": math.ceil(params / shards) * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
+    backward = {
+        "gradients": math.ceil(params / ranks) * DTYPE_BYTES if stage2 else gradients,
         "amp_copies": params * 2 if mixed else 0,
-        "buckets": (min(params * DTYPE_BYTES, BUCKET_BYTES) if stage2 else params * DTYPE_BYTES) if ranks > 1 else 0,
         "activations": round(activations),
         "output_and_loss": round(held_output + output * 3 * DTYPE_BYTES),
+        "backward_working": 0,
+        "optimizer_working": 0,
     }
+    return held, backward, dict.fromkeys(backward, 0)
+
+
+def largest_fitting_batch(spec, optimizer: str, mixed: bool, ranks: int, memory_gb: float,
+                          shard: str = "none", traced: dict | None = None) -> int:
+    """The largest per-GPU batch of ``spec``'s model whose step fits ``memory_gb``: backward's peak grows with
+    each sample (by the traced growth, or by the activations' and output's share), the optimizer step's does not.
+
+    >>> from gpurig.models import model_spec
+    >>> from gpurig.models import step_peak
+    >>> largest_fitting_batch(model_spec("bert-base", batch=8, tokens=128), "adam", False, 1, 24,
+    ...                       traced=step_peak("bert-base", 8, tokens=128))
+    257
+    """
+    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced)
+    if sum(held.values()) + sum(optimizer_step.values()) > usable_bytes(memory_gb):
+        return 0
+    now = sum(held.values()) + sum(backward.values())
+    per_sample = traced["per_sample"] if traced else (backward["activations"] + backward["output_and_loss"]) / spec.batch
+    return largest_batch(now - per_sample * spec.batch, per_sample, memory_gb)
 
 
 def usable_bytes(memory_gb: float) -> float:

@@ -92,7 +92,7 @@ def predict(request: PredictRequest) -> dict:
     }
     result["utilization"] = expected_utilization(spec, request, hardware, top, final.step_s)
     result["advice"] = fit_advice(spec, request, hardware, top, result["memory"]) + \
-        advice(spec, layers, request, hardware, top, final)
+        advice(spec, layers, request, hardware, top, final, result["memory"].get("largest_batch"))
     return result
 
 

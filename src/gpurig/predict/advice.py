@@ -13,8 +13,11 @@ from gpurig.predict.hardware import Hardware
 from gpurig.predict.memory import memory
 from gpurig.predict.request import PARALLEL, PARALLEL_WHY, PredictRequest
 
-def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int, step: StepPrediction) -> list[dict]:
-    """What would make this faster, each item predicted: batch size, compression, a faster network or PCIe."""
+def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int, step: StepPrediction,
+           largest_batch: int | None = None) -> list[dict]:
+    """What would make this faster, each item predicted: batch size, compression, a faster network or PCIe.
+    ``largest_batch``: the largest per-GPU batch that fits (:func:`gpurig.predict.memory.memory`), when known:
+    a larger batch is advised only up to it."""
     from gpurig.parallel.sharding import tile_advice
     from gpurig.models import model_spec
 
@@ -26,8 +29,9 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
 
     rule = tile_advice(spec.batch)
     better = max(64, -(-spec.batch // 64) * 64)
-    if rule and memory(model_spec(request.model, batch=better, tokens=request.tokens, sample=request.sample),
-                       request, hardware, ranks).get("fits", True):
+    if rule and (better <= largest_batch if largest_batch is not None else
+                 memory(model_spec(request.model, batch=better, tokens=request.tokens, sample=request.sample),
+                        request, hardware, ranks).get("fits", True)):
         other = model_spec(request.model, batch=better, tokens=request.tokens, sample=request.sample)
         predicted = step_at(other, layer_costs(other), request, hardware, ranks)
         items.append({"what": f"per-GPU batch {better}",

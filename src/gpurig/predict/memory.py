@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpurig.models import model_spec
-from gpurig.perf.footprint import OPTIMIZER_STATES, largest_batch, step_memory, usable_bytes
+from gpurig.models import model_spec, step_peak
+from gpurig.perf.footprint import OPTIMIZER_STATES, largest_fitting_batch, step_memory, usable_bytes
 from gpurig.perf.precision import MIXED
 from gpurig.predict.hardware import Hardware
 from gpurig.predict.request import PredictRequest
@@ -20,17 +20,19 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     (False, True)
     """
     mixed = request.precision in MIXED
-    if mixed and not spec.mixed_saved_bytes:   # described without the mixed-precision pass: describe it with one
+    traced = step_peak(request.model, spec.batch, tokens=request.tokens, sample=request.sample, mixed=mixed)
+    if traced is None and mixed and not spec.mixed_saved_bytes:  # summed instead: with the mixed-precision pass
         spec = model_spec(request.model, batch=spec.batch, tokens=request.tokens, sample=request.sample, mixed=True)
-    parts = step_memory(spec, request.optimizer, mixed, ranks if request.parallel == "data" else 1, shard=request.shard)
+    data_ranks = ranks if request.parallel == "data" else 1
+    parts = step_memory(spec, request.optimizer, mixed, data_ranks, shard=request.shard, traced=traced)
     total = sum(parts.values())
     gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
            "gpu_gb": gpu_gb}
     if gpu_gb:
-        growing = parts["activations"] + parts["output_and_loss"]  # the parts that grow with the batch
         out.update(usable_gb=round(usable_bytes(gpu_gb) / 2**30, 2), fits=total <= usable_bytes(gpu_gb),
-                   largest_batch=largest_batch(total - growing, growing / spec.batch, gpu_gb))
+                   largest_batch=largest_fitting_batch(spec, request.optimizer, mixed, data_ranks, gpu_gb,
+                                                       shard=request.shard, traced=traced))
     return out
 
 
