@@ -275,3 +275,48 @@ def test_the_hardware_verbs_show_their_numbers_whole_in_80_columns(argv):
 def test_an_impossible_cluster_description_is_one_line(cluster, message):
     code, out, err = run_cli(["predict", "--model", "resnet50", "--cluster", cluster])
     assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_largest_batch_that_fits_is_where_the_traced_step_fills_the_gpu():
+    """predict traces a training step at the batch asked for and at twice it, and extrapolates the largest batch
+    that fits; priced there, the step fits, and a tenth more does not."""
+    def memory(batch):
+        return predict(PredictRequest(model="bert-base", cluster="1 x RTX 3060", batch=batch, tokens=512,
+                                      precision="bf16", optimizer="adam"))["memory"]
+
+    largest = memory(8)["largest_batch"]
+    assert 8 < largest and memory(largest)["fits"] and not memory(round(1.1 * largest))["fits"]
+
+
+BACKWARD_FAILS_ON_META = '''
+import torch
+
+class ReadsItsGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float(grad.abs().max())      # reads a value: the meta device has none
+
+class Reads(torch.nn.Module):
+    def forward(self, x):
+        return ReadsItsGradient.apply(x)
+
+def factory():
+    return torch.nn.Sequential(torch.nn.Linear(4096, 4096), Reads(), torch.nn.Linear(4096, 10))
+'''
+
+
+def test_a_model_whose_backward_cannot_run_on_meta_is_priced_by_its_parts(tmp_path):
+    """The step's trace needs backward on meta tensors; a model whose backward reads values is priced by adding
+    its parts up (every activation saved, every gradient), not refused."""
+    from gpurig.models import step_peak
+
+    path = tmp_path / "reads.py"
+    path.write_text(BACKWARD_FAILS_ON_META)
+    model = f"{path}:factory"
+    assert step_peak(model, 32, sample="4096") is None
+    m = predict(PredictRequest(model=model, sample="4096", cluster="1 x RTX 3060", batch=32))["memory"]
+    assert m["fits"] and m["parts_gb"]["backward_working"] == 0 and m["parts_gb"]["gradients"] > 0
