@@ -1,14 +1,15 @@
 """What a training step holds in one GPU's memory, and the largest batch that fits.
 
-A rank holds the weights, the optimizer's state and, with several ranks, the
-gradient buckets for the whole step, and on top of them what the step makes.
+A rank holds the weights, the optimizer's state, cuBLAS's workspaces (which
+PyTorch takes from its allocator) and, with several ranks, the gradient buckets
+for the whole step, and on top of them what the step makes.
 That part is taken from the step itself, traced on the meta device
 (:mod:`gpurig.models.peak`): the most forward, the loss and backward hold at once
 (backward frees each layer's saved tensors as it makes its gradients), or the
 optimizer's step with every gradient and its own working copy, whichever is
 more. When the meta device cannot run a model's backward, the parts are added
-up instead, as follows. A rank holds, besides the CUDA context and libraries'
-workspaces (outside PyTorch's allocator, so outside ``torch.cuda.max_memory_allocated``):
+up instead, as follows. A rank holds, besides the CUDA context and cuDNN's
+workspaces (not counted: outside, or not predicted):
 
 - the weights in FP32, their gradients in FP32 and the optimizer's state
   (momentum: one value per parameter; Adam: two);
@@ -59,16 +60,34 @@ OPTIMIZER_WORKING = {"sgd": 0, "momentum": 0, "adam": 1, "lamb": 1}
 # Activations that overwrite their input (nn.ReLU(inplace=True) in every torchvision convolutional net).
 IN_PLACE = {"ReLU", "ReLU6", "LeakyReLU", "Hardtanh"}
 # What the allocator cannot hand to tensors: fragmentation between differently sized blocks, and the CUDA
-# context with cuBLAS / cuDNN workspaces.
+# context with the libraries' own memory.
 FRAGMENTATION = 0.05
 CONTEXT_BYTES = 0.5 * 2**30
 
 
 BUCKET_BYTES = 25 * 2**20  # DataParallel's (and DDP's) gradient bucket
+# cuBLAS's workspace, which PyTorch takes from its caching allocator, one per handle and stream: the forward's
+# thread and autograd's backward thread have one each. PyTorch's default size (CublasHandlePool.cpp, unless
+# CUBLAS_WORKSPACE_CONFIG says otherwise): 4096 KiB × 8 on Hopper and later, 4096 KiB × 2 + 16 KiB × 8 before.
+CUBLAS_WORKSPACE = {"Hopper": 32 * 2**20, "Blackwell": 32 * 2**20}
+CUBLAS_WORKSPACE_BEFORE_HOPPER = 2 * 4096 * 2**10 + 8 * 16 * 2**10
+
+
+def library_workspaces(gpu) -> int:
+    """Bytes of libraries' workspaces a training step's GPU holds in PyTorch's allocator (cuBLAS's two), for a
+    catalog GPU; none known for other vendors' GPUs or without a GPU.
+
+    >>> from gpurig.spec import catalog
+    >>> library_workspaces(catalog.gpu("H100 SXM5 80GB")) / 2**20, library_workspaces(catalog.gpu("RTX 3090")) / 2**20
+    (64.0, 16.25)
+    """
+    if gpu is None or gpu.vendor != "NVIDIA":
+        return 0
+    return 2 * CUBLAS_WORKSPACE.get(gpu.architecture, CUBLAS_WORKSPACE_BEFORE_HOPPER)
 
 
 def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "none",
-                traced: dict | None = None) -> dict[str, int]:
+                traced: dict | None = None, workspaces: int = 0) -> dict[str, int]:
     """Bytes one rank holds at the peak of a training step of ``spec`` (a described model at its batch), by kind.
 
     ``shard``: ``"optimizer"``, each of the ``ranks`` keeps its share of the optimizer state (ZeRO stage 1,
@@ -77,7 +96,8 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
     With ``traced``, the step's peak traced at ``spec``'s batch and precision (:func:`gpurig.models.step_peak`),
     the parts are what is held at the step's peak: at backward's, or at the optimizer's step when that holds
     more (every gradient and the optimizer's working copy, ``optimizer_working``). Without, every activation,
-    gradient and copy is added up.
+    gradient and copy is added up. ``workspaces``: libraries' workspaces held for the step
+    (:func:`library_workspaces`).
 
     >>> from gpurig.models import model_spec
     >>> bert = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", mixed=True, ranks=8)
@@ -92,11 +112,12 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
     >>> round(sum(traced.values()) / sum(step_memory(bert8, "momentum", False, 1).values()), 2)   # backward frees
     0.83
     """
-    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced)
+    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced, workspaces)
     return {**held, **max(backward, optimizer_step, key=lambda parts: sum(parts.values()))}
 
 
-def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: dict | None) -> tuple[dict, dict, dict]:
+def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: dict | None,
+           workspaces: int = 0) -> tuple[dict, dict, dict]:
     """What the whole step holds (weights, optimizer state, buckets), and on top of it at backward's peak and at the
     optimizer step's (all zeros when the step was not traced: the summed parts are then backward's)."""
     params = spec.parameters
@@ -107,6 +128,7 @@ def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: di
         "weights": params * DTYPE_BYTES,
         "optimizer": math.ceil(params / shards) * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
         "buckets": (min(params * DTYPE_BYTES, BUCKET_BYTES) if stage2 else params * DTYPE_BYTES) if ranks > 1 else 0,
+        "workspaces": workspaces,
     }
     if traced:
         share = 1 / ranks if stage2 else 1   # ZeRO-2 keeps its share of each bucket's averaged gradients
@@ -139,7 +161,7 @@ def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: di
 
 
 def largest_fitting_batch(spec, optimizer: str, mixed: bool, ranks: int, memory_gb: float,
-                          shard: str = "none", traced: dict | None = None) -> int:
+                          shard: str = "none", traced: dict | None = None, workspaces: int = 0) -> int:
     """The largest per-GPU batch of ``spec``'s model whose step fits ``memory_gb``: backward's peak grows with
     each sample (by the traced growth, or by the activations' and output's share), the optimizer step's does not.
 
@@ -149,7 +171,7 @@ def largest_fitting_batch(spec, optimizer: str, mixed: bool, ranks: int, memory_
     ...                       traced=step_peak("bert-base", 8, tokens=128))
     257
     """
-    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced)
+    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced, workspaces)
     if sum(held.values()) + sum(optimizer_step.values()) > usable_bytes(memory_gb):
         return 0
     now = sum(held.values()) + sum(backward.values())

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpurig.models import model_spec, step_peak
-from gpurig.perf.footprint import OPTIMIZER_STATES, largest_fitting_batch, step_memory, usable_bytes
+from gpurig.perf.footprint import (OPTIMIZER_STATES, largest_fitting_batch, library_workspaces, step_memory,
+                                   usable_bytes)
 from gpurig.perf.precision import MIXED
 from gpurig.predict.hardware import Hardware
 from gpurig.predict.request import PredictRequest
@@ -24,7 +25,9 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     if traced is None and mixed and not spec.mixed_saved_bytes:  # summed instead: with the mixed-precision pass
         spec = model_spec(request.model, batch=spec.batch, tokens=request.tokens, sample=request.sample, mixed=True)
     data_ranks = ranks if request.parallel == "data" else 1
-    parts = step_memory(spec, request.optimizer, mixed, data_ranks, shard=request.shard, traced=traced)
+    workspaces = library_workspaces(hardware.gpu)
+    parts = step_memory(spec, request.optimizer, mixed, data_ranks, shard=request.shard, traced=traced,
+                        workspaces=workspaces)
     total = sum(parts.values())
     gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
@@ -32,7 +35,7 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     if gpu_gb:
         out.update(usable_gb=round(usable_bytes(gpu_gb) / 2**30, 2), fits=total <= usable_bytes(gpu_gb),
                    largest_batch=largest_fitting_batch(spec, request.optimizer, mixed, data_ranks, gpu_gb,
-                                                       shard=request.shard, traced=traced))
+                                                       shard=request.shard, traced=traced, workspaces=workspaces))
     return out
 
 
