@@ -110,6 +110,7 @@ def test_cli_table_json_and_plot(tmp_path):
                       "--plot", tmp_path / "s.png", timeout=120, env={"COLUMNS": "160"})
     assert done.returncode == 0, done.stderr
     assert "speed-up by GPU count" in done.stdout and "communication" in done.stdout
+    assert "at the step's peak: " in done.stdout and " GiB" in done.stdout
     assert (tmp_path / "s.png").stat().st_size > 1000
     # the console command's table and plot above, in a fresh process; its JSON here, in this one
     code, out, err = run_cli(["predict", "--model", "alexnet", "--cluster", "4 RTX 2080 Ti", "--json"])

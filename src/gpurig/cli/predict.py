@@ -27,6 +27,7 @@ gpurig train reports it.
 """
 
 
+
 def add_parser(subparsers) -> None:
     """Register ``gpurig predict``."""
     p = subparsers.add_parser(
@@ -165,6 +166,7 @@ def show(result: dict) -> None:
         verdict = "fits" if needed["fits"] else "[bold red]does NOT fit[/]"
         console.print(f"memory per GPU: {needed['total_gb']:.1f} GiB of {needed['usable_gb']:.1f} usable "
                       f"({needed['gpu_gb']:g} GB): {verdict}; the largest batch that fits: {needed['largest_batch']}")
+        console.print(f"  at the step's peak: {peak_parts(needed['parts_gb'])}")
     used = result.get("utilization") or {}
     if used.get("mfu") is not None:
         console.print(f"expected MFU: {used['mfu']:.1%} ({used['tflops_per_gpu']:.3g} of {used['peak_tflops']:.3g} "
@@ -191,6 +193,15 @@ def show(result: dict) -> None:
             table.add_row(item["what"], "—" if gain is None else f"{gain:.2f}x", item["why"])
         console.print(table)
 
+
+def peak_parts(parts_gb: dict) -> str:
+    """What a GPU holds at the step's peak, largest first, in GiB (parts under 0.05 GiB left out).
+
+    >>> peak_parts({"weights": 0.41, "optimizer": 0.82, "activations": 2.3, "backward_working": 0.01})
+    'activations 2.3, optimizer 0.8, weights 0.4 GiB'
+    """
+    shown = sorted(((gb, name) for name, gb in parts_gb.items() if gb >= 0.05), reverse=True)
+    return ", ".join(f"{name.replace('_', ' ')} {gb:.1f}" for gb, name in shown) + " GiB" if shown else "under 0.05 GiB"
 
 def plot(result: dict, path: str) -> None:
     """Speed-up vs GPU count, with the ideal line."""
