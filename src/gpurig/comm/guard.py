@@ -234,18 +234,6 @@ class Guard:
         """Whether a check :meth:`post_expect` began is still to be judged."""
         return self._posted is not None
 
-    def announced(self, signature: Signature) -> bool:
-        """Whether ``signature`` is the next collective of a batch already checked (:meth:`expect`) or posted
-        (:meth:`post_expect`), so that it would begin without a check of its own. It depends only on the
-        sequence of collectives so far, which every rank shares, so every rank gives the same answer.
-
-        >>> guard.post_expect(signatures); guard.announced(signatures[0])   # doctest: +SKIP
-        True
-        """
-        if self._posted is not None:
-            return self._posted[0][0] == signature
-        return bool(self._expected) and self._expected[0] == signature
-
     def poll(self) -> None:
         """Judge the posted check if its exchange has ended (an MPI_Test also moves it along)."""
         if self._posted is not None and self._posted[1].is_completed():

@@ -279,7 +279,7 @@ class DataParallel(torch.nn.Module):
         self._finalize_queued = False
         self._next_bucket = 0
         self._inline_s = 0.0   # this step's last bucket, allreduced blocking (_inline)
-        self._checked = False  # this step's collective check begun, in forward or at backward's first gradient
+        self._checked = False  # this step's collective check begun at backward's first gradient (expect_async)
         self._recent: collections.deque = collections.deque(maxlen=AUTO_CALIBRATION_STEPS)
         self._method_costs: list[dict] | None = None
         self._finished_at = 0.0  # when the last step's gradients were averaged
@@ -350,15 +350,6 @@ class DataParallel(torch.nn.Module):
             buffers = list(self.module.buffers())
             if buffers:
                 _broadcast_tensors(self.comm, buffers)
-        if self._sync and not self._checked and self._hooks and torch.is_grad_enabled() \
-                and (self.comm.size > 1 or self.zero is not None):
-            # The step's collective check leaves here, before forward, rather than at backward's first gradient:
-            # by the first bucket every rank has long posted it, so judging it waits for no one. Posted at the
-            # first gradient, the early rank waited there for the late one to reach backward, a second
-            # rendezvous a step on top of DDP's (~0.5 ms of a 60 ms CNN step over Gloo, docs/benchmarks.md,
-            # issue 23's seventh pass). A collective begun before the buckets (a loss allreduced for logging,
-            # a model-parallel layer's) judges it and ends its batch; backward's first gradient then posts again.
-            self._checked = self.comm.expect_async(self._step_signatures())
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -383,13 +374,10 @@ class DataParallel(torch.nn.Module):
         if not self._finalize_queued:
             self._finalize_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-            # The step's collective check travels while backward computes; it is judged before the first
-            # bucket's data moves (gpurig.comm.guard). Blocking at the first bucket, it was a rendezvous with the
-            # other ranks on the critical path (docs/benchmarks.md, issue 23's third pass). Usually forward
-            # posted it already; it is posted here if not, or if a collective since then ended its batch.
-            signatures = self._step_signatures()
-            if not (self._checked and signatures and self.comm.guard.announced(signatures[0])):
-                self._checked = self.comm.expect_async(signatures)
+            # The step's collective check leaves now and travels while backward computes; it is judged before
+            # the first bucket's data moves (gpurig.comm.guard). Blocking at the first bucket, it was a rendezvous
+            # with the other ranks on the critical path (docs/benchmarks.md, issue 23's third pass).
+            self._checked = self.comm.expect_async(self._step_signatures())
         bucket = self.buckets[self._bucket_of[id(param)]]
         bucket.ready += 1
         # what was begun on this thread moves only inside engine calls (MPI); Gloo's and NCCL's threads move
