@@ -139,6 +139,26 @@ def _():
         model.remove_hooks()
 
 
+@case("DataParallel: a rank calls another collective between forward and backward")
+def _():
+    """The step's check is posted after the last point where user code may begin a collective of its own (a
+    loss allreduced on one rank only): a check posted in forward would agree on every rank, the others would
+    then move bucket 0's data while the odd rank sends another tensor (a hang, or Gloo's abort)."""
+    torch.manual_seed(0)
+    model = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Linear(64, 4)))
+
+    def step():
+        loss = model(torch.ones(2, 8)).sum()
+        if odd:
+            comm.allreduce(torch.ones(100_001), op="sum", name="extra")
+        loss.backward()
+
+    try:
+        mismatch(step, "differs across ranks", "rank 1 allreduce 'extra' float32[100001] sum", "bucket 0")
+    finally:
+        model.remove_hooks()
+
+
 def nan_model(nonfinite):
     """A model whose last bias gets a NaN gradient on rank 1 only, while ``poison`` is set; the average carries
     it to every rank."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import statistics
@@ -66,10 +67,27 @@ class Bucket:
     handle: comm_mod.Handle | None = None
     launched_at: float = 0.0
     flagged: bool = False
+    _cut_from: torch.Tensor | None = field(default=None, repr=False)  # the flat the views below were cut from
+    _pieces: list = field(default_factory=list, repr=False)
+    _grads: list = field(default_factory=list, repr=False)
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
+
+    def views(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each parameter's stretch of ``flat``, flat and in the parameter's shape: cut once (again only when
+        ``flat`` is replaced), where cutting them at every step made 2 tensors per parameter (~7 µs each).
+
+        >>> b = Bucket([torch.nn.Parameter(torch.zeros(2, 3))], torch.arange(6.0), [0])
+        >>> pieces, grads = b.views(); pieces[0].shape, grads[0].shape, grads[0].data_ptr() == b.flat.data_ptr()
+        (torch.Size([6]), torch.Size([2, 3]), True)
+        """
+        if self._cut_from is not self.flat:
+            self._pieces = [self.flat[o: o + p.numel()] for p, o in zip(self.params, self.offsets)]
+            self._grads = [piece.view_as(p) for piece, p in zip(self._pieces, self.params)]
+            self._cut_from = self.flat
+        return self._pieces, self._grads
 
     @property
     def travelling(self) -> torch.Tensor:
@@ -419,8 +437,7 @@ class DataParallel(torch.nn.Module):
             flag = bucket.flat[bucket.numel: bucket.numel + 1] if bucket.flagged else None
             if flag is not None:
                 flag.zero_()
-            for p, start in zip(bucket.params, bucket.offsets):
-                piece = bucket.flat[start: start + p.numel()]
+            for p, piece in zip(bucket.params, bucket.views()[0]):
                 if p.grad is None:
                     piece.zero_()
                 elif flag is not None:
@@ -530,8 +547,8 @@ class DataParallel(torch.nn.Module):
         # bucket (DDP's gradient_as_bucket_view), so there is no copy back and no second copy.
         for bucket in self.buckets:
             if self.zero is None:
-                for p, offset in zip(bucket.params, bucket.offsets):
-                    p.grad = bucket.flat[offset: offset + p.numel()].view_as(p)
+                for p, grad in zip(bucket.params, bucket.views()[1]):
+                    p.grad = grad
             bucket.ready = 0
             bucket.handle = None
         self._next_bucket, self._checked = 0, False
