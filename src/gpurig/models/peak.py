@@ -18,8 +18,8 @@ runs: ``F.scaled_dot_product_attention`` is traced as the fused
 (memory-efficient) kernel CUDA picks, which keeps one float per query row
 instead of the tokens × tokens scores the meta device's fallback would; and
 what kernels allocate inside themselves (cuDNN's and cuBLAS's workspaces) is
-not seen. On an H100, 36 steps of six models peaked within 8.4 % of the trace
-(docs/predict.md).
+not seen (:mod:`gpurig.perf.footprint` adds cuBLAS's). On an H100, 36 steps of
+six models peaked within 6.5 % of what predict says (docs/predict.md).
 
 >>> from gpurig.models import mlp
 >>> with torch.device("meta"):
