@@ -31,8 +31,8 @@ from torch import nn
 from gpurig.errors import UsageError
 from gpurig.models import text, transformer_xl, vision
 from gpurig.models.describe import ModelSpec, describe, example_input, on_meta
-from gpurig.models.peak import step_peaks
 from gpurig.models.factory import load_factory, parse_sample
+from gpurig.models.peak import step_peaks
 from gpurig.models.reference import cnn, mlp, wide_cnn
 from gpurig.spec.catalog import Lookup
 from gpurig.spec.fields import SpecError

@@ -118,8 +118,8 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
 
 def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: dict | None,
            workspaces: int = 0) -> tuple[dict, dict, dict]:
-    """What the whole step holds (weights, optimizer state, buckets), and on top of it at backward's peak and at the
-    optimizer step's (all zeros when the step was not traced: the summed parts are then backward's)."""
+    """What the whole step holds (weights, optimizer state, buckets, workspaces), and on top of it at backward's
+    peak and at the optimizer step's (all zeros when the step was not traced: the summed parts are then backward's)."""
     params = spec.parameters
     shards = ranks if shard != "none" else 1
     stage2 = shard == "gradients" and ranks > 1
