@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from gpurig.errors import UsageError
 from gpurig.models import preset
+from gpurig.parallel.mixed_precision import AUTOCAST
 from gpurig.predict import PredictRequest, predict
 from gpurig.timing import device_sync
 
@@ -82,7 +83,7 @@ def training_step(name: str, batch: int, precision: str, channels_last: bool, de
         x = torch.randn(shape, device=device)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-    mixed = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    mixed = AUTOCAST.get(precision)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
     def step():
@@ -221,15 +222,15 @@ def square_loss_extra(row: dict) -> float:
     example = preset(row["model"]).example()
     if example.dtype != torch.int64:
         return 0.0
+    from gpurig.models.describe import example_input
     from gpurig.models.peak import trace_step
 
-    x = torch.zeros((row["batch"], *example.shape[1:]), dtype=example.dtype, device="meta")
-    mixed = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(row["precision"])
-    def square(out):
+    def square_loss(out):
         return (out if isinstance(out, torch.Tensor) else out[0]).float().square().mean()
 
-    square = trace_step(preset(row["model"]).build(), x, mixed, loss_of=square)
-    return square["peak"] - trace_step(preset(row["model"]).build(), x, mixed)["peak"]
+    x, mixed = example_input(example, row["batch"]), AUTOCAST.get(row["precision"])
+    with_square = trace_step(preset(row["model"]).build(), x, mixed, loss_of=square_loss)
+    return with_square["peak"] - trace_step(preset(row["model"]).build(), x, mixed)["peak"]
 
 
 def line(row: dict) -> str:
