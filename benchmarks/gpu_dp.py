@@ -4,12 +4,16 @@
 
 Each rank trains on ``cuda:(local rank % GPUs)`` (two ranks may share one GPU).
 Variants, interleaved in blocks as in dp_vs_ddp.py: gpurig over Gloo and DDP
-over Gloo (torch.distributed's default group, CUDA tensors), gpurig over Gloo
-without its checks, gpurig handing Gloo the CUDA buckets ("on device": not
-staging them itself, an experiment), and gpurig over MPI, which stages each
-bucket through pinned host memory unless the MPI is CUDA-aware. NCCL is not among them when two ranks share a GPU: NCCL refuses a
-group with the same GPU twice. Reported per variant: the median step of the
-slowest rank and the throughput ratio to DDP, round by round.
+over Gloo (torch.distributed's default group, CUDA tensors: Gloo copies them
+through pinned memory on its own streams), gpurig over Gloo without its
+checks, gpurig over Gloo copying each bucket to pinned host memory itself
+("staged", as before 2026-11-27), and gpurig over MPI, which stages each
+bucket through pinned host memory unless the MPI is CUDA-aware. NCCL is not
+among them when two ranks share a GPU: NCCL refuses a group with the same GPU
+twice. Reported per variant: the median step of the slowest rank, the
+throughput ratio to DDP, round by round, and how far its weights are from
+DDP's after the same steps on the same data (every variant starts from the same
+weights).
 """
 
 import copy
@@ -25,13 +29,19 @@ from common import (both_engines, interleave, median, paired_ratio, slowest_rank
                     write_result)
 
 
-def device_tensors_to_gloo() -> TorchEngine:
-    """A Gloo engine that hands CUDA buckets to Gloo as they are, as DDP does (Gloo stages them on its own
-    streams), instead of gpurig copying them to pinned host memory first: the experiment docs/benchmarks.md's
-    "On a lent H100" proposes. Gloo's allreduce, broadcast and allgather take device tensors."""
+def staged_gloo() -> TorchEngine:
+    """A Gloo engine whose every collective takes host tensors only, so the communicator copies each CUDA bucket
+    to pinned host memory and back itself: gpurig's Gloo path before 2026-11-27, kept to compare with."""
     engine = TorchEngine(backend="gloo")
-    engine.accepts_device_tensors = True
+    engine.device_collectives = frozenset()
     return engine
+
+
+def largest_difference(model: torch.nn.Module, reference: torch.nn.Module) -> float:
+    """The largest |weight - reference weight| over all parameters, relative to the reference's largest |weight|."""
+    mine = torch.cat([p.detach().flatten() for p in model.parameters()])
+    theirs = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    return float((mine - theirs).abs().max() / theirs.abs().max())
 
 
 def main():
@@ -52,8 +62,7 @@ def main():
                 "DDP / gloo": DDP(copy.deepcopy(base), device_ids=[device.index] if cuda else None),
                 "gpurig / gloo, no checks": gpurig.DataParallel(
                     copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False), nonfinite="ignore"),
-                "gpurig / gloo, on device": gpurig.DataParallel(copy.deepcopy(base), Communicator(
-                    device_tensors_to_gloo())),
+                "gpurig / gloo, staged": gpurig.DataParallel(copy.deepcopy(base), Communicator(staged_gloo())),
                 "gpurig / mpi (staged)": gpurig.DataParallel(copy.deepcopy(base), mpi)}
 
     def block_of(model):
@@ -71,11 +80,12 @@ def main():
     for name, s in slowest.items():
         step_ms = 1e3 * median(s) / args.block
         rows[name] = {"step_ms": step_ms, "samples_per_s": mpi.size * args.per_rank_batch / step_ms * 1e3,
-                      "vs_ddp": paired_ratio(slowest["DDP / gloo"], s)}
+                      "vs_ddp": paired_ratio(slowest["DDP / gloo"], s),
+                      "weights_vs_ddp": largest_difference(variants[name], variants["DDP / gloo"])}
     if mpi.rank == 0:
         print(f"{args.model}, {mpi.size} ranks on {torch.cuda.device_count()} GPU(s) ({device.type}), {args.per_rank_batch}/rank")
         for name, r in rows.items():
-            print(f"  {name:24s} {r['step_ms']:8.3f} ms  {r['vs_ddp']:.3f}x DDP")
+            print(f"  {name:24s} {r['step_ms']:8.3f} ms  {r['vs_ddp']:.3f}x DDP  weights {r['weights_vs_ddp']:.1e} from DDP's")
     write_result(mpi, args.out, {"model": args.model, "ranks": mpi.size, "gpus": torch.cuda.device_count(),
                                  "per_rank_batch": args.per_rank_batch, "block": args.block,
                                  "rounds": args.rounds, "variants": rows})

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from gpurig.errors import UsageError
-from gpurig.models import preset
+from gpurig.models import load_factory, parse_sample, preset
 from gpurig.parallel.mixed_precision import AUTOCAST
 from gpurig.predict import PredictRequest, predict
 from gpurig.timing import device_sync
@@ -50,16 +50,25 @@ CONVOLUTIONAL = {"resnet50", "vgg16", "alexnet", "mnist-cnn"}
 LAUNCH_BOUND = {"mnist-mlp", "mnist-cnn"}  # steps of 1-2 ms: kernel launches, not what predict is for
 
 
-def cases(quick: bool, only: str | None):
-    """(model, batch, precision, channels_last) for every case to time; ``only``: comma-separated precisions."""
-    for name, batches, precisions in (QUICK if quick else CASES):
+HELD_OUT_PRECISIONS = ("bf16", "fp32")
+
+
+def cases(quick: bool, only: str | None, held_out: bool = False):
+    """(model, per-sample input or None for a preset, batch, precision, channels_last) for every case to time;
+    ``only``: comma-separated precisions; ``held_out``: the models of held_out_models.py instead of the presets."""
+    if held_out:
+        from held_out_models import HELD_OUT
+        table = [(name, sample, batches, HELD_OUT_PRECISIONS) for name, sample, batches in HELD_OUT]
+    else:
+        table = [(name, None, batches, precisions) for name, batches, precisions in (QUICK if quick else CASES)]
+    for name, sample, batches, precisions in table:
         for batch in batches:
             for precision in precisions:
                 if only and precision not in only.split(","):
                     continue
-                yield name, batch, precision, False
+                yield name, sample, batch, precision, False
                 if name in CONVOLUTIONAL and precision in ("bf16", "fp16"):
-                    yield name, batch, precision, True
+                    yield name, sample, batch, precision, True
 
 
 def configure(precision: str) -> None:
@@ -68,14 +77,24 @@ def configure(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = True  # PyTorch's default, which gpurig's fp32 assumes
 
 
-def training_step(name: str, batch: int, precision: str, channels_last: bool, device: torch.device):
-    """One training step of a built-in model on synthetic data already on ``device``, as ``precision`` runs it."""
+def model_and_example(name: str, sample: str | None) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A preset's model with real weights and its one-sample meta input, or a ``module:factory``'s with ``sample``."""
+    if sample is None:
+        return preset(name).factory(), preset(name).example()
+    shape, dtype = parse_sample(sample)
+    return load_factory(name, device=None), torch.empty((1, *shape), dtype=dtype, device="meta")
+
+
+def training_step(name: str, batch: int, precision: str, channels_last: bool, device: torch.device,
+                  sample: str | None = None):
+    """One training step of a model (a preset, or ``module:factory`` with ``sample``) on synthetic data already
+    on ``device``, as ``precision`` runs it."""
     configure(precision)
-    model = preset(name).factory().to(device)
+    model, example = model_and_example(name, sample)
+    model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    example = preset(name).example()
     shape = (batch, *example.shape[1:])
     if example.dtype == torch.int64:
         x = torch.randint(0, 1000, shape, device=device)
@@ -100,12 +119,12 @@ def training_step(name: str, batch: int, precision: str, channels_last: bool, de
 
 
 def measured_step(name: str, batch: int, precision: str, channels_last: bool, device: torch.device,
-                  seconds: float) -> dict:
+                  seconds: float, sample: str | None = None) -> dict:
     """The mean step time over about ``seconds`` after a warm-up, and the peak memory allocated."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    step = training_step(name, batch, precision, channels_last, device)
+    step = training_step(name, batch, precision, channels_last, device, sample)
     sync = device_sync(device)
     for _ in range(3):
         step()
@@ -124,11 +143,13 @@ def measured_step(name: str, batch: int, precision: str, channels_last: bool, de
     return {"measured_ms": 1000 * elapsed, "steps": steps, "peak_allocated_gib": peak}
 
 
-def predicted(name: str, batch: int, precision: str, channels_last: bool, gpu: str, profile: str | None) -> dict:
+def predicted(name: str, batch: int, precision: str, channels_last: bool, gpu: str, profile: str | None,
+              sample: str | None = None) -> dict:
     """gpurig predict's step (ms) and memory (GB) for one GPU, or the one-line reason it refuses."""
     try:
         r = predict(PredictRequest(model=name, cluster=f"1 node x 1 {gpu}", batch=batch, precision=precision,
-                                   profile=profile, memory_format="channels-last" if channels_last else "contiguous"))
+                                   profile=profile, sample=sample,
+                                   memory_format="channels-last" if channels_last else "contiguous"))
     except UsageError as e:
         return {"error": str(e)}
     except Exception as e:  # a crash of predict is a finding to record, not a reason to lose the run
@@ -159,6 +180,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="two small cases (a check of the script)")
     p.add_argument("--no-profile", action="store_true", help="skip the gpurig bench profile")
     p.add_argument("--precisions", default=None, help="only these, comma-separated (default: every case's)")
+    p.add_argument("--held-out", action="store_true", help="the models of held_out_models.py (torchvision's and "
+                                                           "transformers', which predict was never tuned on)")
     p.add_argument("--again", metavar="RUN.json", help="no GPU needed: predict a stored run's rows again with this "
                                                       "tree's predict, print them and the summary")
     args = p.parse_args()
@@ -173,16 +196,20 @@ def main():
         have_profile = not args.no_profile and bench_profile(profile)
         if have_profile:
             result["profile"] = json.loads(profile.read_text())
-        for name, batch, precision, channels_last in cases(args.quick, args.precisions):
+        for name, sample, batch, precision, channels_last in cases(args.quick, args.precisions, args.held_out):
             try:
-                row = measured_step(name, batch, precision, channels_last, device, args.seconds)
+                row = measured_step(name, batch, precision, channels_last, device, args.seconds, sample)
             except torch.OutOfMemoryError as e:
                 row = {"error": f"out of memory: {e}"[:200]}
+            except Exception as e:  # a model that does not train here is a finding to record, not a lost run
+                row = {"error": f"training failed: {e!r}"[:300]}
             row.update({"model": name, "batch": batch, "precision": precision,
                         "memory_format": "channels-last" if channels_last else "contiguous",
-                        "catalog": predicted(name, batch, precision, channels_last, gpu, None)})
+                        "catalog": predicted(name, batch, precision, channels_last, gpu, None, sample)})
+            if sample is not None:
+                row["sample"] = sample
             if have_profile and precision == "fp32" and not channels_last:
-                row["profile"] = predicted(name, batch, precision, False, gpu, str(profile))
+                row["profile"] = predicted(name, batch, precision, False, gpu, str(profile), sample)
             result["rows"].append(row)
             Path(args.out).write_text(json.dumps(result, indent=2))
             print(line(row), flush=True)
@@ -202,7 +229,7 @@ def again(path: str) -> None:
         if "peak_allocated_gb" in row:  # the first runs stored decimal GB
             row["peak_allocated_gib"] = row.pop("peak_allocated_gb") * 1e9 / 2**30
         row["catalog"] = predicted(row["model"], row["batch"], row["precision"],
-                                   row["memory_format"] == "channels-last", run["gpu"], None)
+                                   row["memory_format"] == "channels-last", run["gpu"], None, row.get("sample"))
         if "loss" not in run and "memory_gb" in row["catalog"]:
             row["catalog"]["memory_gb"] += square_loss_extra(row) / 2**30
         print(line(row))
@@ -235,7 +262,7 @@ def square_loss_extra(row: dict) -> float:
 
 def line(row: dict) -> str:
     """One row as text: measured, and each prediction's error."""
-    head = f"{row['model']:10s} {row['batch']:4d} {row['precision']:5s} {row['memory_format'][:8]:8s}"
+    head = f"{row['model'].split(':')[-1]:15s} {row['batch']:4d} {row['precision']:5s} {row['memory_format'][:8]:8s}"
     if "measured_ms" not in row:
         return f"{head} {row['error']}"
     text = f"{head} measured {row['measured_ms']:8.2f} ms"

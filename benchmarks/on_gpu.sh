@@ -5,6 +5,8 @@
 # predict vs measured training steps per precision (and peak memory), codec throughput on the GPU, and
 # DataParallel on CUDA tensors vs DDP (two ranks sharing the GPU), the GPU's busy share of a step. doctor, bench's host<->device copies and
 # GEMM sweep, and `gpurig train` on the GPU ran on an earlier lent H100 (docs/hardware.md); PARTS=all adds them.
+# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, all) runs only those: held-out is predict
+# against models it was never tuned on (held_out_models.py).
 set -u
 OUT=${OUT:-/tmp/gpurig-gpu}
 mkdir -p "$OUT"
@@ -18,22 +20,37 @@ if ! $PY -c "import psutil" 2>/dev/null; then
   mkdir -p /tmp/gpurig-pylib && $PY -m zipfile -e .gpu-wheels/psutil-*.whl /tmp/gpurig-pylib \
     && export PYTHONPATH=$PYTHONPATH:/tmp/gpurig-pylib
 fi
+PARTS=${PARTS:-validation,codecs,dp,kernels}
+want() { [[ ",$PARTS," == *",$1,"* || ",$PARTS," == *",all,"* ]]; }
 step() { echo; echo "== $1"; }
 step "versions"
 nvidia-smi -L; nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
 $PY -c "import torch, mpi4py; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), 'nccl', torch.cuda.nccl.version(), 'mpi4py', mpi4py.__version__)"
-step "predict vs measured training steps on this GPU"
-timeout ${VALIDATION_S:-240} $PY benchmarks/gpu_validation.py --out "$OUT/gpu_validation.json" 2>&1 | tee "$OUT/gpu_validation.txt"
-step "codec throughput on the GPU"
-timeout 60 $PY benchmarks/codec_throughput.py --device cuda --out "$OUT/codecs-gpu.json" && cat "$OUT/codecs-gpu.json"
-step "DataParallel on CUDA tensors vs DDP, 2 ranks sharing the GPU"
-for m in mlp cnn; do
-  timeout 75 $PY -m gpurig run -n 2 -- $PY benchmarks/gpu_dp.py --model $m --rounds 15 --out "$OUT/gpu_dp-$m.json" 2>&1 \
-    | tail -6 | tee "$OUT/gpu_dp-$m.txt"
-done
-step "GPU busy time vs wall time per step (torch.profiler)"
-timeout 120 $PY benchmarks/gpu_kernels.py --out "$OUT/gpu_kernels.json" 2>&1 | grep -v USDT | tee "$OUT/gpu_kernels.txt"
-if [ "${PARTS:-}" = all ]; then
+if want validation; then
+  step "predict vs measured training steps on this GPU"
+  timeout ${VALIDATION_S:-240} $PY benchmarks/gpu_validation.py --out "$OUT/gpu_validation.json" 2>&1 | tee "$OUT/gpu_validation.txt"
+fi
+if want dp; then
+  step "DataParallel on CUDA tensors vs DDP, 2 ranks sharing the GPU"
+  for m in mlp cnn; do
+    timeout 90 $PY -m gpurig run -n 2 -- $PY benchmarks/gpu_dp.py --model $m --rounds 15 --out "$OUT/gpu_dp-$m.json" 2>&1 \
+      | tail -7 | tee "$OUT/gpu_dp-$m.txt"
+  done
+fi
+if want held-out; then
+  step "predict vs measured training steps, models predict was never tuned on"
+  timeout ${HELD_OUT_S:-240} $PY benchmarks/gpu_validation.py --held-out --no-profile --out "$OUT/gpu_held_out.json" 2>&1 \
+    | tee "$OUT/gpu_held_out.txt"
+fi
+if want codecs; then
+  step "codec throughput on the GPU"
+  timeout 60 $PY benchmarks/codec_throughput.py --device cuda --out "$OUT/codecs-gpu.json" && cat "$OUT/codecs-gpu.json"
+fi
+if want kernels; then
+  step "GPU busy time vs wall time per step (torch.profiler)"
+  timeout 120 $PY benchmarks/gpu_kernels.py --out "$OUT/gpu_kernels.json" 2>&1 | grep -v USDT | tee "$OUT/gpu_kernels.txt"
+fi
+if want all; then
   step "gpurig doctor"
   timeout 120 $PY -m gpurig doctor --write-spec "$OUT/spec.toml" 2>&1 | tee "$OUT/doctor.txt"
   step "gpurig bench (GPU parts)"

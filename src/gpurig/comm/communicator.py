@@ -152,7 +152,7 @@ class Communicator:
         self._pinned: dict = {}
         self._started: list[Handle] = []  # begun on the caller's thread, maybe not finished: see progress()
         self._fast_allreduce: dict = {}  # (dtype, shape, name, op) -> Signature of a blocking allreduce seen before
-        self.guard = Guard(engine, stage=self._to_engine, check=check)
+        self.guard = Guard(engine, stage=self._to_engine, check=check)  # host tensors: the same for every kind
         self.watch = None  # the failure watch, started by gpurig.init() (gpurig.comm.watch)
 
     # -- who am I ---------------------------------------------------------
@@ -302,11 +302,11 @@ class Communicator:
         if not self.engine.supports(tensor.dtype):
             raise TypeError(f"{what}: dtype {tensor.dtype} is not supported by the {self.engine_name} engine")
 
-    def _native_async_for(self, flat: torch.Tensor) -> bool:
-        """Whether the engine's own async operation can take ``flat`` as it is (no host staging)."""
+    def _native_async_for(self, flat: torch.Tensor, kind: str) -> bool:
+        """Whether the engine's own async ``kind`` of collective can take ``flat`` as it is (no host staging)."""
         native = getattr(self.engine, "native_async", False)
         # Only when no run_async job is queued: it would have to go first on every rank.
-        return (native and self._engine_reads(flat)
+        return (native and self._engine_reads(flat, kind)
                 and self._worker.idle() and not self._worker.on_worker_thread())
 
     def _can_start(self, *tensors: torch.Tensor, begins: str = "start_alltoall") -> bool:
@@ -314,7 +314,8 @@ class Communicator:
         ``begins``): the engine has it and reads the tensors in place. Whether it then begins on this thread or
         behind a queued ``run_async`` job is :meth:`_begin`'s choice; which operation runs must not depend on it.
         """
-        if not hasattr(self.engine, begins) or not all(self._engine_reads(t) for t in tensors):
+        kind = begins.removeprefix("start_")
+        if not hasattr(self.engine, begins) or not all(self._engine_reads(t, kind) for t in tensors):
             return False
         return all(t.is_contiguous() for t in tensors[1:])  # an ``out`` the engine must write in place
 
@@ -362,16 +363,17 @@ class Communicator:
         self._started = [h for h in self._started if h._finish is not None and not h.is_completed()]
         return len(self._started)
 
-    def _engine_reads(self, flat: torch.Tensor) -> bool:
-        """Whether the engine takes ``flat`` where it is (NCCL only device memory, MPI without CUDA only host)."""
+    def _engine_reads(self, flat: torch.Tensor, kind: str) -> bool:
+        """Whether the engine's ``kind`` of collective (a :class:`Signature`'s) takes ``flat`` where it is: NCCL
+        only device memory; MPI without CUDA only host memory; Gloo a GPU tensor in allreduce and broadcast."""
         if flat.is_cuda:
-            return self.engine.accepts_device_tensors
+            return kind in getattr(self.engine, "device_collectives", ())
         return not getattr(self.engine, "needs_device_tensors", False)
 
-    def _to_engine(self, flat: torch.Tensor) -> torch.Tensor:
-        """The tensor the engine can read: itself, a device copy of a host tensor (NCCL), or a pinned host copy
-        of a GPU tensor (MPI that is not CUDA-aware). Results go back to the caller's tensor."""
-        if self._engine_reads(flat):
+    def _to_engine(self, flat: torch.Tensor, kind: str = "allreduce") -> torch.Tensor:
+        """The tensor the engine's ``kind`` of collective can read: itself, a device copy of a host tensor (NCCL),
+        or a pinned host copy of a GPU tensor (MPI that is not CUDA-aware). Results go back to the caller's tensor."""
+        if self._engine_reads(flat, kind):
             return flat
         if not flat.is_cuda:
             return flat.to(self.device)
@@ -384,7 +386,7 @@ class Communicator:
 
     def _sizes(self, tensor: torch.Tensor) -> list[int]:
         """Every rank's first-dimension size (one small allgather)."""
-        mine = self._to_engine(torch.tensor([tensor.shape[0]], dtype=torch.int64))
+        mine = self._to_engine(torch.tensor([tensor.shape[0]], dtype=torch.int64), "allgather")
         return self.engine.allgather(mine, [1] * self.size).tolist()
 
     # -- collectives ------------------------------------------------------
@@ -421,7 +423,7 @@ class Communicator:
             raise TypeError(f"average needs a floating-point tensor, got {tensor.dtype}; use op='sum'")
 
         signature = Signature.of("allreduce", tensor, name, op)
-        if blocking and tensor.numel() and self._engine_reads(tensor) and len(self._fast_allreduce) < 1000:
+        if blocking and tensor.numel() and self._engine_reads(tensor, "allreduce") and len(self._fast_allreduce) < 1000:
             self._fast_allreduce[(tensor.dtype, tensor.shape, name, op)] = signature  # checked: next time, short
         if tensor.numel() == 0:
             return self._run(lambda: self._guarded(signature, 0, lambda: tensor), blocking)
@@ -436,7 +438,7 @@ class Communicator:
             return tensor
 
         def work():
-            buf = self._to_engine(flat)
+            buf = self._to_engine(flat, "allreduce")
             self.engine.allreduce_sum(buf)
             return finish(buf)
 
@@ -480,7 +482,7 @@ class Communicator:
         def work():
             rows = list(sizes) if sizes is not None else self._sizes(tensor)
             row = math.prod(tensor.shape[1:])
-            flat = self._to_engine(tensor.reshape(-1).contiguous())
+            flat = self._to_engine(tensor.reshape(-1).contiguous(), "allgather")
             gathered = self.engine.allgather(flat, [r * row for r in rows])
             gathered = gathered.to(tensor.device).view(sum(rows), *tensor.shape[1:])
             return gathered if out is None else out.copy_(gathered)
@@ -536,7 +538,7 @@ class Communicator:
 
         def work():
             row = math.prod(tensor.shape[1:])
-            flat = self._to_engine(tensor.reshape(-1).contiguous())
+            flat = self._to_engine(tensor.reshape(-1).contiguous(), "reduce_scatter")
             piece = self.engine.reduce_scatter_sum(flat, [r * row for r in rows])
             if op == "average":
                 piece.div_(self.size)
@@ -580,14 +582,14 @@ class Communicator:
                 tensor.copy_(buf.view(tensor.shape))
             return tensor
 
-        if not blocking and self._native_async_for(flat):
+        if not blocking and self._native_async_for(flat, "broadcast"):
             with self._engine_errors():
                 self.guard.begin(signature, flat.nbytes)
                 work = self.engine.broadcast(flat, root, async_op=True)
             return Handle(work=work, finish=lambda: self._ended(finish(flat)), errors=self._engine_errors)
 
         def work():
-            buf = self._to_engine(flat)
+            buf = self._to_engine(flat, "broadcast")
             self.engine.broadcast(buf, root)
             return finish(buf)
 
@@ -625,7 +627,7 @@ class Communicator:
         def work():
             if tensor.numel() == 0:
                 return tensor.clone() if out is None else out
-            flat = self._to_engine(tensor.reshape(-1).contiguous())
+            flat = self._to_engine(tensor.reshape(-1).contiguous(), "alltoall")
             received = self.engine.alltoall(flat).to(tensor.device).view(tensor.shape)
             return received if out is None else out.copy_(received)
 

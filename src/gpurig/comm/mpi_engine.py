@@ -17,6 +17,7 @@ import torch
 
 import mpi4py
 
+from gpurig.comm.signature import COLLECTIVES
 from gpurig.launch.mpirun import mpi_settings
 
 # All MPI calls are serialised by the Communicator's lock, but they may come from
@@ -192,7 +193,7 @@ class MPIEngine:
         self.local_rank = node.Get_rank()
         self.local_size = node.Get_size()
         node.Free()
-        self.accepts_device_tensors = mpi_is_cuda_aware()
+        self.device_collectives = COLLECTIVES if mpi_is_cuda_aware() else frozenset()
         self._half_ops = {dtype: _half_sum(dtype) for dtype in _HALF}
         if self.size > 1:
             _abort_on_unhandled_exception()

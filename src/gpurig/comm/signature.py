@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+COLLECTIVES = frozenset({"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"})  # Signature.kind
 DIGEST_BITS = 32
 CHECK_WORDS = DIGEST_BITS + 1  # the digest's bits, then a 1 from every rank (their count)
 _DIGESTS: dict = {}  # a training loop submits the same few signatures over and over

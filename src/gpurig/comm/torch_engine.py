@@ -14,11 +14,13 @@ import torch
 import torch.distributed as dist
 
 from gpurig.comm.sidechannel import rendezvous_store
+from gpurig.comm.signature import COLLECTIVES
 from gpurig.launch.env import torch_launch_info
 
 # torch 2.13 renamed these; older releases only have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+GLOO_DEVICE_COLLECTIVES = frozenset({"allreduce", "broadcast"})
 
 
 class TorchEngine:
@@ -60,8 +62,11 @@ class TorchEngine:
         self.size = dist.get_world_size()
         self.local_rank = info.local_rank if info.local_rank is not None else self.rank
         self.local_size = info.local_size if info.local_size is not None else self.size
-        self.accepts_device_tensors = self.backend == "nccl"
-        self.needs_device_tensors = self.backend == "nccl"  # NCCL moves device memory only
+        # NCCL moves device memory only. Gloo stages a CUDA tensor through pinned memory on its own streams for
+        # allreduce and broadcast (as DDP over Gloo relies on), so the copies overlap backward; its other
+        # collectives take host tensors, which the communicator stages itself.
+        self.device_collectives = COLLECTIVES if self.backend == "nccl" else GLOO_DEVICE_COLLECTIVES
+        self.needs_device_tensors = self.backend == "nccl"
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
