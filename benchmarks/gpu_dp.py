@@ -5,15 +5,16 @@
 Each rank trains on ``cuda:(local rank % GPUs)`` (two ranks may share one GPU).
 Variants, interleaved in blocks as in dp_vs_ddp.py: gpurig over Gloo and DDP
 over Gloo (torch.distributed's default group, CUDA tensors: Gloo copies them
-through pinned memory on its own streams), gpurig over Gloo without its
-checks, gpurig over Gloo copying each bucket to pinned host memory itself
-("staged", as before 2026-11-27), and gpurig over MPI, which stages each
-bucket through pinned host memory unless the MPI is CUDA-aware. NCCL is not
-among them when two ranks share a GPU: NCCL refuses a group with the same GPU
-twice. Reported per variant: the median step of the slowest rank, the
-throughput ratio to DDP, round by round, and how far its weights are from
-DDP's after the same steps on the same data (every variant starts from the same
-weights).
+through pinned memory on its own streams); gpurig over Gloo without its checks,
+and without each of them (the collective check, the NaN/Inf guard); gpurig
+over Gloo copying each bucket to pinned host memory itself ("staged", as before
+2026-11-27); and gpurig over MPI, which stages each bucket through pinned host
+memory unless the MPI is CUDA-aware. NCCL is not among them when two ranks
+share a GPU: NCCL refuses a group with the same GPU twice. Reported per
+variant: the median step of the slowest rank, the throughput ratio to DDP,
+round by round, and how far its weights are from DDP's after the same steps on
+the same data (every variant starts from the same weights; cuDNN's
+convolutions are not deterministic, so the CNN's drift apart a little).
 """
 
 import copy
@@ -63,6 +64,9 @@ def main():
                 "gpurig / gloo, no checks": gpurig.DataParallel(
                     copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False), nonfinite="ignore"),
                 "gpurig / gloo, staged": gpurig.DataParallel(copy.deepcopy(base), Communicator(staged_gloo())),
+                "gpurig / gloo, no collective check": gpurig.DataParallel(
+                    copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False)),
+                "gpurig / gloo, no nonfinite guard": gpurig.DataParallel(copy.deepcopy(base), gloo, nonfinite="ignore"),
                 "gpurig / mpi (staged)": gpurig.DataParallel(copy.deepcopy(base), mpi)}
 
     def block_of(model):
@@ -85,7 +89,7 @@ def main():
     if mpi.rank == 0:
         print(f"{args.model}, {mpi.size} ranks on {torch.cuda.device_count()} GPU(s) ({device.type}), {args.per_rank_batch}/rank")
         for name, r in rows.items():
-            print(f"  {name:24s} {r['step_ms']:8.3f} ms  {r['vs_ddp']:.3f}x DDP  weights {r['weights_vs_ddp']:.1e} from DDP's")
+            print(f"  {name:34s} {r['step_ms']:8.3f} ms  {r['vs_ddp']:.3f}x DDP  weights {r['weights_vs_ddp']:.1e} from DDP's")
     write_result(mpi, args.out, {"model": args.model, "ranks": mpi.size, "gpus": torch.cuda.device_count(),
                                  "per_rank_batch": args.per_rank_batch, "block": args.block,
                                  "rounds": args.rounds, "variants": rows})

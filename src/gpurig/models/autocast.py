@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from gpurig.models.inside import call_inside
+
 Tensor = torch.Tensor
 
 # autocast's lower_precision_fp list, as the Python functions that reach it
@@ -88,7 +90,8 @@ class MetaAutocast(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         dtype = self.dtype if func in LOWER else torch.float32 if func in FLOAT32 else None
-        if dtype is not None:
-            args = self._cast(args, dtype)
-            kwargs = {key: self._cast(value, dtype) for key, value in kwargs.items()}
+        if dtype is None:   # nn.MultiheadAttention's projections and attention are inside a Python function
+            return call_inside(self, func, args, kwargs)
+        args = self._cast(args, dtype)
+        kwargs = {key: self._cast(value, dtype) for key, value in kwargs.items()}
         return func(*args, **kwargs)

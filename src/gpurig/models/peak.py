@@ -41,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpurig.models.autocast import MetaAutocast
+from gpurig.models.inside import call_inside
 
 # What a step allocates, by when: forward (saved activations, the output), the loss, backward (activations'
 # gradients and working tensors); parameters' gradients and the weights' 16-bit copies are moved to their own.
@@ -112,7 +113,7 @@ class FusedAttention(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
+            return call_inside(self, func, args, kwargs)
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
         given = {**dict(zip(names, args)), **kwargs}
         try:
@@ -162,7 +163,8 @@ def trace_step(model: nn.Module, x: torch.Tensor, mixed: torch.dtype | None = No
     amp = MetaAutocast(mixed) if mixed is not None else contextlib.nullcontext()
     try:
         attention = FusedAttention() if fused_attention else contextlib.nullcontext()
-        with live, attention, torch.device("meta"), torch.enable_grad():
+        # the device first: the modes above it leave it on while they look inside a function (models.inside)
+        with torch.device("meta"), live, attention, torch.enable_grad():
             with amp:
                 output = model(x)
                 live.phase = "output_and_loss"

@@ -26,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpurig.models import ops
+from gpurig.models.inside import call_inside
 
 
 @dataclass
@@ -243,8 +244,10 @@ class _FusedAttention(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention or self.saved._fused:
+        if self.saved._fused:
             return func(*args, **kwargs)
+        if func is not F.scaled_dot_product_attention:
+            return call_inside(self, func, args, kwargs)
         self.saved._fused += 1
         try:
             out = func(*args, **kwargs)
@@ -286,9 +289,11 @@ class _Functions(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        charge = None if self.tracer.suppressed else self.fused.get(func)
-        if charge is None:
+        if self.tracer.suppressed:
             return func(*args, **kwargs)
+        charge = self.fused.get(func)
+        if charge is None:
+            return call_inside(self, func, args, kwargs)
         self.tracer.suppressed = True
         try:
             out = func(*args, **kwargs)
