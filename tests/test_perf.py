@@ -220,7 +220,7 @@ def test_a_step_traced_on_the_meta_device_peaks_where_the_cpu_allocator_does():
             optimizer.step()    # in place: momentum adds nothing at the peak
 
         peak = _allocation_peak(step)
-        traced = trace_step(on_meta(model), x.to("meta"), mixed, fused_attention=False)
+        traced = trace_step(on_meta(model), x.to("meta"), mixed, cuda=False)
         assert abs((traced["peak"] - x.nbytes) / peak - 1) < 0.01, (mixed, traced, peak)
         assert trace_step(on_meta(model), x.to("meta"), mixed)["peak"] < 0.8 * traced["peak"]
 
@@ -248,7 +248,7 @@ def test_attention_inside_nn_multiheadattention_is_traced_as_a_gpu_runs_it():
     def peak_at(tokens, **how):
         return trace_step(on_meta(layer), torch.empty(8, tokens, 64, device="meta"), **how)["peak"]
     assert peak_at(1024) / peak_at(512) < 2.2                              # fused: linear in the tokens
-    assert peak_at(1024, fused_attention=False) / peak_at(512, fused_attention=False) > 3  # scores: their square
+    assert peak_at(1024, cuda=False) / peak_at(512, cuda=False) > 3  # scores: their square
 
     for mixed in (None, torch.bfloat16):
         optimizer = torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9)
@@ -262,7 +262,7 @@ def test_attention_inside_nn_multiheadattention_is_traced_as_a_gpu_runs_it():
             optimizer.step()
 
         peak = _allocation_peak(step)
-        traced = trace_step(on_meta(layer), x.to("meta"), mixed, fused_attention=False)
+        traced = trace_step(on_meta(layer), x.to("meta"), mixed, cuda=False)
         assert abs((traced["peak"] - x.nbytes) / peak - 1) < 0.01, (mixed, traced, peak)
 
 

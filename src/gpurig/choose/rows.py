@@ -127,7 +127,7 @@ def fit_fixes(predicted: dict) -> list[str]:
 
     >>> fit_fixes(predict(PredictRequest(model="bert-large", cluster="4 x RTX 4070", batch=8, tokens=512,
     ...                                  optimizer="adam")))
-    ['per-GPU batch 6', '--precision bf16', '--shard optimizer', '--shard gradients']
+    ['per-GPU batch 7', '--precision bf16', '--shard optimizer', '--shard gradients']
     """
     if predicted["memory"].get("fits", True):
         return []

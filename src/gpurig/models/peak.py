@@ -13,13 +13,17 @@ does, without its per-module bookkeeping, which costs four times the step).
 
 On a CPU, where the same operators run, the traced peak is the allocator's
 (tests/test_perf.py: a small GPT-2's step to the byte in FP32, within 0.4 %
-typed as autocast types it). What differs on a GPU is which attention kernel
-runs: ``F.scaled_dot_product_attention`` is traced as the fused
-(memory-efficient) kernel CUDA picks, which keeps one float per query row
-instead of the tokens × tokens scores the meta device's fallback would; and
-what kernels allocate inside themselves (cuDNN's and cuBLAS's workspaces) is
-not seen (:mod:`gpurig.perf.footprint` adds cuBLAS's). On an H100, 36 steps of
-six models peaked within 6.5 % of what predict says (docs/predict.md).
+typed as autocast types it). What differs on a GPU is what CUDA runs instead:
+``F.scaled_dot_product_attention`` is traced as the fused (memory-efficient)
+kernel CUDA picks, which keeps one float per query row instead of the tokens ×
+tokens scores the meta device's fallback would, except where CUDA falls back
+too (a mask that needs a gradient, :func:`fused_on_cuda`); a dropout's mask
+is one byte a value, as CUDA's fused dropout keeps it, not a tensor of the
+input's type; and what kernels allocate inside themselves (cuDNN's and
+cuBLAS's workspaces) is not seen (:mod:`gpurig.perf.footprint` adds
+cuBLAS's). On an H100, 36 steps of six built-in models peaked within 3.5 % of
+what predict says, and 18 of nine models it was never tuned on (torchvision's
+and Hugging Face's) within 8.8 % (docs/predict.md).
 
 >>> from gpurig.models import mlp
 >>> with torch.device("meta"):
@@ -46,6 +50,9 @@ from gpurig.models.inside import call_inside
 # What a step allocates, by when: forward (saved activations, the output), the loss, backward (activations'
 # gradients and working tensors); parameters' gradients and the weights' 16-bit copies are moved to their own.
 PHASES = ("activations", "output_and_loss", "backward_working", "gradients", "weight_casts")
+# Dropout off CUDA draws its mask into a tensor of the input's type (aten's _dropout_impl: empty_like, then this);
+# CUDA's fused native_dropout keeps a bool
+_BERNOULLI = torch.ops.aten.bernoulli_.float
 
 
 class LiveBytes(TorchDispatchMode):
@@ -53,6 +60,8 @@ class LiveBytes(TorchDispatchMode):
 
     ``phase`` names what new storages are (set it as the step moves on); :meth:`move` re-files one that turns
     out to be something else (a parameter's gradient). Storages in ``ignore`` (weights) are not counted.
+    ``dropout_mask_bytes``: count a dropout's random mask at this many bytes a value (1, CUDA's bool) instead of
+    its tensor's own (the input's type, as a CPU or the meta device draws it).
 
     >>> with torch.device("meta"), LiveBytes() as live:
     ...     a = torch.ones(1024)          # 4 KB
@@ -63,9 +72,10 @@ class LiveBytes(TorchDispatchMode):
     (8192, 8192)
     """
 
-    def __init__(self, ignore=()):
+    def __init__(self, ignore=(), dropout_mask_bytes: int | None = None):
         super().__init__()
         self.phase = PHASES[0]
+        self._mask_bytes = dropout_mask_bytes
         self._ignore = {t.untyped_storage()._cdata for t in ignore}
         self._live: dict[int, tuple[str, int]] = {}   # storage -> (its phase, bytes)
         self.now = self.peak = 0
@@ -76,6 +86,15 @@ class LiveBytes(TorchDispatchMode):
         phase, nbytes = self._live.pop(key)
         self.now -= nbytes
         self.by_phase[phase] -= nbytes
+
+    def _resize(self, tensor: torch.Tensor, nbytes: int) -> None:
+        """Count ``tensor``'s storage as ``nbytes`` from now on (a dropout mask CUDA keeps in one byte a value)."""
+        key = tensor.untyped_storage()._cdata
+        if key in self._live:
+            phase, old = self._live[key]
+            self._live[key] = (phase, nbytes)
+            self.now += nbytes - old
+            self.by_phase[phase] += nbytes - old
 
     def move(self, tensor: torch.Tensor, phase: str) -> None:
         """File ``tensor``'s storage under ``phase`` from now on (and in the peak, if it was live then)."""
@@ -88,6 +107,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func is _BERNOULLI and self._mask_bytes is not None:
+            self._resize(out, out.numel() * self._mask_bytes)
         for tensor in (out if isinstance(out, (tuple, list)) else (out,)):
             if not isinstance(tensor, torch.Tensor):
                 continue
@@ -105,17 +126,35 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+_ATTENTION_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+
+
+def fused_on_cuda(args: tuple, kwargs: dict) -> bool:
+    """Whether CUDA runs a call of ``F.scaled_dot_product_attention`` with these arguments as one fused kernel in
+    training. Not when its mask needs a gradient (T5's learned position bias): no fused kernel makes one, and
+    PyTorch falls back to the unfused math, softmax and all (an H100 ran T5's self-attention so, and its
+    cross-attention, whose zero bias needs none, fused).
+
+    >>> q = torch.empty(1, 2, 8, 4, device="meta")
+    >>> fused_on_cuda((q, q, q), {}), fused_on_cuda((q, q, q), {"attn_mask": torch.zeros(8, 8, requires_grad=True)})
+    (True, False)
+    """
+    mask = {**dict(zip(_ATTENTION_ARGUMENTS, args)), **kwargs}.get("attn_mask")
+    return not (isinstance(mask, torch.Tensor) and mask.requires_grad)
+
+
 class FusedAttention(TorchFunctionMode):
     """``F.scaled_dot_product_attention`` as CUDA runs it in training: the memory-efficient kernel, which keeps
     Q, K, V, the output and one float per query row (the meta device would decompose it into tokens × tokens
-    scores). Left to PyTorch where that kernel does not take the call."""
+    scores). Left to PyTorch where that kernel does not take the call, or CUDA would not (:func:`fused_on_cuda`)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return call_inside(self, func, args, kwargs)
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
-        given = {**dict(zip(names, args)), **kwargs}
+        if not fused_on_cuda(args, kwargs):
+            return func(*args, **kwargs)
+        given = {**dict(zip(_ATTENTION_ARGUMENTS, args)), **kwargs}
         try:
             return torch.ops.aten._scaled_dot_product_efficient_attention(
                 given["query"], given["key"], given["value"], given.get("attn_mask"), True,
@@ -147,22 +186,23 @@ def stand_in_loss(output) -> torch.Tensor:
 
 
 def trace_step(model: nn.Module, x: torch.Tensor, mixed: torch.dtype | None = None, loss_of=stand_in_loss,
-               fused_attention: bool = True) -> dict[str, int]:
+               cuda: bool = True) -> dict[str, int]:
     """Bytes one training step of ``model`` on ``x`` (both on the meta device) holds at its peak beyond the
     weights: ``peak``, and what it is made of (:data:`PHASES`; the input batch counts as an activation). ``mixed``: the 16-bit type of a
     mixed-precision step (CUDA autocast's casts, :class:`~gpurig.models.autocast.MetaAutocast`). ``loss_of``: the
-    loss from the model's output (a stand-in by default, :func:`stand_in_loss`). ``fused_attention=False`` leaves
-    attention to the meta device's own choice, the one a CPU makes (:class:`FusedAttention`).
+    loss from the model's output (a stand-in by default, :func:`stand_in_loss`). ``cuda=False`` leaves
+    attention and dropout as the meta device runs them, as a CPU does; by default they are CUDA's: its fused
+    attention kernel (:class:`FusedAttention`) and dropout's one-byte mask.
 
     The weights' gradients are created by backward (``set_to_none``, PyTorch's default), and are all held
     once backward ends; the optimizer's step comes after (:mod:`gpurig.perf.footprint` prices it).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    live = LiveBytes(ignore=[*model.parameters(), *model.buffers()])
+    live = LiveBytes(ignore=[*model.parameters(), *model.buffers()], dropout_mask_bytes=1 if cuda else None)
     hooks = [p.register_post_accumulate_grad_hook(lambda p: live.move(p.grad, "gradients")) for p in params]
     amp = MetaAutocast(mixed) if mixed is not None else contextlib.nullcontext()
     try:
-        attention = FusedAttention() if fused_attention else contextlib.nullcontext()
+        attention = FusedAttention() if cuda else contextlib.nullcontext()
         # the device first: the modes above it leave it on while they look inside a function (models.inside)
         with torch.device("meta"), live, attention, torch.enable_grad():
             with amp:

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpurig.models import ops
 from gpurig.models.inside import call_inside
+from gpurig.models.peak import fused_on_cuda
 
 
 @dataclass
@@ -248,6 +249,8 @@ class _FusedAttention(TorchFunctionMode):
             return func(*args, **kwargs)
         if func is not F.scaled_dot_product_attention:
             return call_inside(self, func, args, kwargs)
+        if not fused_on_cuda(args, kwargs):
+            return func(*args, **kwargs)
         self.saved._fused += 1
         try:
             out = func(*args, **kwargs)
@@ -292,6 +295,8 @@ class _Functions(TorchFunctionMode):
         if self.tracer.suppressed:
             return func(*args, **kwargs)
         charge = self.fused.get(func)
+        if charge is self.tracer.charge_attention and not fused_on_cuda(args, kwargs):
+            charge = None   # charged as the unfused operators it becomes
         if charge is None:
             return call_inside(self, func, args, kwargs)
         self.tracer.suppressed = True

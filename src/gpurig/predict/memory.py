@@ -47,7 +47,7 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
     >>> advice = predict(PredictRequest(model="bert-large", cluster="4 x RTX 4070", batch=8, tokens=512,
     ...                                 optimizer="adam"))["advice"]
     >>> [(item["what"].split(" (")[0], item["fits"]) for item in advice if "fits" in item]
-    [('per-GPU batch 6', True), ('--precision bf16', True), ('--shard optimizer', True), ('--shard gradients', True)]
+    [('per-GPU batch 7', True), ('--precision bf16', True), ('--shard optimizer', True), ('--shard gradients', True)]
     """
     if needed.get("fits", True):
         return []
