@@ -12,19 +12,22 @@ projections (linear layers autocast runs in 16 bits) and its
 to gpurig's modes, and a ViT-B/16's step was priced with FP32 projections and
 a tokens × tokens score matrix (8.2 GiB at 64 in bf16; an H100 measured 5.1).
 
-:func:`call_inside` runs such a function with the mode on inside it.
+:func:`call_inside` runs such a function with the mode on inside it. Only the
+functions in :data:`INSIDE`: any other passes down the stack whole, as
+before, since a mode below may want it so (``gpurig.models.trace`` charges
+``F.dropout`` as the one kernel a GPU runs; looking inside it would hand the
+modes below its decomposition instead).
 """
 
 from __future__ import annotations
 
-import inspect
 import threading
 
-import torch.functional
 import torch.nn.functional as F
 
-# the modules whose Python functions hand themselves to torch function modes, and the checks they make first
-_PYTHON_LEVEL = (vars(F), vars(torch.functional))
+# PyTorch's Python functions that run products or attention inside, which the modes price or type
+INSIDE = frozenset({F.multi_head_attention_forward})
+# the checks a Python torch function makes before handing itself to the modes
 _CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
 _patching = threading.RLock()
 
@@ -34,12 +37,12 @@ def _never(*args) -> bool:
 
 
 def call_inside(mode, func, args: tuple, kwargs: dict):
-    """``func(*args, **kwargs)``, called from ``mode``'s ``__torch_function__``; where ``func`` is Python of
-    ``torch.nn.functional`` or ``torch.functional``, ``mode`` sees the torch functions it calls.
+    """``func(*args, **kwargs)``, called from ``mode``'s ``__torch_function__``; where ``func`` is one of
+    :data:`INSIDE`, ``mode`` sees the torch functions it calls (and the modes below it see them too).
 
-    Its own module's torch-function checks are switched off while it runs (so it does not hand itself back to
-    the mode), and the mode is on again; the checks come back when it returns. Torch functions that are
-    C++ (most of them) are called as they are.
+    Its module's torch-function checks are switched off while it runs (so it does not hand itself back to the
+    mode), and the mode is on again; the checks come back when it returns. Any other function is called as it
+    is.
 
     >>> import torch
     >>> from torch.overrides import TorchFunctionMode
@@ -57,9 +60,9 @@ def call_inside(mode, func, args: tuple, kwargs: dict):
     >>> sorted({"multi_head_attention_forward", "linear", "scaled_dot_product_attention"} & seen.names)
     ['linear', 'multi_head_attention_forward', 'scaled_dot_product_attention']
     """
-    names = getattr(func, "__globals__", None) if inspect.isfunction(func) else None
-    if not any(names is module for module in _PYTHON_LEVEL):
+    if not any(func is f for f in INSIDE):
         return func(*args, **kwargs)
+    names = func.__globals__
     with _patching:
         saved = {name: names[name] for name in _CHECKS if name in names}
         names.update(dict.fromkeys(saved, _never))
