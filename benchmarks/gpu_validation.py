@@ -216,13 +216,17 @@ def main():
 
 
 def again(path: str) -> None:
-    """A stored run's measurements against this tree's predictions (catalog only: a stored profile is the GPU's,
-    so it is used as stored), then the median and worst |error| of step and memory. A run made before the loss was
+    """A stored run's measurements against this tree's predictions, from the catalog and, where the run holds
+    its GPU's bench profile, from that profile; then the median and worst |error| of step and memory. A run made before the loss was
     cross-entropy for every model gets the memory its loss held on top (:func:`square_loss_extra`)."""
     import statistics
 
     run = json.loads(Path(path).read_text())
-    steps, memories = [], []
+    steps, memories, profiled = [], [], []
+    profile = None
+    if "profile" in run:
+        profile = Path(tempfile.mkdtemp()) / "profile.json"
+        profile.write_text(json.dumps(run["profile"]))
     for row in run["rows"]:
         if "measured_ms" not in row:
             continue
@@ -232,12 +236,19 @@ def again(path: str) -> None:
                                    row["memory_format"] == "channels-last", run["gpu"], None, row.get("sample"))
         if "loss" not in run and "memory_gb" in row["catalog"]:
             row["catalog"]["memory_gb"] += square_loss_extra(row) / 2**30
+        if profile is not None and "profile" in row:
+            row["profile"] = predicted(row["model"], row["batch"], row["precision"], False, run["gpu"], str(profile),
+                                       row.get("sample"))
         print(line(row))
         if row["model"] in LAUNCH_BOUND:
             continue
+        if "step_ms" in row.get("profile", {}):
+            profiled.append(abs(row["profile"]["step_ms"] / row["measured_ms"] - 1))
         steps.append(abs(row["catalog"]["step_ms"] / row["measured_ms"] - 1))
         memories.append(abs(row["catalog"]["memory_gb"] / row["peak_allocated_gib"] - 1))
-    for name, errors in (("step", steps), ("memory", memories)):
+    for name, errors in (("step", steps), ("memory", memories), ("step from the profile", profiled)):
+        if not errors:
+            continue
         print(f"{name}: {len(errors)} rows, median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
               f"{sum(e <= 0.1 for e in errors)} within 10 %, {sum(e <= 0.25 for e in errors)} within 25 %")
 

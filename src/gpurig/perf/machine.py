@@ -224,10 +224,22 @@ def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficienc
                     nic_shared=True, staging=None if spec.gpudirect_rdma else pcie_link)
 
 
-def profile_device(profile: dict, ranks_per_node: int) -> Device:
+def profile_device(profile: dict, ranks_per_node: int, catalog: Device | None = None) -> Device:
     """This machine as ``gpurig bench`` measured it with ``ranks_per_node`` ranks computing at once.
 
-    Uses the compute measurements taken with that many ranks (or the nearest count measured).
+    Uses the compute measurements taken with that many ranks (or the nearest count measured). ``catalog``: the
+    same GPU as the catalog prices it (:func:`gpu_device`, in FP32), for what bench does not measure. bench
+    times its GEMMs in FP32 with TF32 off, which is what ``--precision fp32`` runs matrix multiplies in, while
+    PyTorch runs convolutions in TF32 on tensor cores by default; so the measured GEMMs price the matrix
+    multiplies, the catalog's models the convolutions, and the measured memory rate, per-layer cost, optimizers
+    and codecs the rest. Without it every product is priced by the FP32 GEMMs (a VGG-16 on an H100 +115 %).
+
+    >>> import json
+    >>> from gpurig.spec import catalog as parts
+    >>> profile = json.load(open("docs/gpu/h100-2026-11-26/gpu_validation-profile.json"))["profile"]  # doctest: +SKIP
+    >>> d = profile_device(profile, 1, gpu_device(parts.gpu("H100 SXM")))                            # doctest: +SKIP
+    >>> round(d.gemm.flops_per_s / 1e12), round(d.conv_gemm.flops_per_s / 1e12)  # FP32 measured, TF32 catalog  # doctest: +SKIP
+    (51, 212)
     """
     measured = profile.get("compute")
     if not measured:
@@ -237,10 +249,16 @@ def profile_device(profile: dict, ranks_per_node: int) -> Device:
     gemm = fit_gemm_model(data["gemm"])
     codecs = {name: (c["encode_s_per_value"], c["decode_s_per_value"]) for name, c in data["codecs"].items()}
     is_gpu = data["device"].startswith("cuda")
-    device = Device(profile.get("device", "cpu"), gemm, data["memory_bytes_per_s"], data["layer_overhead_s"],
-                    is_gpu=is_gpu, codec_seconds_per_value=codecs, jitter=data.get("jitter", JITTER),
+    measured = dict(gemm=gemm, memory_bytes_per_s=data["memory_bytes_per_s"], layer_overhead_s=data["layer_overhead_s"],
+                    codec_seconds_per_value=codecs, jitter=data.get("jitter", JITTER),
                     optimizer_rows=tuple((r["optimizer"], r["values"], r["seconds_per_value"])
                                          for r in data.get("optimizers", [])))
+    if is_gpu and catalog is not None:
+        # bench's real layers are not applied here: timed one at a time, a GPU layer's time holds its launch and
+        # synchronisation, which a step hides by queueing ahead (on the H100's profile they made the steps 18 to
+        # 79 % slow; without them median 5 %, worst 16 %, docs/predict.md)
+        return replace(catalog, name=profile.get("device", catalog.name), **measured)
+    device = Device(profile.get("device", "cpu"), is_gpu=is_gpu, **measured)
     return replace(device, layer_ratios=layer_ratios(device, data.get("layers", [])))
 
 

@@ -89,11 +89,29 @@ def load_hardware(request: PredictRequest) -> Hardware:
                                                _median([r["per_matrix_s"] for r in fit["rows"] if "per_matrix_s" in r]))
                       for name, fit in comm["engines"][engine].items()
                       if name.startswith("compressed:") and fit.get("beta_s_per_byte", 0) > 0}
+    catalog = _catalog_device(profile, request)
     return Hardware(f"{profile.get('cpu') or profile.get('device')} ({profile.get('host', 'this machine')})",
                     ranks, per_node,
-                    lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine)),
+                    lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine),
+                                                                 catalog),
                     lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile", slowdown,
                     posted, compressed)
+
+
+def _catalog_device(profile: dict, request: PredictRequest):
+    """The catalog's model of the GPU a profile measured, found by the name bench recorded ("NVIDIA H100 80GB
+    HBM3"); None for a CPU's profile or a GPU the catalog lacks (then bench's GEMMs price every product)."""
+    from gpurig.spec import catalog
+    from gpurig.spec.fields import SpecError
+
+    name = profile.get("device")
+    if not name or name == "cpu":
+        return None
+    try:
+        gpu = catalog.gpu(name)
+    except SpecError:
+        return None
+    return machine.gpu_device(gpu, request.precision, software=request.software, memory_format=request.memory_format)
 
 
 def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
@@ -108,8 +126,9 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     measured = profile is not None and profile.get("device") not in (None, "cpu")
 
     def device_of(gpu, ranks):
-        return machine.profile_device(profile, ranks) if measured else machine.gpu_device(gpu, request.precision, software=request.software,
-                                                    memory_format=request.memory_format)
+        catalog = machine.gpu_device(gpu, request.precision, software=request.software,
+                                     memory_format=request.memory_format)
+        return machine.profile_device(profile, ranks, catalog) if measured else catalog
 
     def placed(n: int) -> list[tuple]:
         out, left = [], n
