@@ -106,10 +106,10 @@ def mlp_two_epochs_of_512(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def torch_cnn_one_epoch(tmp_path_factory):
-    """One epoch of the CNN over Gloo (--engine torch), data parallel, uncompressed: test_train's torch-engine run
-    and test_model_parallel's reference for the hybrid CNN."""
+    """One epoch of the CNN over Gloo (--engine torch), data parallel, uncompressed, with its prediction:
+    test_train's torch-engine run and test_model_parallel's reference for the hybrid CNN."""
     return train_json("--engine", "torch", "--model", "cnn", "--parallel", "data", "--epochs", 1, "--compression",
-                      "none", "--no-predict", checkpoint_dir=tmp_path_factory.mktemp("cnn-gloo"))
+                      "none", checkpoint_dir=tmp_path_factory.mktemp("cnn-gloo"))
 
 
 INT8_THREE_EPOCHS = ("--epochs", 3, "--global-batch", 512, "--keep-checkpoints", 2, "--compression", "int8")

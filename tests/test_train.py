@@ -53,6 +53,10 @@ def test_torch_engine_trains_too(torch_cnn_one_epoch):
     # tests/workers/compression.py's, on both engines
     summary = torch_cnn_one_epoch
     assert summary["engine"] == "torch/gloo" and summary["model"] == "cnn" and summary["test_accuracy"] > 0.85
+    # predicted over the engine that ran it (the job's Gloo measurements; it once said "--engine must be mpi or
+    # torch, got 'torch/gloo'" here instead)
+    predicted, measured = summary["predicted"], summary["epochs"][-1]
+    assert 1 / 3 < predicted["step_ms"] / measured["step_ms"] < 3, (predicted, measured)
 
 
 def _rank_processes(job: subprocess.Popen) -> list[psutil.Process]:

@@ -45,15 +45,16 @@ def prediction(config: TrainConfig, comm, profile_path: str, dp, sample_shape: t
     if auto.parse(method) is not None:
         method = (dp.auto_choice or {}).get("codec", "none") if dp is not None else "none"
     per_rank = config.global_batch // comm.size
+    engine = comm.engine.name   # predict's --engine: "mpi" or "torch" (comm.engine_name says "torch/gloo")
     try:
         if is_users(config.model):
             sample = "x".join(str(n) for n in sample_shape)
             split = predict(PredictRequest(model=config.model, cluster=profile_path, batch=per_rank, gpus=comm.size,
-                                           compression=method, parallel=config.parallel, engine=comm.engine_name,
+                                           compression=method, parallel=config.parallel, engine=engine,
                                            sample=sample, shard=config.shard))["step"]
         else:
             split = predicted_split(config.model, profile_path, comm.size, per_rank, method, config.parallel,
-                                    comm.engine_name, shard=config.shard)
+                                    engine, shard=config.shard)
     except Exception as error:  # a prediction must never cost the user the run
         return {"error": str(error).splitlines()[0]}
     return {**{k: round(v, 3) for k, v in split.items()}, "compression": method, "profile": profile_path}
