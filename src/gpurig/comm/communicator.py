@@ -739,7 +739,8 @@ def allreduce_starter(engine, tensor: torch.Tensor) -> Callable:
     'started 3'
     """
     start = engine.start_allreduce
-    if not tensor.is_cuda and getattr(start, "__func__", None) is _torch_start_allreduce():
+    if (getattr(engine, "name", None) == "torch" and not tensor.is_cuda
+            and getattr(start, "__func__", None) is _torch_start_allreduce()):
         import torch.distributed as dist
 
         options = dist.AllreduceOptions()
