@@ -19,7 +19,8 @@ before issue 23); the same pair again with 1 MB buckets, where per-bucket
 overhead shows. Issue 23's third pass added, on both engines, the checks as
 before it (the collective check blocking at the first bucket, the numerical
 guard's sum after the wait: ``BlockingCheck``, ``GuardAfter``), and over MPI
-``MPI_Wait``'s busy wait instead of the polite one (``MPIEngine.wait_spin_s``).
+``MPI_Wait``'s busy wait instead of the polite one (``MPIEngine.wait_spin_s``). Issue 23's eighth pass added,
+on both engines, each bucket begun through ``allreduce_async``'s whole path as before (``LaunchAsBefore``).
 ``--variants "a;b"`` runs only those (each with its DDP reference).
 
     gpurig run -n 2 -- python benchmarks/dp_vs_ddp.py --model mlp --out /tmp/dp.json
@@ -65,6 +66,13 @@ class LastBlocking(gpurig.DataParallel):
         return index == len(self.buckets) - 1 and not getattr(self.comm.engine, "native_async", False)
 
 
+class LaunchAsBefore(gpurig.DataParallel):
+    """DataParallel with every bucket begun through ``allreduce_async``'s whole path, as before issue 23's eighth
+    pass (comparison only; the default prepares each bucket's allreduce once, ``Communicator.prepare_allreduce``)."""
+
+    lean_launch = False
+
+
 def engine_check(engine) -> Communicator:
     """A communicator whose collective check goes through the engine on one machine too, as before the check
     board (comparison only)."""
@@ -103,7 +111,9 @@ def main():
             GuardAfter(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
         "gpurig / gloo, check blocking (the guard's flag as now)": (
             gpurig.DataParallel(copy.deepcopy(base), BlockingCheck(gloo.engine)), "DDP / gloo"),
+        "gpurig / gloo, launch as before": (LaunchAsBefore(copy.deepcopy(base), gloo), "DDP / gloo"),
         "gpurig / mpi": (gpurig.DataParallel(copy.deepcopy(base), mpi), "DDP / gloo"),
+        "gpurig / mpi, launch as before": (LaunchAsBefore(copy.deepcopy(base), mpi), "DDP / gloo"),
         "gpurig / mpi, MPI_Wait (before)": (gpurig.DataParallel(copy.deepcopy(base), busy), "DDP / gloo"),
         "gpurig / mpi, checks as before (blocking check, guard's sum after)": (
             GuardAfter(copy.deepcopy(base), BlockingCheck(mpi.engine)), "DDP / gloo"),

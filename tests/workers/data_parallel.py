@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import gpurig
 from casekit import case, write
+from gpurig.parallel.compression import wire_bytes
 
 comm = gpurig.init()
 R, P = comm.rank, comm.size
@@ -71,6 +72,40 @@ for opt_name, make_opt in OPTIMIZERS.items():
             if cap_mb < 1:
                 assert len(dp.buckets) >= 3
                 assert dp.stats.launched_in_backward > 0, "no bucket was sent while backward was still running"
+
+
+@case("prepared_bucket_allreduces_follow_the_layout")
+def _():
+    # Each bucket's allreduce is worked out once (Communicator.prepare_allreduce) and begun at every step; a new
+    # flat (ZeRO, or here by hand) must give it a new one, and the step's one check must still cover it.
+    batches = data(6)
+    reference = train_reference(mlp(0), OPTIMIZERS["sgd_momentum"], batches)
+    dp = gpurig.DataParallel(mlp(R), bucket_cap_mb=0.001)
+    opt = OPTIMIZERS["sgd_momentum"](dp.parameters())
+    for step, (x, y) in enumerate(batches):
+        if step == 3:
+            before = [b.plain_launch for b in dp.buckets]
+            for bucket in dp.buckets:  # same values, new storage: p.grad must follow it too
+                bucket.flat = bucket.flat.clone()
+        mine = torch.tensor_split(x, P)[R], torch.tensor_split(y, P)[R]
+        opt.zero_grad()
+        F.cross_entropy(dp(mine[0]), mine[1]).backward()
+        opt.step()
+        if P == 1:
+            continue
+        seq = comm.guard.progress.seq
+        for bucket, announced in zip(dp.buckets, dp._signatures()):
+            known = bucket.plain_launch
+            assert known.tensor is bucket.travelling and known.tensor.data_ptr() == bucket.flat.data_ptr()
+            assert known.prepared is not None and known.prepared.signature == announced
+        if step == 3:
+            assert all(b.plain_launch is not old for b, old in zip(dp.buckets, before))
+        if step > 0:  # the step's collectives: one check (numbered, not a collective of its own) and the buckets
+            assert seq - last_seq == len(dp.buckets), (seq, last_seq)
+        last_seq = seq
+    assert len(dp.buckets) >= 3
+    assert dp.stats.bytes_sent == 6 * sum(wire_bytes("none", b.shapes, P) for b in dp.buckets)
+    assert_same_weights(dp.module, reference)
 
 
 @case("broadcast_from_rank0_on_wrap")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import atexit
 
-from gpurig.comm.communicator import Communicator, Handle, split_sizes
+from gpurig.comm.communicator import Communicator, Handle, Prepared, split_sizes
 from gpurig.comm.guard import CollectiveMismatchError
 from gpurig.comm.signature import Signature
 from gpurig.launch.env import detect_engine

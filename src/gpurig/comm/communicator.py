@@ -27,12 +27,14 @@ that such messages use, as Horovod's ``name=`` does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import queue
 import re
 import threading
 import time
 from concurrent.futures import Future
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -646,6 +648,45 @@ class Communicator:
         signature = Signature("barrier", None, "-", ())
         self._run(lambda: self._guarded(signature, 0, self.engine.barrier), blocking=True)
 
+    def prepare_allreduce(self, tensor: torch.Tensor, name: str | None = None) -> Prepared | None:
+        """A sum-allreduce of ``tensor`` in place, made ready once to be begun at every step by :meth:`start_prepared`.
+
+        What :meth:`allreduce_async` works out at each call is worked out here
+        once: the arguments checked, the signature and byte count computed, the
+        engine's nonblocking call looked up. None where the engine would not begin
+        it with that call (an empty or strided tensor, one it must stage): use
+        :meth:`allreduce_async` then.
+
+        >>> bucket = comm.prepare_allreduce(flat, name="bucket 0")    # once   # doctest: +SKIP
+        >>> comm.start_prepared(bucket).wait()                         # at every step   # doctest: +SKIP
+        tensor([...])
+        """
+        self._check(tensor, "allreduce")
+        if not (tensor.numel() and tensor.is_contiguous() and self._can_start(tensor, begins="start_allreduce")):
+            return None
+        return Prepared(tensor, Signature.of("allreduce", tensor, name, "sum"), tensor.nbytes,
+                        allreduce_starter(self.engine, tensor))
+
+    def start_prepared(self, prepared: Prepared) -> Handle:
+        """Begin a :meth:`prepare_allreduce`'d allreduce, as ``allreduce_async(tensor, op="sum", name=name)`` would:
+        checked against the other ranks' collectives by the guard and recorded for the failure watch as every
+        collective is, queued behind a pending :meth:`run_async` job as any would be.
+
+        >>> handle = comm.start_prepared(bucket); handle.wait()       # doctest: +SKIP
+        tensor([...])
+        """
+        if not (self._worker.on_worker_thread() or self._worker.idle()):
+            return self._allreduce(prepared.tensor, "sum", blocking=False, name=prepared.signature.name)
+        try:  # (_begin's `with self._engine_errors()`, written out: a plain try costs nothing)
+            self.guard.begin(prepared.signature, prepared.nbytes)
+            request = prepared.start()
+        except CollectiveMismatchError:
+            raise
+        except RuntimeError as error:
+            raise self._failed(error) from error
+        finish = functools.partial(self._ended, prepared.tensor)
+        return self._track(Handle(work=request, finish=finish, errors=self._engine_errors))
+
     def allgather_bytes(self, data: bytes, name: str | None = None) -> list[bytes]:
         """Every rank's ``data``, in rank order; for small metadata such as model signatures.
 
@@ -671,6 +712,50 @@ class Communicator:
             self.watch.stop(wait_for_others=self.watch.settings.failure_timeout or 10.0)
             self.watch = None
         self.engine.shutdown()
+
+
+class Prepared(NamedTuple):
+    """A sum-allreduce of one tensor in place, ready to begin (:meth:`Communicator.prepare_allreduce`).
+
+    >>> Prepared(torch.zeros(4), Signature("allreduce", "b", "float32", (4,), "sum"), 16, print).nbytes
+    16
+    """
+
+    tensor: torch.Tensor
+    signature: Signature
+    nbytes: int
+    start: Callable  # begins it on the engine; returns the engine's request
+
+
+def allreduce_starter(engine, tensor: torch.Tensor) -> Callable:
+    """``engine.start_allreduce(tensor)`` as a call with nothing left to work out.
+
+    Over torch.distributed on a host tensor, that is the process group's own
+    ``allreduce``, as DDP's reducer calls it: ``dist.all_reduce``'s Python
+    around it (its checks, the options built anew) cost 16 µs a call on this
+    project's 2-core machine, a third of the call (docs/benchmarks.md).
+
+    >>> class Engine:
+    ...     def start_allreduce(self, tensor): return f"started {tensor.numel()}"
+    >>> allreduce_starter(Engine(), torch.zeros(3))()
+    'started 3'
+    """
+    start = engine.start_allreduce
+    if (getattr(engine, "name", None) == "torch" and not tensor.is_cuda
+            and getattr(start, "__func__", None) is _torch_start_allreduce()):
+        import torch.distributed as dist
+
+        options = dist.AllreduceOptions()
+        options.reduceOp, options.asyncOp = dist.ReduceOp.SUM, True
+        return functools.partial(dist.group.WORLD.allreduce, [tensor], options)
+    return functools.partial(start, tensor)
+
+
+def _torch_start_allreduce():
+    """TorchEngine's ``start_allreduce`` (``dist.all_reduce(tensor, async_op=True)`` on the default group)."""
+    from gpurig.comm.torch_engine import TorchEngine
+
+    return TorchEngine.start_allreduce
 
 
 def engine_message(error: BaseException) -> str:

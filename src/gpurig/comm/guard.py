@@ -108,6 +108,7 @@ class Guard:
         # Where this rank is, as plain fields (every collective sets them: no objects made); see `progress`.
         self._seq, self._signature, self._nbytes, self._in_flight, self._since = 0, None, 0, False, 0.0
         self.progress_file = ProgressWriter()  # the rank wrapper's copy, for a rank that gets killed
+        self._details: dict = {}               # (signature, bytes) -> how the progress file describes it
         self._block = CheckBuffer(engine.size)
         self._board: CheckBoard | None = None  # the check through shared memory (one machine), set up at the first
         self._board_tried = False              # check, which every rank reaches at the same point
@@ -162,7 +163,12 @@ class Guard:
 
     def _set(self, seq: int, signature: Signature, nbytes: int, in_flight: bool) -> None:
         if signature != self._signature or nbytes != self._nbytes:
-            self.progress_file.began(seq, signature.kind, Progress(seq, signature, nbytes).detail())
+            detail = self._details.get((signature, nbytes))
+            if detail is None:  # (a step's few collectives alternate: each would be described anew)
+                if len(self._details) > 1000:
+                    self._details.clear()
+                detail = self._details[signature, nbytes] = Progress(seq, signature, nbytes).detail()
+            self.progress_file.began(seq, signature.kind, detail)
         else:
             self.progress_file.began(seq)
         self._seq, self._signature, self._nbytes, self._in_flight = seq, signature, nbytes, in_flight

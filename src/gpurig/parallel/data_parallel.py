@@ -21,6 +21,7 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -47,6 +48,18 @@ class ModelMismatchError(ValueError):
     """Ranks wrapped models whose parameters differ in name, shape or dtype."""
 
 
+class PlainLaunch(NamedTuple):
+    """What a bucket's uncompressed allreduce needs at every step, worked out once for its layout.
+
+    ``prepared`` is the collective made ready (:meth:`Communicator.prepare_allreduce`), or None where it goes
+    through ``allreduce_async``; ``sent`` the bytes this rank sends for it.
+    """
+
+    tensor: torch.Tensor
+    prepared: comm_mod.Prepared | None
+    sent: int
+
+
 @dataclass
 class Bucket:
     """Parameters whose gradients travel together, and how they travel (``method``, per bucket).
@@ -67,9 +80,11 @@ class Bucket:
     handle: comm_mod.Handle | None = None
     launched_at: float = 0.0
     flagged: bool = False
+    plain_launch: PlainLaunch | None = field(default=None, repr=False)  # DataParallel's, for ``travelling``
     _cut_from: torch.Tensor | None = field(default=None, repr=False)  # the flat the views below were cut from
     _pieces: list = field(default_factory=list, repr=False)
     _grads: list = field(default_factory=list, repr=False)
+    _ends: tuple = field(default=(None, None, None, None), repr=False)  # (flat, flagged, travelling, flag)
 
     @functools.cached_property
     def numel(self) -> int:
@@ -91,8 +106,25 @@ class Bucket:
 
     @property
     def travelling(self) -> torch.Tensor:
-        """What an uncompressed allreduce of this bucket carries: the gradients, and the guard's flag if any."""
-        return self.flat[: self.numel + self.flagged]
+        """What an uncompressed allreduce of this bucket carries: the gradients, and the guard's flag if any (the
+        same view at every step until ``flat`` is replaced).
+
+        >>> b = Bucket([torch.nn.Parameter(torch.zeros(3))], torch.zeros(4), [0], flagged=True)
+        >>> b.travelling.shape, b.travelling is b.travelling
+        (torch.Size([4]), True)
+        """
+        return self._cut_ends()[2]
+
+    @property
+    def flag(self) -> torch.Tensor | None:
+        """The numerical guard's flag, the element after the gradients (None when the bucket has none)."""
+        return self._cut_ends()[3]
+
+    def _cut_ends(self) -> tuple:
+        if self._ends[0] is not self.flat or self._ends[1] != self.flagged:
+            flag = self.flat[self.numel: self.numel + 1] if self.flagged else None
+            self._ends = (self.flat, self.flagged, self.flat[: self.numel + self.flagged], flag)
+        return self._ends
 
     @property
     def shapes(self) -> list[torch.Size]:
@@ -434,7 +466,7 @@ class DataParallel(torch.nn.Module):
         plain = bucket.method == "none"
         scale = 1.0 / self.comm.size if plain else 1.0
         with torch.no_grad():
-            flag = bucket.flat[bucket.numel: bucket.numel + 1] if bucket.flagged else None
+            flag = bucket.flag
             if flag is not None:
                 flag.zero_()
             for p, piece in zip(bucket.params, bucket.views()[0]):
@@ -450,8 +482,10 @@ class DataParallel(torch.nn.Module):
         bucket.launched_at = time.perf_counter()
         self._record("copy in", copy_started, bucket.launched_at, index)
         name = f"bucket {index}"
-        if plain and not self._pipelined and self._inline(index):
-            self.comm.allreduce(bucket.travelling, op="sum", name=name)
+        pipelined = self._pipelined
+        known = self._plain(bucket, index) if plain else None
+        if plain and not pipelined and self._inline(index):
+            self.comm.allreduce(known.tensor, op="sum", name=name)
             bucket.handle = None
             # nothing hides it: backward's end would have waited this long for it (auto reads it as exposed),
             # and it had no time to hide under (auto's lead: from here to backward's end)
@@ -459,15 +493,30 @@ class DataParallel(torch.nn.Module):
             self._record("allreduce", bucket.launched_at, done, index, exposed=True)
             self._inline_s += done - bucket.launched_at
             bucket.launched_at = done
-        elif plain and not self._pipelined:
-            bucket.handle = self.comm.allreduce_async(bucket.travelling, op="sum", name=name)
+        elif plain and known.prepared is not None and not pipelined:
+            bucket.handle = self.comm.start_prepared(known.prepared)
+        elif plain and not pipelined:
+            bucket.handle = self.comm.allreduce_async(known.tensor, op="sum", name=name)
         elif plain:  # on the background thread too, so its place among the compressed buckets' is the same everywhere
-            bucket.handle = self.comm.run_async(lambda: self.comm.allreduce(bucket.travelling, "sum", name))
+            bucket.handle = self.comm.run_async(lambda: self.comm.allreduce(known.tensor, "sum", name))
         else:
             bucket.handle = self.comm.run_async(lambda: self._begin_compressed(bucket, name))
         if plain:
-            self.stats.bytes_sent += wire_bytes("none", bucket.shapes, self.comm.size)
+            self.stats.bytes_sent += known.sent
         self._next_bucket += 1
+
+    lean_launch = True  # False: every bucket through allreduce_async's whole path (before issue 23's eighth pass)
+
+    def _plain(self, bucket: Bucket, index: int) -> PlainLaunch:
+        """Bucket ``index``'s uncompressed allreduce as the step begins it: worked out at its first step, and again
+        only when its layout changes (``flat`` replaced), not at every step as ``allreduce_async`` does. It is
+        still checked against the other ranks' at every step (:meth:`Communicator.start_prepared`)."""
+        known = bucket.plain_launch
+        if known is None or known.tensor is not bucket.travelling:
+            tensor = bucket.travelling
+            prepared = self.comm.prepare_allreduce(tensor, name=f"bucket {index}") if self.lean_launch else None
+            known = bucket.plain_launch = PlainLaunch(tensor, prepared, wire_bytes("none", bucket.shapes, self.comm.size))
+        return known
 
     last_bucket_inline = True
 
