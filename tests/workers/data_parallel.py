@@ -190,6 +190,32 @@ def _():
         assert P == 1
 
 
+@case("float64_model_matches_and_its_buckets_are_the_ones_announced")
+def _():
+    """A float64 model's buckets travel as float64, and the step's announced collectives say so: each bucket's
+    allreduce is the one the guard checked with the step's batch (announced as float32 before, every bucket
+    ended the batch and was checked again on its own)."""
+    batches = [(x.double(), y) for x, y in data(3)]
+    ref = train_reference(mlp(5).double(), OPTIMIZERS["sgd_momentum"], batches)
+    guard = comm.guard
+    begin, announced = guard.begin, []
+
+    def seen(signature, nbytes, check=True):
+        if (signature.name or "").startswith("bucket"):
+            if guard._posted is not None:   # what begin does first: judge the step's check posted in backward
+                guard.settle()
+            announced.append(bool(guard._expected) and guard._expected[0] == signature)
+        return begin(signature, nbytes, check)
+    guard.begin = seen
+    try:
+        dp = train_parallel(mlp(5).double(), OPTIMIZERS["sgd_momentum"], batches, bucket_cap_mb=0.01)
+    finally:
+        del guard.begin
+    assert_same_weights(dp, ref)
+    assert len(dp.buckets) > 1 and all(b.flat.dtype == torch.float64 for b in dp.buckets)
+    assert len(announced) == 3 * len(dp.buckets) and all(announced), announced
+
+
 @case("shard_covers_global_batch_disjointly")
 def _():
     n = 10 * GLOBAL + 5

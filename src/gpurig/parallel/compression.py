@@ -127,9 +127,10 @@ def piece_label(name: str | None, k: int) -> str:
 
 
 def collectives(n: int, ranks: int, method: str, name: str | None = None,
-                shapes: list[torch.Size] | None = None) -> tuple[list, list]:
+                shapes: list[torch.Size] | None = None, dtype: torch.dtype = torch.float32) -> tuple[list, list]:
     """The collectives averaging a bucket of ``n`` values with ``method`` submits: (when it begins, when it
-    finishes), each in order. PowerSGD's depend on the tensors' ``shapes``, not only on ``n``.
+    finishes), each in order. PowerSGD's depend on the tensors' ``shapes``, not only on ``n``; an uncompressed
+    bucket's on its ``dtype`` (a float64 or bfloat16 model's gradients travel as they are).
 
     DataParallel announces them, so the guard checks a whole step with one exchange.
 
@@ -141,7 +142,7 @@ def collectives(n: int, ranks: int, method: str, name: str | None = None,
     if kind == POWERSGD:
         return powersgd.collectives(shapes, rank, name)
     if kind == "none":
-        return [Signature("allreduce", name, "float32", (n,), "sum")], []
+        return [Signature.of("allreduce", torch.empty(n, dtype=dtype, device="meta"), name, "sum")], []
     codec = codecs.get(kind)
     pieces = piece_bounds(chunk_length(n, ranks, codec), codec)
     rows = [codecs.payload_bytes(codec, b - a) for a, b in pieces]

@@ -441,7 +441,8 @@ class DataParallel(torch.nn.Module):
             order, pending = [], []
             for i, (bucket, method) in enumerate(zip(self.buckets, methods)):
                 n = len(bucket.flat) if method != "none" else len(bucket.travelling)
-                begun, finished = collectives(n, self.comm.size, method, f"bucket {i}", bucket.shapes)
+                begun, finished = collectives(n, self.comm.size, method, f"bucket {i}", bucket.shapes,
+                                              bucket.travelling.dtype)
                 order += begun
                 if method != "none":
                     order, pending = order + pending, finished
