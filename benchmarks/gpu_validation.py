@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from gpurig.errors import UsageError
-from gpurig.models import load_factory, parse_sample, preset
+from gpurig.models import load_factory, preset
+from gpurig.models.factory import sample_batch
 from gpurig.parallel.mixed_precision import AUTOCAST
 from gpurig.predict import PredictRequest, predict
 from gpurig.timing import device_sync
@@ -81,8 +82,7 @@ def model_and_example(name: str, sample: str | None) -> tuple[torch.nn.Module, t
     """A preset's model with real weights and its one-sample meta input, or a ``module:factory``'s with ``sample``."""
     if sample is None:
         return preset(name).factory(), preset(name).example()
-    shape, dtype = parse_sample(sample)
-    return load_factory(name, device=None), torch.empty((1, *shape), dtype=dtype, device="meta")
+    return load_factory(name, device=None), sample_batch(sample)
 
 
 def training_step(name: str, batch: int, precision: str, channels_last: bool, device: torch.device,

@@ -31,7 +31,7 @@ from torch import nn
 from gpurig.errors import UsageError
 from gpurig.models import text, transformer_xl, vision
 from gpurig.models.describe import ModelSpec, describe, example_input, on_meta
-from gpurig.models.factory import load_factory, parse_sample
+from gpurig.models.factory import load_factory, parse_sample, sample_batch
 from gpurig.models.peak import step_peaks
 from gpurig.models.reference import cnn, mlp, wide_cnn
 from gpurig.spec.catalog import Lookup
@@ -159,9 +159,7 @@ def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample:
     if ":" in model:
         if sample is None:
             raise UsageError(f"{model}: give the input of one sample, such as 3x224x224 or 128:int64 for token ids")
-        shape, dtype = parse_sample(sample)
-        return describe(load_factory(model), torch.empty((1, *shape), dtype=dtype, device="meta"), batch, name=model,
-                        mixed_precision=mixed)
+        return describe(load_factory(model), sample_batch(sample), batch, name=model, mixed_precision=mixed)
     found = preset(model)
     if batch < found.min_batch:
         raise UsageError(f"{found.name} trains with a batch of at least {found.min_batch} per GPU (batch norm over "
@@ -195,8 +193,7 @@ def step_peak(model: str, batch: int, *, tokens: int | None = None, sample: str 
     True
     """
     if ":" in model:
-        shape, dtype = parse_sample(sample)
-        module, x = load_factory(model), torch.empty((batch, *shape), dtype=dtype, device="meta")
+        module, x = load_factory(model), sample_batch(sample, batch)
     else:
         found = preset(model)
         module, x = found.build(), example_input(found.example(tokens), batch)

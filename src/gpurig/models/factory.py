@@ -120,3 +120,13 @@ def parse_sample(text: str) -> tuple[tuple[int, ...], torch.dtype]:
     if dtype_name not in DTYPES:
         raise UsageError(f"input shape {text!r}: unknown type {dtype_name!r}; use one of {', '.join(DTYPES)}")
     return tuple(int(p) for p in parts), DTYPES[dtype_name]
+
+
+def sample_batch(text: str, batch: int = 1) -> torch.Tensor:
+    """``batch`` samples of the input :func:`parse_sample` reads, as a meta tensor (shapes only).
+
+    >>> sample_batch("3x224x224", 8).shape, sample_batch("128:int64").dtype
+    (torch.Size([8, 3, 224, 224]), torch.int64)
+    """
+    shape, dtype = parse_sample(text)
+    return torch.empty((batch, *shape), dtype=dtype, device="meta")

@@ -111,6 +111,11 @@ def _catalog_device(profile: dict, request: PredictRequest):
         gpu = catalog.gpu(name)
     except SpecError:
         return None
+    return _catalog_model(gpu, request)
+
+
+def _catalog_model(gpu, request: PredictRequest):
+    """The catalog's model of ``gpu`` as ``request`` runs it: its precision, software release and memory format."""
     return machine.gpu_device(gpu, request.precision, software=request.software, memory_format=request.memory_format)
 
 
@@ -126,8 +131,7 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     measured = profile is not None and profile.get("device") not in (None, "cpu")
 
     def device_of(gpu, ranks):
-        catalog = machine.gpu_device(gpu, request.precision, software=request.software,
-                                     memory_format=request.memory_format)
+        catalog = _catalog_model(gpu, request)
         return machine.profile_device(profile, ranks, catalog) if measured else catalog
 
     def placed(n: int) -> list[tuple]:
@@ -148,9 +152,7 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     devices_in_use = None
     if len(models) > 1 and not measured:
         def devices_in_use(n):
-            return [machine.gpu_device(gpu, request.precision, software=request.software,
-                                                    memory_format=request.memory_format) for gpu in
-                    {node.gpu.name: node.gpu for node, _ in placed(n)}.values()]
+            return [_catalog_model(gpu, request) for gpu in {node.gpu.name: node.gpu for node, _ in placed(n)}.values()]
     h2d = min(_host_copy_rate(node) for node in machines) * host_copy_efficiency(request.pinned)
     disk = _disk_rate(spec, profile)
     if profile is not None and not measured and not profile.get("disk"):
