@@ -7,6 +7,7 @@ Variants, interleaved in blocks as in dp_vs_ddp.py: gpurig over Gloo and DDP
 over Gloo (torch.distributed's default group, CUDA tensors: Gloo copies them
 through pinned memory on its own streams); gpurig over Gloo without its checks,
 and without each of them (the collective check, the NaN/Inf guard); gpurig
+over Gloo with the guard's flag per parameter (as before 2026-11-27, second); gpurig
 over Gloo copying each bucket to pinned host memory itself ("staged", as before
 2026-11-27); and gpurig over MPI, which stages each bucket through pinned host
 memory unless the MPI is CUDA-aware. NCCL is not among them when two ranks
@@ -38,6 +39,12 @@ def staged_gloo() -> TorchEngine:
     return engine
 
 
+class FlaggedPerParameter(gpurig.DataParallel):
+    """The NaN/Inf guard as it ran on a GPU before 2026-11-27 (second): a flag per parameter riding in each bucket
+    (three more kernels per parameter, a synchronisation per bucket), kept to compare with."""
+    flag_devices = ("cpu", "cuda")
+
+
 def largest_difference(model: torch.nn.Module, reference: torch.nn.Module) -> float:
     """The largest |weight - reference weight| over all parameters, relative to the reference's largest |weight|."""
     mine = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -64,6 +71,7 @@ def main():
                 "gpurig / gloo, no checks": gpurig.DataParallel(
                     copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False), nonfinite="ignore"),
                 "gpurig / gloo, staged": gpurig.DataParallel(copy.deepcopy(base), Communicator(staged_gloo())),
+                "gpurig / gloo, flag per parameter": FlaggedPerParameter(copy.deepcopy(base), gloo),
                 "gpurig / gloo, no collective check": gpurig.DataParallel(
                     copy.deepcopy(base), Communicator(TorchEngine(backend="gloo"), check=False)),
                 "gpurig / gloo, no nonfinite guard": gpurig.DataParallel(copy.deepcopy(base), gloo, nonfinite="ignore"),

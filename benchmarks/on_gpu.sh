@@ -5,7 +5,7 @@
 # predict vs measured training steps per precision (and peak memory), codec throughput on the GPU, and
 # DataParallel on CUDA tensors vs DDP (two ranks sharing the GPU), the GPU's busy share of a step. doctor, bench's host<->device copies and
 # GEMM sweep, and `gpurig train` on the GPU ran on an earlier lent H100 (docs/hardware.md); PARTS=all adds them.
-# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, train-gloo, all) runs only those: held-out
+# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, train-gloo, train-predict, all) runs only those: held-out
 # is predict against models it was never tuned on (held_out_models.py); train-gloo is `gpurig train` over Gloo on
 # CUDA tensors, which once ran past 200 s (docs/benchmarks.md), with every rank's Python stacks if it runs long.
 set -u
@@ -37,8 +37,8 @@ fi
 if want dp; then
   step "DataParallel on CUDA tensors vs DDP, 2 ranks sharing the GPU"
   for m in mlp cnn; do
-    timeout 90 $PY -m gpurig run -n 2 -- $PY benchmarks/gpu_dp.py --model $m --rounds 15 --out "$OUT/gpu_dp-$m.json" 2>&1 \
-      | tail -7 | tee "$OUT/gpu_dp-$m.txt"
+    timeout 120 $PY -m gpurig run -n 2 -- $PY benchmarks/gpu_dp.py --model $m --rounds 15 --out "$OUT/gpu_dp-$m.json" 2>&1 \
+      | tail -11 | tee "$OUT/gpu_dp-$m.txt"
   done
 fi
 if want held-out; then
@@ -55,12 +55,28 @@ if want kernels; then
   timeout 120 $PY benchmarks/gpu_kernels.py --out "$OUT/gpu_kernels.json" 2>&1 | grep -v USDT | tee "$OUT/gpu_kernels.txt"
 fi
 if want train-gloo; then
-  step "gpurig train, 2 ranks over Gloo on CUDA tensors (every rank's stacks if still running after 120 s)"
-  ( sleep 120; pkill -ABRT -f "gpurig.train" ) & watchdog=$!
-  PYTHONFAULTHANDLER=1 GPURIG_BACKEND=gloo timeout 150 $PY -m gpurig train -n 2 --engine torch --model cnn --epochs 1 \
-    --no-predict --checkpoint-dir /tmp/gpurig-ck-gloo --json > "$OUT/train-gloo.json" 2> "$OUT/train-gloo.err"
-  echo "rc=$?"; kill $watchdog 2>/dev/null
-  tail -c 2000 "$OUT/train-gloo.json"; tail -c 6000 "$OUT/train-gloo.err"
+  # each rank's Python stacks (faulthandler on SIGABRT, ranks only) if a run is still going after TRAIN_GLOO_S
+  for predict in --no-predict ""; do
+    step "gpurig train, 2 ranks over Gloo on CUDA tensors ${predict:-with its prediction}"
+    ( sleep ${TRAIN_GLOO_S:-60}; pkill -ABRT -f "gpurig.launch.pyrun" ) & watchdog=$!
+    tag=train-gloo${predict:+-no-predict}
+    PYTHONFAULTHANDLER=1 GPURIG_BACKEND=gloo timeout $(( ${TRAIN_GLOO_S:-60} + 30 )) $PY -m gpurig train -n 2 \
+      --engine torch --model cnn --epochs 1 $predict --checkpoint-dir /tmp/gpurig-ck-$tag --json \
+      > "$OUT/$tag.json" 2> "$OUT/$tag.err"
+    echo "rc=$?"; kill $watchdog 2>/dev/null
+    tail -c 1500 "$OUT/$tag.json"; tail -c 8000 "$OUT/$tag.err"
+  done
+fi
+if want train-predict; then
+  # what `gpurig train` predicted beside what it measured, one rank on the GPU (NCCL), per model: epochs' step
+  # split and the prediction from the job's own profile (the run's first step, its warm-up, is not timed)
+  for m in mlp cnn; do
+    step "gpurig train -n 1 --engine torch --model $m: measured vs predicted"
+    timeout 120 $PY -m gpurig train -n 1 --engine torch --model $m --epochs 2 --checkpoint-dir /tmp/gpurig-ck-p-$m \
+      --json > "$OUT/train-predict-$m.json" 2> "$OUT/train-predict-$m.err"
+    echo "rc=$?"; $PY -c "import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps({'epochs': d['epochs'], \
+'predicted': d.get('predicted')}, indent=1))" "$OUT/train-predict-$m.json"; tail -c 1500 "$OUT/train-predict-$m.err"
+  done
 fi
 if want all; then
   step "gpurig doctor"

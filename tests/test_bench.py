@@ -122,6 +122,18 @@ def test_turn_about_timing_drops_a_slow_spell():
     assert max(turns) < 0.01 and calls[5:8] == ["c", "a", "b"]
 
 
+def test_a_gemm_timing_repeats_a_tiny_product_a_bounded_number_of_times():
+    """A GPU's FLOP budget once made a tiny product's timed run 150,000 launches: `gpurig train`'s own
+    calibration ran minutes on two ranks sharing a GPU. Each run now repeats at most MAX_CALLS_PER_RUN times
+    (a timer that reports 1 s a run shows how many calls the run was)."""
+    from gpurig.measure.compute import MAX_CALLS_PER_RUN, gemm_rows
+
+    one_second_each = lambda runs: [1.0] * len(runs)  # noqa: E731
+    tiny, large = gemm_rows([(16, 10, 1024), (512, 512, 512)], torch.device("cpu"), one_second_each, budget_flops=5e10)
+    assert tiny["seconds"] == 1.0 / MAX_CALLS_PER_RUN
+    assert large["seconds"] == 1.0 / (5e10 // (2 * 512 ** 3))   # under the bound: the FLOP budget decides
+
+
 def test_profile_loader_refuses_other_files(tmp_path):
     path = tmp_path / "x.json"
     path.write_text("{}")

@@ -10,7 +10,7 @@ guard's stop and skip.
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 16
+CASES = 18
 
 
 def test_mismatches_are_errors_on_every_rank(engine, tmp_path):

@@ -159,7 +159,12 @@ def _():
         model.remove_hooks()
 
 
-def nan_model(nonfinite):
+class CheckedAfterTheAverage(gpurig.DataParallel):
+    """The guard as it runs on a GPU: no flag rides in the buckets; one sum per averaged bucket is checked."""
+    flag_devices = ()
+
+
+def nan_model(nonfinite, kind=gpurig.DataParallel):
     """A model whose last bias gets a NaN gradient on rank 1 only, while ``poison`` is set; the average carries
     it to every rank."""
     torch.manual_seed(0)
@@ -167,12 +172,13 @@ def nan_model(nonfinite):
     poison = [True]
     if odd:
         net[2].bias.register_hook(lambda grad: torch.full_like(grad, float("nan")) if poison[0] else grad)
-    return gpurig.DataParallel(net, nonfinite=nonfinite), poison
+    model = kind(net, nonfinite=nonfinite)
+    assert all(b.flagged == (kind is gpurig.DataParallel) for b in model.buckets)
+    return model, poison
 
 
-@case("NaN gradient: stop")
-def _():
-    model, _ = nan_model("stop")
+def stops(kind):
+    model, _ = nan_model("stop", kind)
     try:
         model(torch.ones(2, 4)).sum().backward()
     except NonFiniteGradientError as error:
@@ -183,9 +189,8 @@ def _():
     still_usable()
 
 
-@case("NaN gradient: skip")
-def _():
-    model, poison = nan_model("skip")
+def skips(kind):
+    model, poison = nan_model("skip", kind)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     before = [p.detach().clone() for p in model.parameters()]
     with warnings.catch_warnings(record=True) as caught:
@@ -200,6 +205,11 @@ def _():
     assert model.finite and model.step(optimizer)
     assert not all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
     model.remove_hooks()
+
+
+for kind, how in ((gpurig.DataParallel, "flagged in the buckets"), (CheckedAfterTheAverage, "checked after the average")):
+    case(f"NaN gradient: stop ({how})")(lambda kind=kind: stops(kind))
+    case(f"NaN gradient: skip ({how})")(lambda kind=kind: skips(kind))
 
 
 write(R)

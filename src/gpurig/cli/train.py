@@ -211,7 +211,10 @@ class _TrainView:
 
     def update(self, event: dict) -> None:
         kind = event["event"]
-        if kind == "start":
+        if kind == "calibrating":
+            self.console.print(f"gpurig train: measuring this job's {event['ranks']} ranks and their links for the "
+                               "prediction (seconds; --no-predict skips it)", markup=False, highlight=False)
+        elif kind == "start":
             self.start = event
             per_rank = event["global_batch"] // (1 if event["parallel"] == "model" else event["ranks"])
             held = ", ".join(f"{b / 2**20:.1f}" for b in event["parameter_bytes_per_rank"])

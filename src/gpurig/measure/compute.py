@@ -53,6 +53,10 @@ GPU_LAYER_GRID = [
 ]
 QUICK_LAYER_GRID = [LAYER_GRID[0], LAYER_GRID[4], LAYER_GRID[10], LAYER_GRID[12], LAYER_GRID[15], LAYER_GRID[17]]
 QUICK_GEMM_GRID = [(m, n, k) for m in (16, 256) for (n, k) in ((128, 128), (1024, 1024), (10, 1024))]
+# A timed run repeats a small product to reach its FLOP budget, but never more than this many calls: on a GPU a
+# tiny product costs a launch (~5 us), and the quick grid at a GPU's budget once asked for 150,000 launches a
+# run, minutes for two ranks sharing one GPU. 2,000 launches still hide the synchronisation's ~20 us.
+MAX_CALLS_PER_RUN = 2000
 
 
 def turn_timer(comm, rounds: int = 7):
@@ -74,7 +78,7 @@ def gemm_rows(shapes, device, timer, budget_flops: float = 5e8) -> list[dict]:
 
     def product(m, n, k):
         a, b = left[:m * k].view(m, k), right[:k * n].view(k, n)
-        inner = max(1, int(budget_flops // (2 * m * n * k)))
+        inner = min(MAX_CALLS_PER_RUN, max(1, int(budget_flops // (2 * m * n * k))))
 
         def run():
             for _ in range(inner):

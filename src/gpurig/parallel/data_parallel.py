@@ -286,6 +286,11 @@ class DataParallel(torch.nn.Module):
     the weights alone, and sets :attr:`finite` False; ``"ignore"`` does not look.
     """
 
+    # Where the guard's flag rides in each uncompressed bucket (numerics.copy_flagged: one pass in C on host
+    # memory). On a GPU it would cost three more kernels per parameter and a synchronisation per bucket; there,
+    # as for compressed buckets, one sum per averaged bucket is checked, one synchronisation a step.
+    flag_devices: tuple[str, ...] = ("cpu",)
+
     def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
                  bucket_cap_mb: float | None = None, broadcast_buffers: bool = True,
                  compression: str = "none", nonfinite: str = "stop", shard: str = "none", timeline=None):
@@ -363,7 +368,8 @@ class DataParallel(torch.nn.Module):
         caps = int(cap_mb * 2**20), int(FIRST_BUCKET_MB * 2**20)
         method = "none" if self.auto else self.compression
         # the guard's flag rides in the allreduce (numerics.copy_flagged); compressed and sharded buckets are summed
-        flagged = not self.compresses and self.shard == "none" and self.nonfinite != "ignore"
+        flagged = (not self.compresses and self.shard == "none" and self.nonfinite != "ignore"
+                   and self._params[0].device.type in self.flag_devices)
         for b, indices in enumerate(assign_buckets(self._params, *caps)):
             params = [self._params[i] for i in indices]
             offsets, total = [], 0

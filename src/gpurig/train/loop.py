@@ -38,6 +38,8 @@ from gpurig.train.utilization import BENCH_PROFILE, achieved, flops_per_step, pe
 from gpurig.train.state import (CHECKPOINT_FORMAT, bytes_per_rank, resume_state, weights_digest, whole_model_state,
                                 whole_state, wrap_model)
 
+WARMUP_STEPS = 1  # the run's first steps, trained but not timed in their epoch's step time and split
+
 
 def train_on_this_rank(config: TrainConfig) -> dict:
     """The training loop every rank runs; returns the run's summary (the ``done`` event).
@@ -85,6 +87,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         elif comm.rank == 0:  # residuals are per rank and per bucket layout: elsewhere error feedback starts afresh
             say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
                 f"this run has {comm.size} ({config.parallel}): compression's error-feedback residuals start from zero")
+    if config.predict:  # seconds with nothing else to show: say what the job is doing
+        events.emit("calibrating", ranks=comm.size, device=comm.device.type)
     profile_path = calibrate(comm, config) if config.predict else None
     peak, peak_source = peak_flops_per_s(comm.device, config, comm.local_size, (profile_path or "", BENCH_PROFILE))
     batches = shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
@@ -124,6 +128,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         epoch_sent = dp.stats.bytes_sent if dp is not None else 0
         epoch_start = time.perf_counter()
         loading = time.perf_counter()
+        timed_from = skip  # the steps before it are not timed (a resumed epoch's earlier ones, this run's warm-up)
         for x, y in itertools.islice(batches, skip, None):
             faults.step(epoch * len(batches) + steps)
             x, y = x.to(comm.device), y.to(comm.device)
@@ -150,6 +155,10 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                 outcome, config.global_batch, loading - started, exposed, data_s, sent - sent_before,
                 _codec(dp, config), mixed.scale_value if mixed.scaling else None))
             sent_before = sent
+            if epoch == start_epoch and steps - skip == WARMUP_STEPS and steps < len(batches):
+                # The run's first step loads kernels and grows the allocator (on a GPU about a second, lazy CUDA
+                # modules and cuDNN's and cuBLAS's handles): the epoch's times start after it, as benchmarks do.
+                split, epoch_start, epoch_sent, timed_from = StepSplit(), loading, sent, steps
             done = epoch * len(batches) + steps
             if config.checkpoint_every and done % config.checkpoint_every == 0 and steps < len(batches):
                 mean_sum = comm.allreduce(torch.tensor([loss_sum], dtype=torch.float64)).item()  # ranks' mean
@@ -158,7 +167,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
                     recorder.add("checkpoint", loading, time.perf_counter())
                 loading = time.perf_counter()  # the checkpoint is not data loading
         wall = time.perf_counter() - epoch_start
-        ran = steps - skip  # the steps timed in this run (a resumed epoch's earlier ones were timed before)
+        ran = steps - timed_from  # the steps timed in this run
         everyone = comm.allgather(split.as_tensor().view(1, -1))
         if recorder is not None:  # this epoch's waits, split as the step split splits them
             recorder.name_waits(waiting_fraction(everyone, comm.rank))
