@@ -76,6 +76,7 @@ if want train-predict; then
       --json > "$OUT/train-predict-$m.json" 2> "$OUT/train-predict-$m.err"
     echo "rc=$?"; $PY -c "import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps({'epochs': d['epochs'], \
 'predicted': d.get('predicted')}, indent=1))" "$OUT/train-predict-$m.json"; tail -c 1500 "$OUT/train-predict-$m.err"
+    cp /tmp/gpurig-ck-p-$m/profile.json "$OUT/train-predict-$m-profile.json" 2>/dev/null
   done
 fi
 if want all; then
