@@ -5,7 +5,7 @@
 # predict vs measured training steps per precision (and peak memory), codec throughput on the GPU, and
 # DataParallel on CUDA tensors vs DDP (two ranks sharing the GPU), the GPU's busy share of a step. doctor, bench's host<->device copies and
 # GEMM sweep, and `gpurig train` on the GPU ran on an earlier lent H100 (docs/hardware.md); PARTS=all adds them.
-# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, train-gloo, train-predict, all) runs only those: held-out
+# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, train-gloo, train-predict, train-step, all) runs only those: held-out
 # is predict against models it was never tuned on (held_out_models.py); train-gloo is `gpurig train` over Gloo on
 # CUDA tensors, which once ran past 200 s (docs/benchmarks.md), with every rank's Python stacks if it runs long.
 set -u
@@ -78,6 +78,11 @@ if want train-predict; then
 'predicted': d.get('predicted')}, indent=1))" "$OUT/train-predict-$m.json"; tail -c 1500 "$OUT/train-predict-$m.err"
     cp /tmp/gpurig-ck-p-$m/profile.json "$OUT/train-predict-$m-profile.json" 2>/dev/null
   done
+fi
+if want train-step; then
+  step "a small model's step: plain PyTorch, then what gpurig train adds (gpu_train_step.py)"
+  timeout 150 $PY benchmarks/gpu_train_step.py --out "$OUT/gpu_train_step.json" 2>&1 | grep -v USDT \
+    | tee "$OUT/gpu_train_step.txt"
 fi
 if want all; then
   step "gpurig doctor"

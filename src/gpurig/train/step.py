@@ -59,23 +59,27 @@ def train_step(wrapped: torch.nn.Module, dp, optimizer: torch.optim.Optimizer, x
     """
     parts = micro_batches(x, y, accumulate)
     clock = time.perf_counter() if timeline is not None else 0.0
-    loss_sum, correct = torch.zeros((), device=x.device), torch.zeros((), dtype=torch.int64, device=x.device)
+    loss_sum = correct = None
     for i, (xs, ys) in enumerate(parts):
         quiet = dp.no_sync() if dp is not None and i < len(parts) - 1 else contextlib.nullcontext()
         with quiet:
             with mixed.autocast():
                 logits = wrapped(xs)
-                # the micro-batch's mean weighted by its share: the sum over micro-batches is the batch's mean
-                loss = F.cross_entropy(logits.float(), ys) * (len(ys) / len(y))
+                loss = F.cross_entropy(logits.float(), ys)
+                if len(parts) > 1:  # the micro-batch's mean weighted by its share: the sum is the batch's mean
+                    loss = loss * (len(ys) / len(y))
             if timeline is not None:
                 clock = _record(timeline, "forward", clock)
             mixed.scale(loss).backward()
             if timeline is not None:
                 clock = _record(timeline, "backward", clock)
-        loss_sum += loss.detach()
-        correct += (logits.detach().argmax(1) == ys).sum()
+        right = (logits.detach().argmax(1) == ys).sum()
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        correct = right if correct is None else correct + right
     stepped = mixed.step(optimizer, wrapped) if (dp is None or dp.finite) else False
-    outcome = StepOutcome(loss_sum.item(), int(correct.item()), len(y), stepped)
+    # one read for both: on a GPU each read waits for the device to finish the step
+    loss_value, right_value = torch.stack([loss_sum.double(), correct.double()]).tolist()
+    outcome = StepOutcome(loss_value, int(right_value), len(y), stepped)
     if timeline is not None:
         _record(timeline, "optimizer", clock)
     return outcome
