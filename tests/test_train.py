@@ -29,6 +29,8 @@ def test_the_default_command_reaches_the_stated_accuracy(tmp_path):
     # next to the measured split, gpurig predict's for the same configuration, from the job's micro-benchmarks
     predicted, measured = summary["predicted"], summary["epochs"][-1]
     assert predicted["compression"] == "none" and (tmp_path / "profile.json").is_file()
+    # those seconds are said, not silent (stderr: --json's stdout is the summary only)
+    assert "measuring this job's 2 ranks and their links for the prediction" in done.stderr, done.stderr[-2000:]
     assert 1 / 3 < predicted["step_ms"] / measured["step_ms"] < 3, (predicted, measured)  # units and wiring right
     parts = predicted["compute_ms"] + predicted["comm_ms"] + predicted["wait_ms"] + predicted["data_ms"]
     assert abs(parts - predicted["step_ms"]) < 0.01

@@ -71,6 +71,7 @@ def test_train_table_shows_tflops_and_mfu_whole_in_a_log(tmp_path, monkeypatch):
     row = next(line for line in out.splitlines() if line.startswith("│") and "%" in line)
     assert float(row.split("│")[-3]) > 0  # the TFLOP/s cell, whole
     assert f"MFU: — ({PEAK_UNKNOWN}, or train without --no-predict)" in " ".join(out.split())
+    assert "measuring this job" not in out + err  # --no-predict: no calibration to announce
 
 
 def test_predict_reports_the_mfu_it_expects():

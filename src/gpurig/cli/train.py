@@ -161,12 +161,14 @@ def _seconds(text, flag):
 def run(args) -> int:
     """Run ``gpurig train`` with parsed ``args``; return the exit code."""
     from gpurig.train import launch_training
-    from gpurig.train.job import restart_line
 
     config = _config(args)
-    if args.json:  # stdout holds the summary only; a restart is still said, on stderr
-        code, events = launch_training(config, on_event=lambda event: event["event"] == "restart" and print(
-            f"gpurig train: {restart_line(event)}", file=sys.stderr, flush=True))
+    if args.json:  # stdout holds the summary only; a restart and the calibration are still said, on stderr
+        def on_event(event):
+            if event["event"] in ("restart", "calibrating"):
+                print(_said(event), file=sys.stderr, flush=True)
+
+        code, events = launch_training(config, on_event=on_event)
         done = [e for e in events if e["event"] == "done"]
         if code == 0 and done:
             print(json.dumps({k: v for k, v in done[-1].items() if k != "event"}, indent=2))
@@ -182,6 +184,20 @@ def run(args) -> int:
     if stopped:  # the ranks stopped together (a diverging run): rank 0's one line
         print(f"gpurig train: {stopped[-1]['message']}", file=sys.stderr)
     return code
+
+
+def _said(event: dict) -> str:
+    """The line a ``restart`` or ``calibrating`` event prints.
+
+    >>> _said({"event": "calibrating", "ranks": 2, "device": "cpu"})
+    "gpurig train: measuring this job's 2 ranks and their links for the prediction (seconds; --no-predict skips it)"
+    """
+    from gpurig.train.job import restart_line
+
+    if event["event"] == "calibrating":
+        return (f"gpurig train: measuring this job's {event['ranks']} ranks and their links for the prediction "
+                "(seconds; --no-predict skips it)")
+    return f"gpurig train: {restart_line(event)}"
 
 
 class _TrainView:
@@ -212,8 +228,7 @@ class _TrainView:
     def update(self, event: dict) -> None:
         kind = event["event"]
         if kind == "calibrating":
-            self.console.print(f"gpurig train: measuring this job's {event['ranks']} ranks and their links for the "
-                               "prediction (seconds; --no-predict skips it)", markup=False, highlight=False)
+            self.console.print(_said(event), markup=False, highlight=False)
         elif kind == "start":
             self.start = event
             per_rank = event["global_batch"] // (1 if event["parallel"] == "model" else event["ranks"])
