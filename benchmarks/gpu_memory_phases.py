@@ -85,7 +85,8 @@ def traced(name: str, sample: str | None, batch: int, precision: str) -> dict:
     """The same step traced on the meta device, as predict traces it: the peak and its parts, in GiB."""
     model, example = model_and_example(name, sample)
     x = torch.empty((batch, *example.shape[1:]), dtype=example.dtype, device="meta")
-    return {k: v / GIB for k, v in trace_step(on_meta(model), x, AUTOCAST.get(precision)).items()}
+    return {k: v / GIB for k, v in trace_step(on_meta(model), x, AUTOCAST.get(precision)).items()
+            if not k.endswith("_ops")}
 
 
 def main():

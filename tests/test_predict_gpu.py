@@ -351,3 +351,38 @@ def test_a_gpus_bench_profile_prices_matrix_multiplies_as_measured_and_convoluti
     errors = [abs(predict(PredictRequest(model=row["model"], cluster=str(path), batch=row["batch"]))["step"]["step_ms"]
                   / row["measured_ms"] - 1) for row in largest.values()]
     assert len(errors) == 5 and statistics.median(errors) < 0.1, errors
+
+
+def test_the_host_cost_of_an_operator_is_what_bench_times_a_layer_over_the_operators_it_dispatches():
+    """OPS_PER_MEASURED_LAYER is the number of operators, views left out, that bench's per-layer fixed cost
+    (measure.compute.layer_overhead_seconds: 20 Linear(4, 4), forward and backward of their sum) dispatches a
+    layer, counted by the same trace that counts a model's."""
+    import torch
+
+    from gpurig.models.peak import trace_step
+    from gpurig.perf.step import OPS_PER_MEASURED_LAYER
+
+    with torch.device("meta"):
+        stack = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(20)])
+    traced = trace_step(stack, torch.empty(1, 4, device="meta"), loss_of=lambda out: out.sum())
+    assert (traced["forward_ops"] + traced["backward_ops"]) / 20 == OPS_PER_MEASURED_LAYER
+
+
+def test_a_gpu_step_of_many_small_operators_takes_at_least_its_hosts_launches():
+    """Autocast's casts and a transformer's small operators are launched one by one by the host: in mixed
+    precision BERT-base at a small batch is the host's on any GPU (an H100 ran it at 8 in bf16 in 22.9 ms, where
+    its kernels alone were priced 16.9 ms), so a faster GPU does not make it faster; a large batch is the GPU's."""
+    from gpurig.perf.step import OPS_PER_MEASURED_LAYER
+    from gpurig.predict.configuration import step_operators
+
+    def step_ms(gpu, batch):
+        return predict(PredictRequest(model="bert-base", cluster=f"1 x {gpu}", batch=batch, tokens=128,
+                                      precision="bf16"))["step"]
+
+    forward_ops, backward_ops = step_operators(PredictRequest(model="bert-base", tokens=128, precision="bf16"), 8)
+    host_ms = 1e3 * (forward_ops + backward_ops) * machine.GpuEfficiency().layer_overhead_s / OPS_PER_MEASURED_LAYER
+    h100, b200 = step_ms("H100 SXM", 8), step_ms("B200", 8)
+    assert h100["forward_ms"] + h100["backward_ms"] == pytest.approx(host_ms, rel=1e-3)
+    assert b200["forward_ms"] + b200["backward_ms"] == pytest.approx(host_ms, rel=1e-3)
+    large = step_ms("H100 SXM", 256)
+    assert large["forward_ms"] + large["backward_ms"] > 3 * host_ms   # the kernels' time, not the host's

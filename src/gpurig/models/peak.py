@@ -31,6 +31,8 @@ and Hugging Face's) within 8.8 % (docs/predict.md).
 >>> peak = trace_step(model, torch.empty(64, 784, device="meta"))
 >>> peak["peak"] == sum(peak[part] for part in PHASES), peak["gradients"] < 4 * 2395210 < peak["peak"]
 (True, True)
+>>> peak["forward_ops"], peak["backward_ops"]   # 3 linear layers, 2 ReLUs, the loss; their backward
+(8, 13)
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class LiveBytes(TorchDispatchMode):
         self.now = self.peak = 0
         self.by_phase = dict.fromkeys(PHASES, 0)
         self.at_peak = dict(self.by_phase)
+        self.ops = dict.fromkeys(PHASES, 0)   # operators dispatched in each phase, views left out
 
     def _freed(self, key: int) -> None:
         phase, nbytes = self._live.pop(key)
@@ -107,6 +110,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if not func.is_view:  # a view launches no kernel: what a GPU's host pays for is the others
+            self.ops[self.phase] += 1
         if func is _BERNOULLI and self._mask_bytes is not None:
             self._resize(out, out.numel() * self._mask_bytes)
         for tensor in (out if isinstance(out, (tuple, list)) else (out,)):
@@ -188,7 +193,9 @@ def stand_in_loss(output) -> torch.Tensor:
 def trace_step(model: nn.Module, x: torch.Tensor, mixed: torch.dtype | None = None, loss_of=stand_in_loss,
                cuda: bool = True) -> dict[str, int]:
     """Bytes one training step of ``model`` on ``x`` (both on the meta device) holds at its peak beyond the
-    weights: ``peak``, and what it is made of (:data:`PHASES`; the input batch counts as an activation). ``mixed``: the 16-bit type of a
+    weights: ``peak``, and what it is made of (:data:`PHASES`; the input batch counts as an activation); and
+    ``forward_ops``, ``backward_ops``: the operators forward (with the loss) and backward dispatch, views left
+    out, which a GPU's host launches one by one (:func:`gpurig.perf.step.predict_step`). ``mixed``: the 16-bit type of a
     mixed-precision step (CUDA autocast's casts, :class:`~gpurig.models.autocast.MetaAutocast`). ``loss_of``: the
     loss from the model's output (a stand-in by default, :func:`stand_in_loss`). ``cuda=False`` leaves
     attention and dropout as the meta device runs them, as a CPU does; by default they are CUDA's: its fused
@@ -223,7 +230,9 @@ def trace_step(model: nn.Module, x: torch.Tensor, mixed: torch.dtype | None = No
         for p in params:
             p.grad = None
     batch = x.untyped_storage().nbytes()   # on the GPU for the whole step, saved by the first layer
-    return {"peak": live.peak + batch, **live.at_peak, "activations": live.at_peak["activations"] + batch}
+    return {"peak": live.peak + batch, **live.at_peak, "activations": live.at_peak["activations"] + batch,
+            "forward_ops": live.ops["activations"] + live.ops["output_and_loss"],
+            "backward_ops": live.ops["backward_working"]}
 
 
 def step_peaks(model: nn.Module, x: torch.Tensor, mixed: torch.dtype | None = None) -> dict[str, float]:

@@ -83,6 +83,12 @@ def backward_of(gemm: tuple[int, ...], input_gradient: bool = True) -> list[tupl
     return [(n, k, m, *batch), (m, k, n, *batch)] if input_gradient else [(n, k, m, *batch)]
 
 
+# Operators per layer in what a profile's per-layer fixed cost times (gpurig.measure.compute.layer_overhead_seconds:
+# a stack of Linear(4, 4), forward and backward; addmm forward, two products and a sum backward, the first
+# layer's one product fewer, the loss's sum; traced, views left out: tests/test_perf.py)
+OPS_PER_MEASURED_LAYER = 4.05
+
+
 @dataclass(frozen=True)
 class Device:
     """What computes: a GEMM model, memory bandwidth, and the fixed cost per layer (dispatch, autograd)."""
@@ -250,6 +256,9 @@ class DataParallelSetup:
     load_seconds: float = 0.0          # reading one rank's batch from storage
     prefetch: bool = True
     pinned: bool = True                # the batch in pinned host memory: its copy can run beside compute
+    # (forward, backward) operators the step dispatches, traced (:func:`gpurig.models.peak.trace_step`): on a GPU
+    # the host launches them one by one, each at the per-layer fixed cost over OPS_PER_MEASURED_LAYER
+    host_ops: tuple[int, int] = ()
 
 
 def input_seconds(load_s: float, copy_s: float, busy_s: float, prefetch: bool = True, pinned: bool = True) -> float:
@@ -458,10 +467,22 @@ def transfer_seconds(nbytes: float, topology: Topology, algorithm: str = "best",
 
 
 def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSetup) -> StepPrediction:
-    """Predict one data-parallel training step of ``layers`` (forward order) on ``device`` with ``setup``."""
+    """Predict one data-parallel training step of ``layers`` (forward order) on ``device`` with ``setup``.
+
+    On a GPU each layer takes the longer of its kernels and its fixed cost (the host queues kernels while the GPU
+    runs earlier ones), and with ``setup.host_ops`` (the step's operators, traced) a phase takes at least its
+    host's launches: every operator at the per-layer fixed cost over :data:`OPS_PER_MEASURED_LAYER`. A model of
+    many small operators a layer (autocast's casts, unfused norms) is the host's, however fast its GPU.
+    """
     per_layer = _each_layer_seconds(layers, device)
     forward = sum(f for f, _ in per_layer)
     backward = sum(b for _, b in per_layer)
+    if device.is_gpu and setup.host_ops:
+        per_op = device.layer_overhead_s / OPS_PER_MEASURED_LAYER
+        launched = setup.host_ops[1] * per_op
+        if backward > 0 and launched > backward:  # the layers' backward stretches with the host's: buckets leave later
+            per_layer = [(f, b * launched / backward) for f, b in per_layer]
+        forward, backward = max(forward, setup.host_ops[0] * per_op), max(backward, launched)
     params = sum(layer.params for layer in layers)
     sharded = setup.shard != "none" and setup.ranks > 1
     optimizer = device.optimizer_seconds(setup.optimizer, math.ceil(params / setup.ranks) if sharded else params)
