@@ -386,3 +386,15 @@ def test_a_gpu_step_of_many_small_operators_takes_at_least_its_hosts_launches():
     assert b200["forward_ms"] + b200["backward_ms"] == pytest.approx(host_ms, rel=1e-3)
     large = step_ms("H100 SXM", 256)
     assert large["forward_ms"] + large["backward_ms"] > 3 * host_ms   # the kernels' time, not the host's
+
+
+def test_a_step_bound_by_its_hosts_launches_is_advised_what_launches_fewer():
+    def result(batch):
+        return predict(PredictRequest(model="bert-base", cluster="1 x H100 SXM", batch=batch, tokens=128,
+                                      precision="bf16"))
+
+    small, large = result(8), result(256)
+    assert small["step"]["host_ms"] == pytest.approx(small["step"]["forward_ms"] + small["step"]["backward_ms"])
+    assert "torch.compile or CUDA graphs" in [item["what"] for item in small["advice"]]
+    assert large["step"]["host_ms"] == small["step"]["host_ms"]     # the same operators at any batch
+    assert "torch.compile or CUDA graphs" not in [item["what"] for item in large["advice"]]

@@ -293,6 +293,7 @@ class StepPrediction:
     layers: list[dict]
     wait_s: float = 0.0    # for the slowest rank: every step lasts as long as its slowest rank's
     input_s: float = 0.0   # the input path's whole time (reading and copying a batch), hidden under compute or not
+    host_s: float = 0.0    # on a GPU, the host's launches of forward's and backward's operators (0: not traced)
 
     @property
     def compute_s(self) -> float:
@@ -477,8 +478,10 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
     per_layer = _each_layer_seconds(layers, device)
     forward = sum(f for f, _ in per_layer)
     backward = sum(b for _, b in per_layer)
+    host = 0.0
     if device.is_gpu and setup.host_ops:
         per_op = device.layer_overhead_s / OPS_PER_MEASURED_LAYER
+        host = sum(setup.host_ops) * per_op
         launched = setup.host_ops[1] * per_op
         if backward > 0 and launched > backward:  # the layers' backward stretches with the host's: buckets leave later
             per_layer = [(f, b * launched / backward) for f, b in per_layer]
@@ -537,7 +540,7 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
         layers=[{"name": layer.name, "forward_s": f, "backward_s": b, "params": layer.params}
                 for layer, (f, b) in zip(layers, per_layer)],
         wait_s=straggler_seconds(forward + backward + optimizer, device.jitter, setup.ranks),
-        input_s=max(setup.load_seconds, copy) if setup.prefetch else setup.load_seconds + copy)
+        input_s=max(setup.load_seconds, copy) if setup.prefetch else setup.load_seconds + copy, host_s=host)
 
 
 def speedup_curve(step_for, ranks: list[int], batch_scaling: str = "weak") -> list[dict]:

@@ -166,7 +166,7 @@ def split_of(step: StepPrediction) -> dict:
     return {"step_ms": 1000 * step.step_s, "compute_ms": 1000 * step.compute_s, "forward_ms": 1000 * step.forward_s,
             "backward_ms": 1000 * step.backward_s, "optimizer_ms": 1000 * step.optimizer_s,
             "comm_ms": 1000 * step.comm_s, "wait_ms": 1000 * step.wait_s, "comm_total_ms": 1000 * step.comm_total_s,
-            "codec_ms": 1000 * step.codec_s, "data_ms": 1000 * step.data_s}
+            "codec_ms": 1000 * step.codec_s, "data_ms": 1000 * step.data_s, "host_ms": 1000 * step.host_s}
 
 
 def predicted_split(model: str, profile_path: str, ranks: int, per_rank_batch: int, compression: str,

@@ -13,6 +13,10 @@ from gpurig.predict.hardware import Hardware
 from gpurig.predict.memory import memory
 from gpurig.predict.request import PARALLEL, PARALLEL_WHY, PredictRequest
 
+# forward and backward at least this close to the host's launches: the step is the host's
+HOST_BOUND = 0.98
+
+
 def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int, step: StepPrediction,
            largest_batch: int | None = None) -> list[dict]:
     """What would make this faster, each item predicted: batch size, compression, a faster network or PCIe.
@@ -62,6 +66,19 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
                 break  # nothing to split
             items.append({"what": f"--parallel {mode}", "why": PARALLEL_WHY[mode],
                           "samples_per_s_gain": gain(predicted)})
+    if step.host_s and step.host_s >= HOST_BOUND * (step.forward_s + step.backward_s):
+        # the GPU waits for the host's launches: a larger batch costs the host nothing more until its kernels
+        # catch up, and fusing operators (torch.compile, CUDA graphs) launches fewer of them
+        twice = 2 * spec.batch
+        if not rule and (largest_batch is None or twice <= largest_batch):  # (else the tile rule's batch is advised)
+            other = model_spec(request.model, batch=twice, tokens=request.tokens, sample=request.sample)
+            predicted = step_at(other, layer_costs(other), request, hardware, ranks)
+            items.append({"what": f"per-GPU batch {twice}", "why": f"the host's launches ({1000 * step.host_s:.1f} "
+                          "ms a step) outlast the GPU's kernels: twice the samples cost it no more launches; the "
+                          "optimisation changes with the batch", "samples_per_s_gain": gain(predicted, twice)})
+        items.append({"what": "torch.compile or CUDA graphs", "why": f"the host launches the step's operators one "
+                      f"by one ({1000 * step.host_s:.1f} ms), longer than the GPU computes them: fused or "
+                      "replayed, it launches far fewer", "samples_per_s_gain": None})
     if hardware.host_to_device_bytes_per_s and step.data_s > 0.05 * step.step_s:
         items.append({"what": "pinned memory and asynchronous loading", "why": f"{1000 * step.data_s:.1f} ms of "
                       "each step move the batch to the GPU", "samples_per_s_gain": None})
