@@ -85,7 +85,7 @@ def backward_of(gemm: tuple[int, ...], input_gradient: bool = True) -> list[tupl
 
 # Operators per layer in what a profile's per-layer fixed cost times (gpurig.measure.compute.layer_overhead_seconds:
 # a stack of Linear(4, 4), forward and backward; addmm forward, two products and a sum backward, the first
-# layer's one product fewer, the loss's sum; traced, views left out: tests/test_perf.py)
+# layer's one product fewer, the loss's sum; traced, views left out: tests/test_predict_gpu.py)
 OPS_PER_MEASURED_LAYER = 4.05
 
 
