@@ -21,8 +21,6 @@ and, for the last, the host operators that took the most time per step (torch.pr
 import argparse
 import copy
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +28,7 @@ import torch.nn.functional as F
 import gpurig
 from gpurig import models
 from gpurig.parallel.mixed_precision import MixedPrecision
-from gpurig.timing import device_sync
+from gpurig.timing import device_sync, timed
 from gpurig.train.step import train_step
 
 
@@ -56,17 +54,7 @@ def gpurig_step(model, dp, optimizer, x, y):
 
 def block_ms(step, sync, steps, blocks):
     """Median over ``blocks`` of the milliseconds a step takes in a block of ``steps`` back-to-back steps."""
-    for _ in range(steps):
-        step()
-    sync()
-    times = []
-    for _ in range(blocks):
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync()
-        times.append((time.perf_counter() - start) / steps)
-    return 1e3 * statistics.median(times)
+    return 1e3 * timed(lambda: [step() for _ in range(steps)], repeats=blocks, sync=sync, typical=True) / steps
 
 
 def host_operators(step, sync, steps, top):
