@@ -379,7 +379,7 @@ def test_a_gpu_step_of_many_small_operators_takes_at_least_its_hosts_launches():
         return predict(PredictRequest(model="bert-base", cluster=f"1 x {gpu}", batch=batch, tokens=128,
                                       precision="bf16"))["step"]
 
-    forward_ops, backward_ops = step_operators(PredictRequest(model="bert-base", tokens=128, precision="bf16"), 8)
+    forward_ops, backward_ops = step_operators(PredictRequest(model="bert-base", tokens=128, precision="bf16"))
     host_ms = 1e3 * (forward_ops + backward_ops) * machine.GpuEfficiency().layer_overhead_s / OPS_PER_MEASURED_LAYER
     h100, b200 = step_ms("H100 SXM", 8), step_ms("B200", 8)
     assert h100["forward_ms"] + h100["backward_ms"] == pytest.approx(host_ms, rel=1e-3)

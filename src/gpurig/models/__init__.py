@@ -192,15 +192,40 @@ def step_peak(model: str, batch: int, *, tokens: int | None = None, sample: str 
     >>> peak["peak"] > peak["gradients"] > 0 and peak["per_sample"] > 0
     True
     """
-    if ":" in model:
-        module, x = load_factory(model), sample_batch(sample, batch)
-    else:
-        found = preset(model)
-        module, x = found.build(), example_input(found.example(tokens), batch)
+    module, x = _module_and_batch(model, batch, tokens, sample)
     try:
         return step_peaks(on_meta(module), x, torch.float16 if mixed else None)
     except Exception:  # noqa: BLE001 (a model's own backward: the footprint then adds up its parts)
         return None
+
+
+@functools.lru_cache(maxsize=256)
+def step_operators(model: str, *, tokens: int | None = None, sample: str | None = None,
+                   mixed: bool = False) -> tuple[int, int] | None:
+    """(forward, backward) operators one training step of a preset or ``module:factory`` model dispatches, views
+    left out, in FP32 or, ``mixed``, with autocast's casts (:func:`gpurig.models.peak.trace_step`): what a GPU's
+    host launches one by one. Traced once, at a batch of 2: the count does not grow with the batch. None when the
+    meta device cannot run the model's backward.
+
+    >>> step_operators("mnist-mlp"), step_operators("mnist-mlp", mixed=True)
+    ((8, 13), (16, 20))
+    """
+    from gpurig.models.peak import trace_step
+
+    module, x = _module_and_batch(model, 2, tokens, sample)
+    try:
+        traced = trace_step(on_meta(module), x, torch.float16 if mixed else None)
+    except Exception:  # noqa: BLE001 (a model's own backward)
+        return None
+    return traced["forward_ops"], traced["backward_ops"]
+
+
+def _module_and_batch(model: str, batch: int, tokens: int | None, sample: str | None) -> tuple[nn.Module, torch.Tensor]:
+    """A preset's or ``module:factory``'s module, and a meta batch of ``batch`` of its input."""
+    if ":" in model:
+        return load_factory(model), sample_batch(sample, batch)
+    found = preset(model)
+    return found.build(), example_input(found.example(tokens), batch)
 
 
 # The presets ``gpurig train`` trains (on MNIST), by the short names its --model takes.

@@ -93,7 +93,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
             codec_s = [max(0.0, min(c + m * per_matrix, whole - floor))
                        for c, m, whole, floor in zip(codec_s, more, chain, wire)]
             chain = tuple(whole - c for c, whole in zip(codec_s, chain))
-    host_ops = step_operators(request, spec.batch) if device.is_gpu else ()
+    host_ops = step_operators(request) if device.is_gpu else ()
     input_bytes = spec.batch * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
     load = input_bytes / hardware.disk_bytes_per_s if hardware.disk_bytes_per_s else 0.0
     setup = DataParallelSetup(
@@ -107,21 +107,18 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     return predict_step(layers, device, setup)
 
 
-def step_operators(request: PredictRequest, batch: int) -> tuple[int, int]:
-    """(forward, backward) operators one training step of the request's model dispatches at ``batch``, traced
-    on the meta device in its precision (:func:`gpurig.models.step_peak`, which its memory reads too); () when
-    the meta device cannot run its backward.
+def step_operators(request: PredictRequest) -> tuple[int, int]:
+    """(forward, backward) operators one training step of the request's model dispatches in its precision
+    (:func:`gpurig.models.step_operators`); () when the meta device cannot run its backward.
 
-    >>> step_operators(PredictRequest(model="mnist-mlp"), 64), step_operators(PredictRequest(model="mnist-mlp",
-    ...                                                                                      precision="bf16"), 64)
+    >>> step_operators(PredictRequest(model="mnist-mlp")), step_operators(PredictRequest(model="mnist-mlp", precision="bf16"))
     ((8, 13), (16, 20))
     """
-    from gpurig.models import step_peak
+    from gpurig.models import step_operators as traced
     from gpurig.perf.precision import MIXED
 
-    traced = step_peak(request.model, batch, tokens=request.tokens, sample=request.sample,
-                       mixed=request.precision in MIXED)
-    return (traced["forward_ops"], traced["backward_ops"]) if traced else ()
+    return traced(request.model, tokens=request.tokens, sample=request.sample,
+                  mixed=request.precision in MIXED) or ()
 
 
 def step_at(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int) -> StepPrediction:
