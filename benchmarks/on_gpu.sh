@@ -5,7 +5,7 @@
 # predict vs measured training steps per precision (and peak memory), codec throughput on the GPU, and
 # DataParallel on CUDA tensors vs DDP (two ranks sharing the GPU), the GPU's busy share of a step. doctor, bench's host<->device copies and
 # GEMM sweep, and `gpurig train` on the GPU ran on an earlier lent H100 (docs/hardware.md); PARTS=all adds them.
-# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, train-gloo, train-predict, train-step, all) runs only those: held-out
+# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, train-gloo, train-predict, train-step, codec-chain, all) runs only those: held-out
 # is predict against models it was never tuned on (held_out_models.py); train-gloo is `gpurig train` over Gloo on
 # CUDA tensors, which once ran past 200 s (docs/benchmarks.md), with every rank's Python stacks if it runs long.
 set -u
@@ -83,6 +83,14 @@ if want train-step; then
   step "a small model's step: plain PyTorch, then what gpurig train adds (gpu_train_step.py)"
   timeout 150 $PY benchmarks/gpu_train_step.py --out "$OUT/gpu_train_step.json" 2>&1 | grep -v USDT \
     | tee "$OUT/gpu_train_step.txt"
+fi
+if want codec-chain; then
+  # a small compressed average's whole chain against its codec arithmetic and a plain allreduce, CUDA tensors
+  for engine in mpi torch; do
+    step "a compressed average's parts, 2 ranks on the GPU over $engine (codec_chain.py)"
+    GPURIG_BACKEND=gloo timeout 120 $PY -m gpurig run -n 2 --engine $engine -- $PY benchmarks/codec_chain.py \
+      --out "$OUT/codec_chain-$engine.json" 2>&1 | tail -7 | tee "$OUT/codec_chain-$engine.txt"
+  done
 fi
 if want all; then
   step "gpurig doctor"

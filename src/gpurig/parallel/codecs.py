@@ -206,6 +206,18 @@ def _absmax(blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return torch.maximum(out, blocks.amin(dim=1).neg_(), out=out)
 
 
+_CONSTANTS: dict = {}
+
+
+def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a 0-d tensor on ``like``'s device, made once: ``new_tensor`` copies from pageable host memory
+    each call, and on a GPU that copy waits for everything queued before it (a synchronisation per encode)."""
+    key = (value, like.device, like.dtype)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
+    return _CONSTANTS[key]
+
+
 def _int8_levels(x: torch.Tensor, payload: Payload) -> torch.Tensor:
     """Write the codes of ``x``; return them as float levels (a per-thread scratch buffer)."""
     codes, scale = payload
@@ -213,7 +225,7 @@ def _int8_levels(x: torch.Tensor, payload: Payload) -> torch.Tensor:
     _absmax(blocks, scale)
     # 127 / scale as a true division, as the C kernel computes it (torch's ``127 / tensor`` is reciprocal × 127,
     # which differs in the last bit and moves a value on a rounding boundary to the next code)
-    levels = torch.mul(blocks, torch.div(scale.new_tensor(127.0), scale)[:, None], out=_scratch(blocks)).round_()
+    levels = torch.mul(blocks, torch.div(_constant(127.0, scale), scale)[:, None], out=_scratch(blocks)).round_()
     codes.view(-1, BLOCK).copy_(levels)
     return levels
 
@@ -283,7 +295,7 @@ def _encode_dynamic(x: torch.Tensor, payload: Payload) -> None:
     blocks = x.view(-1, BLOCK)
     _absmax(blocks, scale)
     t = _tables(x.device)
-    inv = torch.div(scale.new_tensor(1.0), scale)  # a true division then a multiply, as the C kernel
+    inv = torch.div(_constant(1.0, scale), scale)  # a true division then a multiply, as the C kernel
     a = torch.abs(blocks, out=_scratch(blocks)).mul_(inv[:, None]).view(-1)
     negative = torch.signbit(x)
     bound = torch.where(negative, t[_TH], 1.0)  # the type has no -1.0
