@@ -119,6 +119,18 @@ def test_cli_table_json_and_plot(tmp_path):
     assert [r["gpus"] for r in result["scaling"]] == [1, 2, 4] and result["parameters"] == 61_100_840
 
 
+def test_what_would_help_lists_only_what_is_predicted_faster(monkeypatch):
+    """A change predicted slower (AlexNet's fully connected layers split over 4 GPUs: 0.3x) is shown apart,
+    not as help; one predicted faster (Krizhevsky's hybrid) under "what would help"."""
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, err = run_cli(["predict", "--model", "alexnet", "--cluster", "4 RTX 2080 Ti"])
+    assert code == 0, err
+    helps, _, slower = out.partition("predicted not to help")
+    helps = helps[helps.index("what would help"):]
+    assert "--parallel hybrid" in helps and "--parallel model" not in helps
+    assert "--parallel model" in slower and "--parallel hybrid" not in slower
+
+
 @pytest.mark.parametrize("args,message", [
     (["--model", "resnet51", "--cluster", "2 V100"], "closest: resnet50"),
     (["--model", "resnet50", "--cluster", "2 V101"], "unknown GPU"),

@@ -184,14 +184,30 @@ def show(result: dict) -> None:
                             f"{row['speedup']:.2f}x", f"{row['efficiency']:.0%}", row["bottleneck"])
         console.print(scaling)
     console.print(f"bottleneck at {result['gpus']} GPU(s): [bold]{result['bottleneck']}[/]")
-    if result["advice"]:
-        table = Table(title="what would help (predicted)")
-        for column in ("change", "samples/s", "why"):
-            table.add_column(column, justify="left" if column != "samples/s" else "right")
-        for item in result["advice"]:
-            gain = item["samples_per_s_gain"]
-            table.add_row(item["what"], "—" if gain is None else f"{gain:.2f}x", item["why"])
-        console.print(table)
+    helps = [item for item in result["advice"] if not predicted_slower(item)]
+    slower = [item for item in result["advice"] if predicted_slower(item)]
+    for title, items in (("what would help (predicted)", helps), ("predicted not to help", slower)):
+        if items:
+            table = Table(title=title)
+            for column in ("change", "samples/s", "why"):
+                table.add_column(column, justify="left" if column != "samples/s" else "right")
+            for item in items:
+                gain = item["samples_per_s_gain"]
+                table.add_row(item["what"], "—" if gain is None else f"{gain:.2f}x", item["why"])
+            console.print(table)
+
+
+def predicted_slower(item: dict) -> bool:
+    """Whether an advice item was priced and came out no faster than the configuration asked about: it is
+    shown apart, so "what would help" lists only what would.
+
+    >>> predicted_slower({"samples_per_s_gain": 0.25}), predicted_slower({"samples_per_s_gain": 1.3})
+    (True, False)
+    >>> predicted_slower({"samples_per_s_gain": None})
+    False
+    """
+    gain = item.get("samples_per_s_gain")
+    return gain is not None and gain <= 1.0
 
 
 def peak_parts(parts_gb: dict) -> str:
