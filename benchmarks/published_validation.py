@@ -58,8 +58,13 @@ from gpurig.spec import catalog
 
 DATA = Path(__file__).resolve().parent / "data" / "published_gpu_training.csv"
 # Published GPU names and the catalog's (rows of GPUs the catalog lacks, such as laptop parts, are skipped).
+# "V100 16GB" is Lambda Cloud's V100 (its 1x/2x/4x/8x instances); Lambda's own table builder gives it 300 W per
+# GPU (lambdal/deeplearning-benchmark pytorch/scripts/compile_results_pytorch.py, 'LambdaCloud_V100_16GB_v1' and
+# the 2x/4x/8x entries, "watt per gpu"; the same table gives the A100 PCIe 250 and 300 W, SXM4 400 W): the
+# 300 W V100 is the SXM2 module (the PCIe card is 250 W), so these rows are V100 SXM2 16 GB (NVLink between
+# the GPUs of a multi-GPU instance), where they were priced as the PCIe card until 2026-11-27.
 GPUS = {
-    "V100 16GB": "V100 PCIe 16 GB", "V100 32GB": "V100 SXM2 32 GB", "V100 SXM2 16GB": "V100 SXM2 16 GB",
+    "V100 16GB": "V100 SXM2 16 GB", "V100 32GB": "V100 SXM2 32 GB", "V100 SXM2 16GB": "V100 SXM2 16 GB",
     "V100 SXM2 32GB": "V100 SXM2 32 GB", "A100 SXM4 80GB": "A100 SXM4 80 GB", "A100 80GB": "A100 SXM4 80 GB",
     "A100 SXM4 40GB": "A100 SXM4 40 GB", "A100 PCIe 40GB": "A100 PCIe 40 GB", "A100 PCIe 80GB": "A100 PCIe 80 GB",
     "H100 SXM5 80GB": "H100 SXM5 80 GB", "H100 PCIe 80GB": "H100 PCIe", "H200 SXM 141GB": "H200 SXM",

@@ -46,7 +46,7 @@ class GpuEfficiency:
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
     memory: float = 0.6724          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.01337       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    unhidden: float = 0.01538       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
     flops_per_value: float = 219.9  # vector-unit operations per value transcendentals and random numbers move
     cache: float = 1.233            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
@@ -63,7 +63,7 @@ class GpuEfficiency:
     # are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
     architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.037), ("Hopper", 0.5023), ("Turing", 0.8867),
-                                                   ("Volta", 1.166))
+                                                   ("Volta", 1.11))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
