@@ -224,9 +224,16 @@ class _TrainView:
                                  console=self.console, transient=True)
         self.task = None
         self.start: dict = {}
+        # Until rank 0 says it has started (seconds: the configuration checked, PyTorch loaded in every rank, the
+        # data read), a spinner says what is happening; a log or a pipe gets nothing from it.
+        self.waiting = self.console.status("gpurig train: checking the configuration, starting the ranks")
+        self.waiting.start()
 
     def update(self, event: dict) -> None:
         kind = event["event"]
+        if self.waiting is not None:
+            self.waiting.stop()
+            self.waiting = None
         if kind == "calibrating":
             self.console.print(_said(event), markup=False, highlight=False)
         elif kind == "start":
@@ -264,6 +271,9 @@ class _TrainView:
                 + (f"  MFU {event['mfu']:.1%}" if event.get("mfu") is not None else ""))
 
     def close(self) -> None:
+        if self.waiting is not None:
+            self.waiting.stop()
+            self.waiting = None
         self.progress.stop()
 
     def summary(self, done: dict) -> None:
