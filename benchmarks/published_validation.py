@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/published_validation.py              # fit, cross-validate, print (~1 h, 2 loaded cores)
     .venv/bin/python benchmarks/published_validation.py --rows       # and every row, predicted vs published
     .venv/bin/python benchmarks/published_validation.py --json /tmp/published.json
+    .venv/bin/python benchmarks/published_validation.py --no-power   # without the power term (watts per SM)
 
 The data is benchmarks/data/published_gpu_training.csv (its README says where
 each row comes from). ResNet-50 v1.5 and BERT-large are not in it: they are
@@ -88,7 +89,13 @@ MODELS = {
 PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 # The fitted constants (the per-layer host cost is measured: these batches are too large to show it).
 FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency)
-               if f.name not in ("layer_overhead_s", "architecture", "software", "cuda_architecture"))  # Kepler's: no rows
+               if f.name not in ("layer_overhead_s", "architecture", "software", "cuda_architecture",  # Kepler's: no rows
+                                 "power_exponent", "watts_per_unit"))  # fitted after the rest (WITH_POWER)
+# The power term (:meth:`GpuEfficiency.power_scale`), fitted after every other constant with those fixed
+POWER = ("power_exponent", "watts_per_unit")
+POWER_START = {"power_exponent": 0.5, "watts_per_unit": 3.0}  # where its fit starts when the model has none yet
+# fit (and cross-validate) the power term after the rest (``--no-power``: not at all)
+WITH_POWER = True
 # Where the fit starts: the datasheet-minded guesses, with the two effects that have no neutral value switched on.
 # It is also each constant's prior: a fold whose rows cannot move a constant (no convolution in mixed precision on
 # NCHW tensors for ``transposes``, say) predicts with this value, not the all-rows fit's (:func:`fold_start`);
@@ -106,6 +113,8 @@ BOUNDS = {"tensor_gemm": (0.05, 1.0), "cuda_gemm": (0.05, 1.0), "conv": (0.2, 5.
           "flops_per_value": (0.0, 500.0),
           "cache": (1.0, 4.0),
           "transposes": (0.0, 4.0),
+          "power_exponent": (0.0, 3.0),
+          "watts_per_unit": (1.0, 10.0),
           "architecture:": (0.3, 3.0),
           "software:": (0.3, 1.0)}
 ARCHITECTURE = "architecture:"
@@ -293,8 +302,18 @@ def with_value(efficiency: GpuEfficiency, name: str, value: float) -> GpuEfficie
     return dataclasses.replace(efficiency, **{name: value})
 
 
+def fit_power(cases: list[Case], fitted: GpuEfficiency, start: GpuEfficiency | None = None,
+              steps: tuple[float, ...] = (1.4, 1.15, 1.05, 1.015)) -> GpuEfficiency:
+    """``fitted`` (its power term off) with the power term fitted to ``cases``, every other constant as it is:
+    the term then moves only the boards short of power. Its search starts from ``start``'s term (the all-rows
+    fit's, in a fold), or :data:`POWER_START`."""
+    begin = {name: getattr(start, name) for name in POWER} if start is not None and start.power_exponent \
+        else POWER_START
+    return fit(cases, dataclasses.replace(fitted, **begin), steps=steps, names=list(POWER))
+
+
 def fit(cases: list[Case], start: GpuEfficiency | None = None,
-        steps: tuple[float, ...] = (2.0, 1.4, 1.15, 1.05, 1.015)) -> GpuEfficiency:
+        steps: tuple[float, ...] = (2.0, 1.4, 1.15, 1.05, 1.015), names: list[str] | None = None) -> GpuEfficiency:
     """The constants that minimise the summed absolute log error over ``cases`` (coordinate descent, log steps).
 
     Absolute, not squared: one source's odd row (Lambda's first B200 numbers, say) should not pull every
@@ -304,7 +323,7 @@ def fit(cases: list[Case], start: GpuEfficiency | None = None,
     re-pricing every constant, for hundreds of passes that change no row.
     """
     best = start or START
-    names = parameters(cases)
+    names = names or parameters(cases)
     # a trial moves one constant: only the cases it can change are priced again (the rest keep their errors, and
     # the sum runs over all in the same order, so the fit is the one that prices every case every time)
     depends = {name: [i for i, c in enumerate(cases) if _depends_on(name, c)] for name in names}
@@ -411,7 +430,9 @@ def fold_start(fitted: GpuEfficiency, inside: list[Case]) -> GpuEfficiency:
 
 def _fold(fold):
     name, key, inside, outside, start = fold
-    fitted = fit(inside, start, steps=FOLD_STEPS)
+    fitted = fit(inside, dataclasses.replace(start, power_exponent=0.0), steps=FOLD_STEPS)
+    if WITH_POWER:
+        fitted = fit_power(inside, fitted, start, steps=FOLD_STEPS)
     return name, key, [(c, log_error(c, fitted)) for c in outside]
 
 
@@ -488,7 +509,12 @@ def main() -> int:
     p.add_argument("--rows", action="store_true", help="print every single-GPU row")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--cold", action="store_true", help="fit from START, not from the constants perf.machine ships")
+    p.add_argument("--no-power", action="store_true",
+                   help="leave out the power term (watts per SM), which is otherwise fitted after every other "
+                        "constant, with those fixed, in every fold too")
     args = p.parse_args()
+    global WITH_POWER
+    WITH_POWER = not args.no_power
 
     from rich.console import Console
     from rich.table import Table
@@ -499,8 +525,12 @@ def main() -> int:
     console.print(f"{len(cases)} published rows predictable ({len(single)} on one GPU) of {DATA.name}")
     # the all-rows fit starts from the constants perf.machine ships (the last run's fit; --cold: from START, which
     # took 15 min on two loaded cores), then each fold from it
-    fitted = fit(single) if args.cold else fit(single, machine.GPU_EFFICIENCY, steps=WARM_STEPS)
-    console.print("fitted: " + ", ".join(f"{k}={value_of(fitted, k):.4g}" for k in parameters(single)))
+    shipped = dataclasses.replace(machine.GPU_EFFICIENCY, power_exponent=0.0)
+    fitted = fit(single) if args.cold else fit(single, shipped, steps=WARM_STEPS)
+    if WITH_POWER:
+        fitted = fit_power(single, fitted, machine.GPU_EFFICIENCY)
+    console.print("fitted: " + ", ".join(f"{k}={value_of(fitted, k):.4g}"
+                                         for k in parameters(single) + list(POWER * WITH_POWER)))
     in_sample = {id(c): log_error(c, fitted) for c in single}
     # each fold refits every constant without the rows it predicts, starting from the all-rows fit (from START it
     # took hours on two cores); a left-out GPU's architecture factor is reset (fold_start)

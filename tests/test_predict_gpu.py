@@ -2,6 +2,7 @@
 tables, and the published-results benchmark predicting exactly what ``gpurig predict`` does."""
 
 import csv
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -398,3 +399,19 @@ def test_a_step_bound_by_its_hosts_launches_is_advised_what_launches_fewer():
     assert "torch.compile or CUDA graphs" in [item["what"] for item in small["advice"]]
     assert large["step"]["host_ms"] == small["step"]["host_ms"]     # the same operators at any batch
     assert "torch.compile or CUDA graphs" not in [item["what"] for item in large["advice"]]
+
+
+def test_a_board_short_of_power_computes_below_its_peaks_and_a_full_power_one_at_them():
+    """The catalog's peaks are at the boost clock; a 150 W A10 (2.1 W per SM) cannot hold it under a training
+    load, an H100 SXM (5.3 W per SM) can. The power term scales compute only, never memory, and a board below
+    every fitted one is priced as the least of them, not by the power law followed past its data."""
+    def rates(name, efficiency=machine.GPU_EFFICIENCY):
+        device = machine.gpu_device(catalog.gpu(name), "fp16", efficiency)
+        return device.gemm.flops_per_s, device.memory_bytes_per_s
+
+    no_power = dataclasses.replace(machine.GPU_EFFICIENCY, power_exponent=0.0)
+    (a10, a10_memory), (a10_full, a10_full_memory) = rates("A10"), rates("A10", no_power)
+    assert 0.5 < a10 / a10_full < 0.8 and a10_memory == a10_full_memory
+    assert rates("H100 SXM5 80 GB") == rates("H100 SXM5 80 GB", no_power)
+    l4 = machine.GPU_EFFICIENCY.power_scale(catalog.gpu("L4"))    # 72 W for 58 SMs: below the A10's 2.08 W per SM
+    assert l4 == pytest.approx(machine.GPU_EFFICIENCY.power_scale(catalog.gpu("A10")), rel=0.01)

@@ -72,6 +72,14 @@ class GpuEfficiency:
                                                            (("pytorch-1.7", "fp32"), 0.8836),
                                                            (("pytorch-1.7", "mixed"), 1.0))
 
+    # A board's power for its SMs: below ``watts_per_unit`` watts of TDP per SM it cannot hold its rated clock
+    # under a training load, and computes ``(watts per SM / watts_per_unit) ** power_exponent`` of its peaks
+    # (memory's clock is its own; :meth:`power_scale`): a 150 W A10 (2.1 W per SM) 0.65 of them, a 250 W A100
+    # PCIe 40 GB (2.3) 0.80, a 300 W A100 PCIe 80 GB (2.8), a 450 W RTX 4090 (3.5) or a 700 W H100 (5.3) all.
+    # Fitted after the rest, with the rest fixed (``benchmarks/published_validation.py``), so that it moves only
+    # the boards short of power.
+    power_exponent: float = 2.016
+    watts_per_unit: float = 2.574
     # Per GPU architecture, its CUDA cores' achieved rate against ``cuda_gemm``'s, which the published rows (Pascal
     # and later, whose SM is Maxwell's) fix. Not fitted (no published row is older): NVIDIA's GeForce GTX 750 Ti
     # whitepaper (2014) gives Maxwell's SM 1.35x the performance per CUDA core of Kepler's (issue and scheduling:
@@ -96,6 +104,21 @@ class GpuEfficiency:
         """
         return dict(self.cuda_architecture).get(architecture, 1.0)
 
+    def power_scale(self, gpu) -> float:
+        """The share of its peaks ``gpu`` computes at for its power: ``(TDP / SMs / watts_per_unit) **
+        power_exponent``, at most 1, the watts per SM taken as at least :data:`LOWEST_WATTS_PER_UNIT`; 1 where the
+        catalog lacks the TDP or the SM count.
+
+        >>> from gpurig.spec import catalog
+        >>> e = GpuEfficiency(power_exponent=0.5, watts_per_unit=3.0)
+        >>> round(e.power_scale(catalog.gpu("A10")), 3), e.power_scale(catalog.gpu("H100 SXM5 80 GB"))
+        (0.833, 1.0)
+        """
+        watts, units = getattr(gpu, "tdp_w", None), getattr(gpu, "compute_units", None)
+        if not watts or not units or not self.power_exponent:
+            return 1.0
+        return min(1.0, max(watts / units, LOWEST_WATTS_PER_UNIT) / self.watts_per_unit) ** self.power_exponent
+
     def software_scale(self, release: str, precision: str) -> float:
         """How fast ``release`` computes ``precision`` against current PyTorch (1 where none was fitted).
 
@@ -109,6 +132,9 @@ class GpuEfficiency:
 
 
 GPU_EFFICIENCY = GpuEfficiency()
+# The least TDP per SM of the GPUs ``power_exponent`` is fitted on (the A10's 150 W over 72 SMs): a board below it
+# (a 72 W L4 has 1.24) is priced as if it had this much, not by a power law followed past its data
+LOWEST_WATTS_PER_UNIT = 2.08
 
 # Assumptions used when nothing is measured.
 LINK_EFFICIENCY = 0.9          # of a link's data rate, after protocol overhead (PCIe, NVLink, RDMA)
@@ -153,8 +179,9 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     memory = gpu.memory_bandwidth_gbs * 1e9 * e.memory * speed
     units = getattr(gpu, "compute_units", None)
 
-    tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture)
-    cuda = e.cuda_gemm * e.cuda_core_scale(gpu.architecture)
+    clock = e.power_scale(gpu)
+    tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture) * clock
+    cuda = e.cuda_gemm * e.cuda_core_scale(gpu.architecture) * clock
 
     def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0, tiles=None) -> GemmModel:
         rate = tflops * 1e12 * (tensor if tensor_cores else cuda) * scale * speed
