@@ -530,7 +530,7 @@ def main() -> int:
     if WITH_POWER:
         fitted = fit_power(single, fitted, machine.GPU_EFFICIENCY)
     console.print("fitted: " + ", ".join(f"{k}={value_of(fitted, k):.4g}"
-                                         for k in parameters(single) + list(POWER * WITH_POWER)))
+                                         for k in parameters(single) + (list(POWER) if WITH_POWER else [])))
     in_sample = {id(c): log_error(c, fitted) for c in single}
     # each fold refits every constant without the rows it predicts, starting from the all-rows fit (from START it
     # took hours on two cores); a left-out GPU's architecture factor is reset (fold_start)

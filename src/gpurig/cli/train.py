@@ -229,11 +229,14 @@ class _TrainView:
         self.waiting = self.console.status("gpurig train: checking the configuration, starting the ranks")
         self.waiting.start()
 
-    def update(self, event: dict) -> None:
-        kind = event["event"]
+    def _stop_waiting(self) -> None:
         if self.waiting is not None:
             self.waiting.stop()
             self.waiting = None
+
+    def update(self, event: dict) -> None:
+        kind = event["event"]
+        self._stop_waiting()
         if kind == "calibrating":
             self.console.print(_said(event), markup=False, highlight=False)
         elif kind == "start":
@@ -271,9 +274,7 @@ class _TrainView:
                 + (f"  MFU {event['mfu']:.1%}" if event.get("mfu") is not None else ""))
 
     def close(self) -> None:
-        if self.waiting is not None:
-            self.waiting.stop()
-            self.waiting = None
+        self._stop_waiting()
         self.progress.stop()
 
     def summary(self, done: dict) -> None:
