@@ -8,10 +8,15 @@ time per step (the sum of its kernels' durations) and the step's wall time.
 Busy time well below the wall time means the step waits on the CPU (Python,
 dispatch, autocast's casts): the per-operation cost predict charges as
 ``per_layer_s``; close to it means the GPU's arithmetic and memory set the pace.
+``--by-class`` adds each case's busy time by kind of kernel (matrix products,
+convolutions, normalization, softmax, elementwise, ...: :func:`kernel_class`),
+to hold against predict's split (its GEMMs against its streaming work).
 """
 
 import argparse
+import collections
 import json
+import re
 import time
 
 import torch
@@ -22,17 +27,51 @@ from gpurig.timing import device_sync
 
 CASES = [("bert-base", 8, "fp32"), ("bert-base", 32, "tf32"), ("bert-base", 32, "bf16"), ("bert-base", 64, "bf16"),
          ("resnet50", 64, "bf16"), ("gpt2", 4, "bf16"), ("alexnet", 128, "fp32"), ("mnist-mlp", 64, "fp32")]
+# --by-class: GPU-bound steps where predict and a GPU disagree (docs/predict.md, "An H200"): BERT-base and GPT-2 at
+# the same tokens a step in FP32 and TF32, ResNet-50 in FP32 (TF32 convolutions) and bf16 on both layouts
+CLASS_CASES = [("bert-base", 64, "fp32"), ("bert-base", 64, "tf32"), ("gpt2", 8, "fp32"), ("gpt2", 8, "tf32"),
+               ("resnet50", 64, "fp32"), ("resnet50", 64, "bf16"), ("resnet50", 64, "bf16", True)]
+# first match wins: normalization before convolutions (cuDNN's batch norm is "cudnn::bn_..."), convolutions and fused
+# attention before matrix products (cuDNN's implicit-GEMM kernels carry "gemm" in their names, PyTorch's
+# memory-efficient attention "cutlass")
+KERNEL_CLASSES = (("normalization", r"norm|welford|bn_fw|bn_bw"),
+                  ("convolution", r"conv|cudnn|implicit|winograd|fprop|dgrad|wgrad|scudnn"),
+                  ("attention", r"flash|fmha|attention|sdpa"),
+                  ("matmul", r"gemm|cutlass|xmma|nvjet|cublas|wgmma|splitk"),
+                  ("softmax", r"softmax"),
+                  ("optimizer", r"multi_tensor|foreach|fused_sgd|fused_adam"),
+                  ("reduction", r"reduce"),
+                  ("layout", r"transpose|nchw|nhwc|permute|copy"),
+                  ("elementwise", r"elementwise|vectorized|unrolled|pointwise|triton"))
+
+
+def kernel_class(name: str) -> str:
+    """The kind of a CUDA kernel, by its name: the first of :data:`KERNEL_CLASSES` whose pattern it matches.
+
+    >>> kernel_class("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32"), kernel_class("cudnn::bn_fw_tr_1C11")
+    ('matmul', 'normalization')
+    >>> kernel_class("void at::native::vectorized_elementwise_kernel<4, ...>"), kernel_class("memset")
+    ('elementwise', 'other')
+    >>> kernel_class("fmha_cutlassB_f32_aligned_64x64_k64_dropout_sm80(PyTorchMemEffAttention::AttentionBackwardKernel")
+    'attention'
+
+    """
+    lowered = name.lower()
+    return next((kind for kind, pattern in KERNEL_CLASSES if re.search(pattern, lowered)), "other")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--by-class", action="store_true", help="the cases where predict and a GPU disagree, each's GPU "
+                   "time by kind of kernel, its five longest kernels named")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
-    for name, batch, precision in CASES:
-        step = training_step(name, batch, precision, False, device)
+    for name, batch, precision, *layout in (CLASS_CASES if args.by_class else CASES):
+        channels_last = bool(layout and layout[0])
+        step = training_step(name, batch, precision, channels_last, device)
         sync = device_sync(device)
         for _ in range(3):
             step()
@@ -48,12 +87,24 @@ def main():
         busy = sum(e.device_time for e in kernels) / 1e6 / args.steps  # device_time is in µs
         launches = sum(1 for e in prof.events() if e.name in ("cudaLaunchKernel", "cuLaunchKernel",
                                                                "cudaLaunchKernelExC", "cuLaunchKernelEx"))
-        row = {"model": name, "batch": batch, "precision": precision, "wall_ms": 1e3 * wall,
-               "gpu_busy_ms": 1e3 * busy, "kernels_per_step": len(kernels) / args.steps,
+        row = {"model": name, "batch": batch, "precision": precision, "channels_last": channels_last,
+               "wall_ms": 1e3 * wall, "gpu_busy_ms": 1e3 * busy, "kernels_per_step": len(kernels) / args.steps,
                "launches_per_step": launches / args.steps}
+        if args.by_class:
+            by_class, by_name = collections.Counter(), collections.Counter()
+            for e in kernels:
+                by_class[kernel_class(e.name)] += e.device_time / 1e3 / args.steps
+                by_name[e.name[:120]] += e.device_time / 1e3 / args.steps
+            row["class_ms"] = dict(by_class.most_common())
+            row["longest_ms"] = dict(by_name.most_common(5))
         rows.append(row)
-        print(f"{name:10s} {batch:4d} {precision:5s} wall {row['wall_ms']:7.2f} ms  GPU busy {row['gpu_busy_ms']:7.2f} ms"
-              f" ({row['gpu_busy_ms'] / row['wall_ms']:.0%})  {row['kernels_per_step']:.0f} kernels/step", flush=True)
+        print(f"{name:10s} {batch:4d} {precision:5s}{' NHWC' if channels_last else ''} wall {row['wall_ms']:7.2f} ms  "
+              f"GPU busy {row['gpu_busy_ms']:7.2f} ms ({row['gpu_busy_ms'] / row['wall_ms']:.0%})  "
+              f"{row['kernels_per_step']:.0f} kernels/step", flush=True)
+        if args.by_class:
+            print("    " + ", ".join(f"{kind} {ms:.2f}" for kind, ms in row["class_ms"].items()), flush=True)
+            for kernel, ms in row["longest_ms"].items():
+                print(f"      {ms:7.2f} ms  {kernel}", flush=True)
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "rows": rows}, f,
                       indent=2)

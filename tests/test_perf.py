@@ -1,8 +1,12 @@
 """SEEDS.md's hardware numbers, each from gpurig's general formulas (never a hard-coded answer path)."""
 
 
+import weakref
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import gpurig.perf.busbw
 import gpurig.perf.fit
@@ -116,25 +120,50 @@ class _TinyLanguageModel(torch.nn.Module):
         return self.head(torch.relu(self.hidden(self.embed(tokens))))
 
 
-def _allocation_peak(step) -> int:
-    """Bytes a second call of ``step`` allocates beyond what it held before, at their peak (torch.profiler's
-    allocator events); the first call makes what stays (gradients' buffers, the optimizer's state)."""
-    from torch.profiler import ProfilerActivity, profile
+class _LiveTensorBytes(TorchDispatchMode):
+    """Bytes of the storages the operators a step dispatches create, while they live, and their peak: the
+    tensors a step holds, as a GPU's allocator holds them. Not the CPU allocator's own count, which also holds
+    what a CPU kernel allocates for itself inside one operator: on a CPU without native bf16 arithmetic a bf16
+    matrix product converts its operands to FP32 first (3 MB allocated for a 1 MB product), which no GPU does."""
 
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.held: set = set()
+
+    def _release(self, address: int, nbytes: int) -> None:
+        self.held.discard(address)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # a view's or an in-place result's storage is one of its inputs' (held before the step, or already counted)
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for tensor in tree_leaves(out):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = tensor.untyped_storage()
+            address = storage.data_ptr()
+            if address and address not in self.held and address not in inputs:
+                self.held.add(address)
+                self.live += storage.nbytes()
+                weakref.finalize(storage, self._release, address, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def _allocation_peak(step) -> int:
+    """Bytes a second call of ``step`` holds beyond what it held before, at their peak (:class:`_LiveTensorBytes`);
+    the first call makes what stays (gradients' buffers, the optimizer's state)."""
     step()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _LiveTensorBytes() as live:
         step()
-    allocated = peak = 0
-    for event in sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns()):
-        if event.name() == "[memory]":
-            allocated += event.nbytes()
-            peak = max(peak, allocated)
-    return peak
+    return live.peak
 
 
 def test_a_language_models_step_peaks_where_the_footprint_says():
     """The bytes a real CPU training step allocates beyond what it held before (weights and momentum), at their
-    peak (torch.profiler's allocator events), against the footprint's activations, output and loss, and gradients.
+    peak (the storages its operators create, :class:`_LiveTensorBytes`), against the footprint's activations, output and loss, and gradients.
     The logits (8 × 256 × 20,000 floats, 164 MB) are most of it: without the output and the loss's four copies,
     the footprint said a fifth of it."""
     from gpurig.models.describe import describe
@@ -160,7 +189,7 @@ def test_a_language_models_step_peaks_where_the_footprint_says():
 
 
 def test_a_mixed_precision_transformer_step_peaks_where_the_footprint_says():
-    """The same allocator peak for a small GPT-2 whose tensors are typed as CUDA's autocast types them (products in
+    """The same peak for a small GPT-2 whose tensors are typed as CUDA's autocast types them (products in
     16 bits; layer norms, softmax and the loss in FP32; the residual stream FP32): MetaAutocast on CPU tensors, since
     torch.autocast("cpu") runs layer norms in 16 bits. Halving the FP32 activations, as the footprint did, falls
     short. No dropout: on a CPU, attention with dropout falls back to materialising the scores, which a GPU's fused
@@ -192,9 +221,9 @@ def test_a_mixed_precision_transformer_step_peaks_where_the_footprint_says():
     assert (predicted - parts["activations"] + halved) / peak < 0.92
 
 
-def test_a_step_traced_on_the_meta_device_peaks_where_the_cpu_allocator_does():
+def test_a_step_traced_on_the_meta_device_peaks_where_cpu_tensors_do():
     """gpurig.models.peak runs a training step on meta tensors and follows each tensor from its creation until
-    autograd lets it go. The same step on CPU tensors, through the allocator (torch.profiler's events): its peak
+    autograd lets it go. The same step on CPU tensors, the storages its operators create (:class:`_LiveTensorBytes`): its peak
     beyond what it held before is the traced one, in FP32 and typed as CUDA's autocast types it. A small GPT-2
     with dropout, its attention as a CPU runs it (materialising the scores); a GPU's fused kernel, which the trace
     follows by default, keeps far less."""
@@ -268,7 +297,7 @@ def test_attention_inside_nn_multiheadattention_is_traced_as_a_gpu_runs_it():
 
 def test_adams_step_peaks_with_one_more_copy_of_the_parameters():
     """torch.optim.Adam's foreach step (CUDA's default) computes √v for every parameter at once. At a batch small
-    enough for the optimizer's step to be the peak, the allocator's peak beyond the weights and the moments is
+    enough for the optimizer's step to be the peak, the step's peak beyond the weights and the moments is
     the gradients and that copy, as the footprint says."""
     from gpurig.models.describe import describe, on_meta
     from gpurig.models.peak import step_peaks
