@@ -79,6 +79,24 @@ def test_each_architecture_scales_its_own_tensor_cores_and_nothing_else():
     assert machine.gpu_device(h100, "fp32", halved).gemm.flops_per_s == machine.gpu_device(h100, "fp32", plain).gemm.flops_per_s
 
 
+def test_a_generation_without_a_factor_of_its_own_is_priced_as_the_one_its_kernels_descend_from():
+    """The published rows hold one Blackwell (a B200): no factor can be fitted to it, and Ampere's (1) priced it
+    2.1-2.6x an H100 where Lambda measured 1.6-2.0x. A data-centre Blackwell takes Hopper's factor, a GeForce one
+    Ada's; another vendor's GPUs take none."""
+    fitted = machine.GpuEfficiency(architecture=(("Hopper", 0.5), ("Ada Lovelace", 1.2)))
+    plain = machine.GpuEfficiency(architecture=())
+
+    def rate(gpu, efficiency):
+        return machine.gpu_device(catalog.gpu(gpu), "bf16", efficiency).gemm.flops_per_s
+
+    assert rate("B200", fitted) == pytest.approx(0.5 * rate("B200", plain))
+    assert rate("RTX 5090", fitted) == pytest.approx(1.2 * rate("RTX 5090", plain))
+    assert rate("MI300X", fitted) == rate("MI300X", plain)
+    b200_over_h100 = samples_per_s("bert-base", "B200", "tf32", 64, 384) / samples_per_s("bert-base", "H100 SXM5 80 GB",
+                                                                                       "tf32", 64, 384)
+    assert 1.6 < b200_over_h100 < 2.1     # Lambda's NGC 24.xx runs: 1.98x
+
+
 def test_an_unknown_software_is_one_line_with_the_choices():
     code, out, err = run_cli(["predict", "--model", "bert-base", "--cluster", "1 x A100", "--software", "tensorflow"])
     assert code == 2 and out == ""

@@ -46,8 +46,8 @@ class GpuEfficiency:
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
     memory: float = 0.6724          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.01538       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 219.9  # vector-unit operations per value transcendentals and random numbers move
+    unhidden: float = 0.01608       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 216.7  # vector-unit operations per value transcendentals and random numbers move
     cache: float = 1.233            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
     # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
@@ -59,7 +59,7 @@ class GpuEfficiency:
     # Per GPU architecture, its tensor cores' achieved rate against ``tensor_gemm``'s: the kernels a generation
     # gets (Hopper's wgmma needs libraries newer than the published runs) and how far its boards sustain the
     # rated clock. Fitted like the rest; an architecture the published rows lack keeps 1.
-    # Fitted only where the rows hold two GPUs of an architecture (one B200 keeps Blackwell at 1). Turing's rows
+    # Fitted only where the rows hold two GPUs of an architecture (the one B200 takes Hopper's: :data:`PRICED_AS`). Turing's rows
     # are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
     architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.037), ("Hopper", 0.5023), ("Turing", 0.8867),
@@ -67,7 +67,7 @@ class GpuEfficiency:
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
-    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.8123),
+    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.8003),
                                                            (("pytorch-1.4", "mixed"), 0.746),
                                                            (("pytorch-1.7", "fp32"), 0.8836),
                                                            (("pytorch-1.7", "mixed"), 1.0))
@@ -86,15 +86,22 @@ class GpuEfficiency:
     # Kepler's cores idle unless two independent instructions are ready), so Kepler runs at 1 / 1.35.
     cuda_architecture: tuple[tuple[str, float], ...] = (("Kepler", 0.741),)
 
-    def architecture_scale(self, architecture: str) -> float:
-        """The tensor-core factor of ``architecture`` (1 where none was fitted).
+    def architecture_scale(self, architecture: str, segment: str | None = None) -> float:
+        """The tensor-core factor of ``architecture`` (for its GPUs of ``segment``): its own where one was fitted,
+        else that of the generation its kernels descend from (:data:`PRICED_AS`), else 1.
 
         >>> GpuEfficiency(architecture=(("Hopper", 0.8),)).architecture_scale("Hopper")
         0.8
         >>> GpuEfficiency().architecture_scale("Pascal")       # no tensor cores, no factor
         1.0
+        >>> e = GpuEfficiency(architecture=(("Hopper", 0.5), ("Ada Lovelace", 1.04)))
+        >>> e.architecture_scale("Blackwell", "datacenter"), e.architecture_scale("Blackwell", "consumer")
+        (0.5, 1.04)
         """
-        return dict(self.architecture).get(architecture, 1.0)
+        fitted = dict(self.architecture)
+        if architecture in fitted:
+            return fitted[architecture]
+        return fitted.get(PRICED_AS.get((architecture, segment)), 1.0)
 
     def cuda_core_scale(self, architecture: str) -> float:
         """The CUDA-core factor of ``architecture`` against ``cuda_gemm`` (1 from Maxwell on).
@@ -132,6 +139,14 @@ class GpuEfficiency:
 
 
 GPU_EFFICIENCY = GpuEfficiency()
+# A generation the published rows cannot fit a factor to (one GPU of it, or none) is priced as the one its
+# tensor-core kernels descend from, not as Ampere: its first published runs use libraries written for that one.
+# The data-centre Blackwell (B200, sm_100, tcgen05) follows Hopper (sm_90, wgmma), whose own first runs lacked its
+# kernels: Lambda's B200 on NGC 24.xx ran BERT-base 1.6-2.0x an H100 SXM's rate (fp16, TF32), where Ampere's
+# factor priced it at 2.1-2.6x and Hopper's at 1.8-2.0x. The GeForce and workstation Blackwells (sm_120, mma as on
+# Ada) follow Ada.
+PRICED_AS = {("Blackwell", "datacenter"): "Hopper", ("Blackwell", "consumer"): "Ada Lovelace",
+             ("Blackwell", "workstation"): "Ada Lovelace"}
 # The least TDP per SM of the GPUs ``power_exponent`` is fitted on (the A10's 150 W over 72 SMs): a board below it
 # (a 72 W L4 has 1.24) is priced as if it had this much, not by a power law followed past its data
 LOWEST_WATTS_PER_UNIT = 2.08
@@ -180,7 +195,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     units = getattr(gpu, "compute_units", None)
 
     clock = e.power_scale(gpu)
-    tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture) * clock
+    tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture, getattr(gpu, "segment", None)) * clock
     cuda = e.cuda_gemm * e.cuda_core_scale(gpu.architecture) * clock
 
     def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0, tiles=None) -> GemmModel:
