@@ -97,6 +97,30 @@ def test_a_generation_without_a_factor_of_its_own_is_priced_as_the_one_its_kerne
     assert 1.6 < b200_over_h100 < 2.1     # Lambda's NGC 24.xx runs: 1.98x
 
 
+def test_predict_advises_the_kernels_a_script_can_switch_to_each_as_predict_prices_it():
+    """A GPU step in PyTorch's defaults leaves speed behind: matrix multiplies in FP32, no autocast, NCHW tensors
+    transposed around 16-bit convolutions. predict says so, each switch predicted by predict itself, and only on
+    GPUs that have the kernels."""
+    def advised(model, gpu, precision, batch=64, **request):
+        result = predict(PredictRequest(model=model, cluster=f"1 x {gpu}", batch=batch, precision=precision, **request))
+        return result["samples_per_s"], {item["what"]: item["samples_per_s_gain"] for item in result["advice"]}
+
+    rate, items = advised("bert-base", "A100", "fp32", 32)
+    assert items["--precision tf32"] > 1.5 and items["--precision bf16"] > items["--precision tf32"]
+    for flag, gain in (("--precision tf32", "tf32"), ("--precision bf16", "bf16")):
+        assert items[flag] == pytest.approx(samples_per_s("bert-base", "A100", gain, 32) / rate)
+    _, v100 = advised("bert-base", "V100", "fp32", 32)
+    assert "--precision fp16" in v100 and not {"--precision tf32", "--precision bf16"} & set(v100)
+    rate, convnet = advised("resnet50", "H100", "bf16", 128)
+    assert convnet["--memory-format channels-last"] == pytest.approx(
+        predict(PredictRequest(model="resnet50", cluster="1 x H100", batch=128, precision="bf16",
+                               memory_format="channels-last"))["samples_per_s"] / rate)
+    _, done = advised("resnet50", "H100", "bf16", 128, memory_format="channels-last")
+    assert not [what for what in done if what.startswith(("--precision", "--memory-format"))]
+    _, gtx = advised("bert-base", "GTX 1080 Ti", "fp32", 32)     # Pascal: no tensor cores to switch to
+    assert not [what for what in gtx if what.startswith(("--precision", "--memory-format"))]
+
+
 def test_an_unknown_software_is_one_line_with_the_choices():
     code, out, err = run_cli(["predict", "--model", "bert-base", "--cluster", "1 x A100", "--software", "tensorflow"])
     assert code == 2 and out == ""

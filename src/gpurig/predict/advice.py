@@ -1,5 +1,5 @@
 """What would make a predicted step faster, each item itself predicted: the batch, compression, the parallelism,
-a faster network or PCIe."""
+a faster network or PCIe, faster kernels (TF32, mixed precision, channels-last)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from gpurig.errors import UsageError
 from gpurig.perf.collectives import Topology
 from gpurig.perf.step import StepPrediction, layer_costs
 from gpurig.predict.configuration import step_at
-from gpurig.predict.hardware import Hardware
+from gpurig.predict.hardware import Hardware, load_hardware
 from gpurig.predict.memory import memory
 from gpurig.predict.request import PARALLEL, PARALLEL_WHY, PredictRequest
 
 # forward and backward at least this close to the host's launches: the step is the host's
 HOST_BOUND = 0.98
+# a kernel choice (precision, memory format) is advised when predicted at least this much faster
+CHOICE_WORTH = 1.02
 
 
 def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int, step: StepPrediction,
@@ -79,10 +81,61 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
         items.append({"what": "torch.compile or CUDA graphs", "why": f"the host launches the step's operators one "
                       f"by one ({1000 * step.host_s:.1f} ms), longer than the GPU computes them: fused or "
                       "replayed, it launches far fewer", "samples_per_s_gain": None})
+    for what, changed, why in kernel_choices(spec, request, hardware):
+        try:
+            other = load_hardware(changed)
+            if not memory(spec, changed, other, ranks).get("fits", True):
+                continue
+            predicted = step_at(spec, layers, changed, other, ranks)
+        except UsageError:  # a measured profile prices only what it ran
+            continue
+        if gain(predicted) > CHOICE_WORTH:
+            items.append({"what": what, "why": why, "samples_per_s_gain": gain(predicted)})
     if hardware.host_to_device_bytes_per_s and step.data_s > 0.05 * step.step_s:
         items.append({"what": "pinned memory and asynchronous loading", "why": f"{1000 * step.data_s:.1f} ms of "
                       "each step move the batch to the GPU", "samples_per_s_gain": None})
     return items
+
+
+def kernel_choices(spec, request: PredictRequest, hardware: Hardware) -> list[tuple[str, PredictRequest, str]]:
+    """The one-line changes to a training script that run a GPU's step on faster kernels, as (flag, the request
+    with it, why): TF32 matrix multiplies where the GPU has TF32 and the step runs FP32 (PyTorch's default);
+    automatic mixed precision in the GPU's 16-bit type; channels-last activations for a convolutional net in mixed
+    precision, whose NCHW tensors cuDNN transposes around each convolution. None on a CPU.
+
+    >>> from gpurig.models import model_spec
+    >>> from gpurig.predict.hardware import load_hardware
+    >>> def flags(model, gpu, precision="fp32"):
+    ...     request = PredictRequest(model=model, cluster=f"1 x {gpu}", precision=precision)
+    ...     return [what for what, _, _ in kernel_choices(model_spec(model, 64), request, load_hardware(request))]
+    >>> flags("bert-base", "A100"), flags("bert-base", "V100")
+    (['--precision tf32', '--precision bf16'], ['--precision fp16'])
+    >>> flags("resnet50", "H100", "bf16"), flags("bert-base", "H100", "bf16")
+    (['--memory-format channels-last'], [])
+    """
+    from gpurig.perf.precision import MIXED
+
+    gpu = hardware.gpu
+    if gpu is None:
+        return []
+    choices = []
+    if request.precision == "fp32" and gpu.tf32_tflops and any(layer.kind == "linear" for layer in spec.layers):
+        choices.append(("--precision tf32", replace(request, precision="tf32"),
+                        "matrix multiplies on the TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32 = "
+                        "True); PyTorch runs them in FP32 by default, convolutions already in TF32"))
+    if request.precision in ("fp32", "tf32"):
+        sixteen = "bf16" if gpu.bf16_tflops else "fp16" if gpu.tensor_tflops else None
+        if sixteen:
+            choices.append((f"--precision {sixteen}", replace(request, precision=sixteen),
+                            f"automatic mixed precision (torch.autocast(dtype=torch.{'bfloat16' if sixteen == 'bf16' else 'float16'})"
+                            f"{'' if sixteen == 'bf16' else ' and a GradScaler'}): products on the 16-bit tensor cores, "
+                            "half the activations' bytes"))
+    if request.precision in MIXED and request.memory_format == "contiguous" \
+            and any(layer.kind == "conv" for layer in spec.layers):
+        choices.append(("--memory-format channels-last", replace(request, memory_format="channels-last"),
+                        "model.to(memory_format=torch.channels_last) and the same for each batch: cuDNN's 16-bit "
+                        "convolutions run NHWC, and NCHW tensors are transposed around each of them"))
+    return choices
 
 
 def _faster_network(topology: Topology, factor: float) -> Topology:
