@@ -5,8 +5,8 @@
 # predict vs measured training steps per precision (and peak memory), codec throughput on the GPU, and
 # DataParallel on CUDA tensors vs DDP (two ranks sharing the GPU), the GPU's busy share of a step. doctor, bench's host<->device copies and
 # GEMM sweep, and `gpurig train` on the GPU ran on an earlier lent H100 (docs/hardware.md); PARTS=all adds them.
-# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, kernel-classes, train-gloo, train-predict,
-# train-step, codec-chain, all) runs only those: held-out
+# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, kernel-classes, kernel-classes-held-out,
+# train-gloo, train-predict, train-step, codec-chain, all) runs only those: held-out
 # is predict against models it was never tuned on (held_out_models.py); train-gloo is `gpurig train` over Gloo on
 # CUDA tensors, which once ran past 200 s (docs/benchmarks.md), with every rank's Python stacks if it runs long.
 set -u
@@ -59,6 +59,11 @@ if want kernel-classes; then
   step "GPU time by kind of kernel, where predict and a GPU disagree (gpu_kernels.py --by-class)"
   timeout 150 $PY benchmarks/gpu_kernels.py --by-class --out "$OUT/gpu_kernel_classes.json" 2>&1 | grep -v USDT \
     | tee "$OUT/gpu_kernel_classes.txt"
+fi
+if want kernel-classes-held-out; then
+  step "GPU time by kind of kernel, held-out conv nets (gpu_kernels.py --by-class --held-out)"
+  timeout 150 $PY benchmarks/gpu_kernels.py --by-class --held-out --out "$OUT/gpu_kernel_classes_held_out.json" 2>&1 \
+    | grep -v USDT | tee "$OUT/gpu_kernel_classes_held_out.txt"
 fi
 if want train-gloo; then
   # each rank's Python stacks (faulthandler on SIGABRT, ranks only) if a run is still going after TRAIN_GLOO_S
