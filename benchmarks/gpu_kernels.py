@@ -109,7 +109,8 @@ def main():
             row["class_ms"] = dict(by_class.most_common())
             row["longest_ms"] = dict(by_name.most_common(5))
         rows.append(row)
-        print(f"{name.split(':')[-1]:10s} {batch:4d} {precision:5s}{' NHWC' if channels_last else ''} wall {row['wall_ms']:7.2f} ms  "
+        layout = " NHWC" if channels_last else ""
+        print(f"{name.split(':')[-1]:10s} {batch:4d} {precision:5s}{layout} wall {row['wall_ms']:7.2f} ms  "
               f"GPU busy {row['gpu_busy_ms']:7.2f} ms ({row['gpu_busy_ms'] / row['wall_ms']:.0%})  "
               f"{row['kernels_per_step']:.0f} kernels/step", flush=True)
         if args.by_class:

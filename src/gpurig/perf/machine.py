@@ -59,8 +59,8 @@ class GpuEfficiency:
     # Per GPU architecture, its tensor cores' achieved rate against ``tensor_gemm``'s: the kernels a generation
     # gets (Hopper's wgmma needs libraries newer than the published runs) and how far its boards sustain the
     # rated clock. Fitted like the rest; an architecture the published rows lack keeps 1.
-    # Fitted only where the rows hold two GPUs of an architecture (the one B200 takes Hopper's: :data:`PRICED_AS`). Turing's rows
-    # are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
+    # Fitted only where the rows hold two GPUs of an architecture (the one B200 takes Hopper's: :data:`PRICED_AS`).
+    # Turing's rows are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
     architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.037), ("Hopper", 0.5023), ("Turing", 0.8867),
                                                    ("Volta", 1.11))

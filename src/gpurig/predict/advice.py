@@ -125,11 +125,12 @@ def kernel_choices(spec, request: PredictRequest, hardware: Hardware) -> list[tu
                         "True); PyTorch runs them in FP32 by default, convolutions already in TF32"))
     if request.precision in ("fp32", "tf32"):
         sixteen = "bf16" if gpu.bf16_tflops else "fp16" if gpu.tensor_tflops else None
+        how = "torch.autocast(dtype=torch.bfloat16)" if sixteen == "bf16" else \
+            "torch.autocast(dtype=torch.float16) and a GradScaler"
         if sixteen:
             choices.append((f"--precision {sixteen}", replace(request, precision=sixteen),
-                            f"automatic mixed precision (torch.autocast(dtype=torch.{'bfloat16' if sixteen == 'bf16' else 'float16'})"
-                            f"{'' if sixteen == 'bf16' else ' and a GradScaler'}): products on the 16-bit tensor cores, "
-                            "half the activations' bytes"))
+                            f"automatic mixed precision ({how}): products on the 16-bit tensor cores, half the "
+                            "activations' bytes"))
     if request.precision in MIXED and request.memory_format == "contiguous" \
             and any(layer.kind == "conv" for layer in spec.layers):
         choices.append(("--memory-format channels-last", replace(request, memory_format="channels-last"),
