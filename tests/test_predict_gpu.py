@@ -211,6 +211,36 @@ def test_channels_last_spares_16_bit_convolutions_their_transposes_and_nothing_e
         speed("bert-base", "fp16", "contiguous", 128)["samples_per_s"]
 
 
+def test_bf16_batch_norm_on_nchw_tensors_runs_pytorchs_own_slower_kernels_and_fp16_runs_cudnns():
+    from gpurig.models import model_spec
+    from gpurig.perf.step import layer_costs, layer_seconds
+
+    def speed(model, precision, memory_format, tokens=None):
+        # the A100's bf16 and fp16 peaks are the same (312 TFLOP/s): only the kernels can tell them apart
+        return predict(PredictRequest(model=model, cluster="1 x A100", batch=64, tokens=tokens, precision=precision,
+                                      memory_format=memory_format))["samples_per_s"]
+
+    assert 1.05 * speed("resnet50", "bf16", "contiguous") < speed("resnet50", "fp16", "contiguous")
+    assert speed("resnet50", "bf16", "channels-last") == speed("resnet50", "fp16", "channels-last")
+    assert speed("bert-base", "bf16", "contiguous", 128) >= speed("bert-base", "fp16", "contiguous", 128)
+
+    # layer by layer, on the GPU alone (no host floor): a batch norm's traffic takes the measured ratio, and only its
+    norms = [layer for layer in layer_costs(model_spec("resnet50", batch=64)) if layer.batch_norm]
+    assert len(norms) == 53
+    conv = next(layer for layer in layer_costs(model_spec("resnet50", batch=64)) if layer.kind == "conv")
+    a100 = catalog.gpu("A100")
+
+    def seconds(layer, memory_format):
+        device = dataclasses.replace(machine.gpu_device(a100, "bf16", memory_format=memory_format),
+                                     layer_overhead_s=0.0, conv_transposes=0.0)
+        return sum(layer_seconds(layer, device))
+
+    for layer in norms[:3]:
+        assert seconds(layer, "contiguous") == pytest.approx(
+            machine.NCHW_BF16_BATCH_NORM * seconds(layer, "channels-last"), rel=1e-4)  # but its weights' casts
+    assert seconds(conv, "contiguous") == seconds(conv, "channels-last")
+
+
 def test_only_transcendentals_and_random_numbers_can_be_bound_by_the_vector_units():
     from gpurig.models import model_spec
 

@@ -65,6 +65,8 @@ class LayerCost:
     backward_float32_bytes: float = 0.0
     # a dense 3×3 convolution of stride 1, which cuDNN may run with Winograd's kernels (:func:`winograd_applies`)
     winograd: bool = False
+    # a batch norm (its traffic is its kernels': :attr:`Device.nchw_batch_norm` prices them on NCHW bf16 tensors)
+    batch_norm: bool = False
 
     def tensors(self) -> tuple[int, ...]:
         """Values of each parameter tensor, in registration order."""
@@ -123,6 +125,10 @@ class Device:
     # 16-bit tensor-core convolutions on NCHW tensors: each transposes its input and output to NHWC and back
     # (:data:`gpurig.perf.precision.MEMORY_FORMATS`), this many passes over them (0: none)
     conv_transposes: float = 0.0
+    # Batch norm on NCHW bf16 tensors runs PyTorch's own NCHW kernels (cuDNN's take FP32 and FP16, not BF16): this
+    # many times the time of the same tensors channels-last (:data:`gpurig.perf.machine.NCHW_BF16_BATCH_NORM`; 1:
+    # cuDNN's kernels, or channels-last)
+    nchw_batch_norm: float = 1.0
     # grouped convolutions' GEMMs, where they run on other units than dense ones (TF32: the CUDA cores); None: as
     # every other convolution
     grouped_gemm: GemmModel | None = None
@@ -342,7 +348,8 @@ def layer_costs(spec) -> list[LayerCost]:
                              forward_vector_bytes=layer.forward_vector_bytes,
                              backward_vector_bytes=layer.backward_vector_bytes,
                              forward_float32_bytes=layer.forward_float32_bytes,
-                             backward_float32_bytes=layer.backward_float32_bytes, winograd=winograd))
+                             backward_float32_bytes=layer.backward_float32_bytes, winograd=winograd,
+                             batch_norm=layer.kind == "norm" and "BatchNorm" in layer.module))
     return out
 
 
@@ -390,13 +397,13 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     # a grouped convolution's groups are ``groups`` GEMMs of their own channels (its products' batch), each in
     # whole tiles: cuDNN's grouped kernels do not pack 4-32 channels a group into one dense GEMM's tiles
     products = (layer.forward_gemms, layer.backward_gemms)
-    forward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[0])
     working_set = 2 * layer.activation_values * size if layer.activation_values else math.inf
-    moved, vector = _stream(layer.forward_bytes, layer.forward_float32_bytes, layer.forward_vector_bytes, size)
-    forward += device.stream_seconds(moved, working_set, vector)
-    backward = sum(gemm.seconds(*g, dtype_bytes=size) for g in products[1])
-    moved, vector = _stream(layer.backward_bytes, layer.backward_float32_bytes, layer.backward_vector_bytes, size)
-    backward += device.stream_seconds(moved, working_set, vector)
+    streams = (_stream(layer.forward_bytes, layer.forward_float32_bytes, layer.forward_vector_bytes, size),
+               _stream(layer.backward_bytes, layer.backward_float32_bytes, layer.backward_vector_bytes, size))
+    slower = device.nchw_batch_norm if layer.batch_norm else 1.0
+    forward, backward = (sum(gemm.seconds(*g, dtype_bytes=size) for g in gemms)
+                         + slower * device.stream_seconds(moved, working_set, vector)
+                         for gemms, (moved, vector) in zip(products, streams))
     if layer.kind == "conv" and device.conv_transposes:
         # read and write the input and the output once more each (forward), their gradients in backward (twice
         # forward's, as every operator's backward here)
@@ -443,7 +450,7 @@ def _each_layer_seconds(layers: list[LayerCost], device: Device) -> list[tuple[f
     for layer in layers:
         key = (layer.params, layer.forward_gemms, layer.backward_gemms, layer.forward_bytes, layer.backward_bytes,
                layer.kind, layer.activation_values, layer.input_values, layer.output_values, layer.forward_vector_bytes, layer.backward_vector_bytes,
-               layer.forward_float32_bytes, layer.backward_float32_bytes, layer.winograd)
+               layer.forward_float32_bytes, layer.backward_float32_bytes, layer.winograd, layer.batch_norm)
         if key not in seen:
             seen[key] = layer_seconds(layer, device)
         out.append(seen[key])
