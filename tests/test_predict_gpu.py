@@ -223,6 +223,10 @@ def test_bf16_batch_norm_on_nchw_tensors_runs_pytorchs_own_slower_kernels_and_fp
     assert 1.05 * speed("resnet50", "bf16", "contiguous") < speed("resnet50", "fp16", "contiguous")
     assert speed("resnet50", "bf16", "channels-last") == speed("resnet50", "fp16", "channels-last")
     assert speed("bert-base", "bf16", "contiguous", 128) >= speed("bert-base", "fp16", "contiguous", 128)
+    said = {(model, precision): predict(PredictRequest(model=model, cluster="1 x A100", batch=8, precision=precision,
+                                                       tokens=128 if model == "bert-base" else None))["precision_note"]
+            for model in ("resnet50", "bert-base") for precision in ("bf16", "fp16")}
+    assert [key for key, note in said.items() if "PyTorch's own kernels" in note] == [("resnet50", "bf16")]
 
     # layer by layer, on the GPU alone (no host floor): a batch norm's traffic takes the measured ratio, and only its
     norms = [layer for layer in layer_costs(model_spec("resnet50", batch=64)) if layer.batch_norm]

@@ -30,15 +30,19 @@ from gpurig.predict.memory import fit_advice, memory
 from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check, uses_profile
 
 
-def _precision_note(gpu, request: PredictRequest) -> str:
-    """What the precision, and the memory format with it, mean on ``gpu`` where that is not what was asked.
+def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> str:
+    """What the precision, and the memory format with it, mean on ``gpu`` where that is not what was asked;
+    ``batch_norm``: the model has batch norms (bf16 on NCHW tensors runs them on PyTorch's slower kernels).
 
     >>> from gpurig.spec import catalog
     >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="resnet50", precision="tf32", memory_format="channels-last"))
     'channels-last changes only 16-bit tensor-core convolutions (--precision fp16 or bf16): tf32 is priced the same'
     >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="resnet50", precision="fp16", memory_format="channels-last"))
     ''
+    >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="resnet50", precision="bf16"), batch_norm=True)[:63]
+    "bf16 batch norm on NCHW tensors runs PyTorch's own kernels, 2.2"
     """
+    from gpurig.perf.machine import NCHW_BF16_BATCH_NORM
     from gpurig.perf.precision import MIXED
 
     if gpu is None:
@@ -48,6 +52,9 @@ def _precision_note(gpu, request: PredictRequest) -> str:
     if request.memory_format != "contiguous" and not (request.precision in MIXED and p.conv_tensor_cores):
         notes.append(f"{request.memory_format} changes only 16-bit tensor-core convolutions (--precision fp16 or "
                      f"bf16): {request.precision} is priced the same")
+    if batch_norm and request.precision in ("bf16", "fp8") and request.memory_format == "contiguous":
+        notes.append(f"bf16 batch norm on NCHW tensors runs PyTorch's own kernels, {NCHW_BF16_BATCH_NORM:.1f}x "
+                     "their channels-last time (cuDNN's take fp16, not bf16)")
     return "; ".join(notes)
 
 
@@ -81,7 +88,7 @@ def predict(request: PredictRequest) -> dict:
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
         "shard": request.shard, "software": request.software, "memory_format": request.memory_format,
-        "precision_note": _precision_note(hardware.gpu, request),
+        "precision_note": _precision_note(hardware.gpu, request, any(layer.batch_norm for layer in layers)),
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck(),
         "buckets": final.buckets, "layers": final.layers,
