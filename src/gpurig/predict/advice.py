@@ -101,7 +101,8 @@ def kernel_choices(spec, request: PredictRequest, hardware: Hardware) -> list[tu
     """The one-line changes to a training script that run a GPU's step on faster kernels, as (flag, the request
     with it, why): TF32 matrix multiplies where the GPU has TF32 and the step runs FP32 (PyTorch's default);
     automatic mixed precision in the GPU's 16-bit type; channels-last activations for a convolutional net in mixed
-    precision, whose NCHW tensors cuDNN transposes around each convolution. None on a CPU.
+    precision, whose NCHW tensors cuDNN transposes around each convolution; fp16 for a net with batch norms in bf16 on
+    NCHW tensors (cuDNN's batch norm takes fp16, not bf16). None on a CPU.
 
     >>> from gpurig.models import model_spec
     >>> from gpurig.predict.hardware import load_hardware
@@ -110,8 +111,8 @@ def kernel_choices(spec, request: PredictRequest, hardware: Hardware) -> list[tu
     ...     return [what for what, _, _ in kernel_choices(model_spec(model, 64), request, load_hardware(request))]
     >>> flags("bert-base", "A100"), flags("bert-base", "V100")
     (['--precision tf32', '--precision bf16'], ['--precision fp16'])
-    >>> flags("resnet50", "H100", "bf16"), flags("bert-base", "H100", "bf16")
-    (['--memory-format channels-last'], [])
+    >>> flags("resnet50", "H100", "bf16"), flags("resnet50", "H100", "fp16"), flags("bert-base", "H100", "bf16")
+    (['--memory-format channels-last', '--precision fp16'], ['--memory-format channels-last'], [])
     """
     from gpurig.perf.precision import MIXED
 
@@ -131,11 +132,18 @@ def kernel_choices(spec, request: PredictRequest, hardware: Hardware) -> list[tu
             choices.append((f"--precision {sixteen}", replace(request, precision=sixteen),
                             f"automatic mixed precision ({how}): products on the 16-bit tensor cores, half the "
                             "activations' bytes"))
-    if request.precision in MIXED and request.memory_format == "contiguous" \
-            and any(layer.kind == "conv" for layer in spec.layers):
+    nchw = request.precision in MIXED and request.memory_format == "contiguous"
+    batch_norm = any(layer.kind == "norm" and "BatchNorm" in layer.module for layer in spec.layers)
+    if nchw and any(layer.kind == "conv" for layer in spec.layers):
         choices.append(("--memory-format channels-last", replace(request, memory_format="channels-last"),
                         "model.to(memory_format=torch.channels_last) and the same for each batch: cuDNN's 16-bit "
-                        "convolutions run NHWC, and NCHW tensors are transposed around each of them"))
+                        "convolutions run NHWC, and NCHW tensors are transposed around each of them"
+                        + ("; bf16 batch norm runs PyTorch's fast NHWC kernels" if request.precision != "fp16"
+                           and batch_norm else "")))
+    if nchw and request.precision != "fp16" and batch_norm and gpu.tensor_tflops:
+        choices.append(("--precision fp16", replace(request, precision="fp16"),
+                        "torch.autocast(dtype=torch.float16) and a GradScaler: on NCHW tensors cuDNN's batch norm "
+                        "takes fp16, not bf16 (PyTorch's own NCHW kernels are slower)"))
     return choices
 
 
