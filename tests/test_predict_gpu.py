@@ -170,7 +170,8 @@ def test_only_dense_3x3_stride_1_convolutions_get_winograds_saving_and_groups_ar
 
     dense_3x3, other = forward_s(shape, winograd=True), forward_s(shape)   # the second: a 1×1, strided or dilated
     assert other == pytest.approx(v100.conv_gemm.seconds(*shape) if v100.conv_gemm else v100.gemm.seconds(*shape))
-    assert other / dense_3x3 == pytest.approx(machine.GPU_EFFICIENCY.conv_cuda, rel=0.02)
+    # (less the share of each product's memory traffic not hidden under its arithmetic: `unhidden`)
+    assert other / dense_3x3 == pytest.approx(machine.GPU_EFFICIENCY.conv_cuda, rel=0.05)
     # ResNeXt's 3×3 in 32 groups of 4 channels: 32 GEMMs of 4 output channels, each in whole tiles, not one of 128
     grouped, packed = forward_s((64 * 56 * 56, 4, 4 * 9, 32)), forward_s((64 * 56 * 56, 128, 4 * 9))
     assert grouped > 2 * packed

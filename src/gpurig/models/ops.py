@@ -40,6 +40,25 @@ FLOAT32_OPS = {aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.na
                aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss, aten.l1_loss, aten.smooth_l1_loss,
                aten.binary_cross_entropy_with_logits, aten.kl_div, aten.exp, aten.log, aten.pow, aten.logsumexp,
                aten.cumsum, aten.sum, aten.prod}
+# What an operator's backward moves, in multiples of its forward's traffic, where that is not twice it (the rule
+# for the rest: each tensor forward read or wrote is read or written once more, and as many gradients besides).
+# A pointwise function's backward reads the output's gradient and one saved tensor and writes the input's: 3 passes
+# of forward's 2. An add's gradient goes to both operands untouched; where the branches meet again (a residual's
+# fork) one add sums them: 3 passes, forward's 3. Batch norm's backward reduces the gradient and the input per
+# channel, then reads both again to write the input's gradient: 5 passes of forward's 3 (:func:`moved_bytes`).
+# H200 kernels, ResNet-50: docs/predict.md, "Each operator's own passes".
+BACKWARD_TRAFFIC = {
+    **{op: 1.5 for op in (aten.relu, aten.relu_, aten.threshold, aten.gelu, aten.silu, aten.silu_, aten.sigmoid,
+                          aten.tanh, aten.hardtanh, aten.hardtanh_, aten.leaky_relu, aten.leaky_relu_, aten.elu,
+                          aten.elu_, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.hardsigmoid_,
+                          aten.mish, aten.softplus)},
+    aten.add: 1.0, aten.add_: 1.0,
+    **{op: 5 / 3 for op in (aten.native_batch_norm, aten._native_batch_norm_legit,
+                            aten._native_batch_norm_legit_functional)},
+}
+# Batch norm in training reads its input twice: its statistics, then the transform.
+_BATCH_NORM_TRAINING = {aten.native_batch_norm: 5, aten._native_batch_norm_legit: 5,
+                        aten._native_batch_norm_legit_functional: 5}   # the index of its ``training`` argument
 # Which two arguments of a GEMM are its operands A and B (the rest is bias).
 _OPERANDS = {aten.mm: (0, 1), aten.addmm: (1, 2), aten.bmm: (0, 1), aten.baddbmm: (1, 2),
              aten.convolution: (0, 1), aten._convolution: (0, 1)}
@@ -149,11 +168,16 @@ def moved_bytes(func, args: tuple, kwargs: dict, out) -> int:
     """Bytes a non-GEMM operator reads and writes: its tensor inputs plus its outputs.
 
     Views and bare allocations move nothing; an embedding reads only the rows it
-    gathers (as many bytes as it writes), not its whole table.
+    gathers (as many bytes as it writes), not its whole table; batch norm in training
+    reads its input twice (statistics, then the transform).
 
     >>> x = torch.empty(8, 256, device="meta")
     >>> moved_bytes(aten.relu.default, (x,), {}, torch.relu(x)), moved_bytes(aten.t.default, (x,), {}, x.t())
     (16384, 0)
+    >>> w, b = torch.ones(256, device="meta"), torch.zeros(256, device="meta")
+    >>> norm = aten.native_batch_norm.default
+    >>> moved_bytes(norm, (x, w, b, None, None, True, 0.1, 1e-5), {}, norm(x, w, b, None, None, True, 0.1, 1e-5))
+    28672
     """
     packet = func.overloadpacket
     if func.is_view or packet in _FREE:
@@ -163,7 +187,20 @@ def moved_bytes(func, args: tuple, kwargs: dict, out) -> int:
     inputs = tensors((args, kwargs))
     if not inputs:  # factories (arange, zeros): small fills
         return 0
-    return sum(map(nbytes, inputs)) + sum(map(nbytes, tensors(out)))
+    moved = sum(map(nbytes, inputs)) + sum(map(nbytes, tensors(out)))
+    training = _BATCH_NORM_TRAINING.get(packet)
+    if training is not None and len(args) > training and args[training]:
+        moved += nbytes(args[0])
+    return moved
+
+
+def backward_bytes(packet, moved: int) -> int:
+    """What ``packet``'s backward moves when its forward moved ``moved`` bytes (:data:`BACKWARD_TRAFFIC`).
+
+    >>> backward_bytes(aten.mul, 300), backward_bytes(aten.relu_, 200), backward_bytes(aten.add, 300)
+    (600, 300, 300)
+    """
+    return round(BACKWARD_TRAFFIC.get(packet, 2) * moved)
 
 
 def needs_grad(values) -> bool:

@@ -157,13 +157,13 @@ class Tracer:
         if kind:
             charges.gemm_flops[kind] += flops
         charges.forward_bytes += moved
-        charges.backward_bytes += 2 * moved if grad else 0
+        charges.backward_bytes += ops.backward_bytes(packet, moved) if grad else 0
         if vector:
             charges.forward_vector_bytes += vector[0]
-            charges.backward_vector_bytes += 2 * vector[1] if grad else 0
+            charges.backward_vector_bytes += ops.backward_bytes(packet, vector[1]) if grad else 0
         if packet in ops.FLOAT32_OPS:
             charges.forward_float32_bytes += moved
-            charges.backward_float32_bytes += 2 * moved if grad else 0
+            charges.backward_float32_bytes += ops.backward_bytes(packet, moved) if grad else 0
         if packet is not None:
             charges.ops.add(packet)
 
