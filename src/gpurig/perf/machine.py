@@ -171,13 +171,6 @@ OLD_TILE = (64, 128)
 # ``volta_scudnn_128x128_relu_interior_nn``, ``..._128x64_...``, ``..._128x32_...``), so a convolution with few
 # output channels (a detection head's 16 box coordinates, a ResNeXt group's 4-32) is not padded to 128.
 CONV_CUDA_TILES = ((128, 128), (128, 64), (128, 32))
-# Batch norm on NCHW bf16 tensors against the same tensors channels-last: cuDNN's batch-norm kernels take FP32 and
-# FP16 (with FP32 weights), never BF16 (PyTorch's ``_select_batch_norm_backend``), so bf16 on NCHW tensors runs
-# PyTorch's own NCHW kernels (``batch_norm_backward_kernel``, ``batch_norm_collect_statistics_kernel``: a block
-# per channel's reduction), far below the memory's rate. Measured, not fitted: ResNet-50 at 64 on an H200, its
-# normalization kernels 14.49 ms a step on NCHW against 6.46 channels-last (``benchmarks/gpu_kernels.py
-# --by-class``, docs/gpu/h200-2026-11-27/third/gpu_kernel_classes.txt). No published row runs bf16 convolutions.
-NCHW_BF16_BATCH_NORM = 14.49 / 6.46
 
 
 def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = None,
@@ -235,8 +228,10 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache,
                   conv_transposes=e.transposes if precision in MIXED and p.conv_tensor_cores
                   and memory_format == "contiguous" else 0.0, grouped_gemm=grouped,
-                  nchw_batch_norm=NCHW_BF16_BATCH_NORM if precision in ("bf16", "fp8")
-                  and memory_format == "contiguous" else 1.0)
+                  # cuDNN's batch norm takes FP32 and FP16 (with FP32 weights), never BF16 (PyTorch's
+                  # ``_select_batch_norm_backend``): bf16 on NCHW tensors runs PyTorch's own NCHW kernels
+                  nchw_batch_norm_units=(units or 0) if precision in ("bf16", "fp8")
+                  and memory_format == "contiguous" else 0)
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

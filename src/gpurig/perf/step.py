@@ -125,10 +125,10 @@ class Device:
     # 16-bit tensor-core convolutions on NCHW tensors: each transposes its input and output to NHWC and back
     # (:data:`gpurig.perf.precision.MEMORY_FORMATS`), this many passes over them (0: none)
     conv_transposes: float = 0.0
-    # Batch norm on NCHW bf16 tensors runs PyTorch's own NCHW kernels (cuDNN's take FP32 and FP16, not BF16): this
-    # many times the time of the same tensors channels-last (:data:`gpurig.perf.machine.NCHW_BF16_BATCH_NORM`; 1:
-    # cuDNN's kernels, or channels-last)
-    nchw_batch_norm: float = 1.0
+    # Batch norm on NCHW bf16 tensors runs PyTorch's own NCHW kernels (cuDNN's take FP32 and FP16, not BF16), a
+    # block per channel: the GPU's SMs, which decide how far its channels fill them (:func:`nchw_batch_norm_scale`;
+    # 0: cuDNN's kernels, or channels-last)
+    nchw_batch_norm_units: int = 0
     # grouped convolutions' GEMMs, where they run on other units than dense ones (TF32: the CUDA cores); None: as
     # every other convolution
     grouped_gemm: GemmModel | None = None
@@ -400,7 +400,8 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     working_set = 2 * layer.activation_values * size if layer.activation_values else math.inf
     streams = (_stream(layer.forward_bytes, layer.forward_float32_bytes, layer.forward_vector_bytes, size),
                _stream(layer.backward_bytes, layer.backward_float32_bytes, layer.backward_vector_bytes, size))
-    slower = device.nchw_batch_norm if layer.batch_norm else 1.0
+    slower = nchw_batch_norm_scale(layer.params // 2, device.nchw_batch_norm_units) \
+        if layer.batch_norm and device.nchw_batch_norm_units else 1.0
     forward, backward = (sum(gemm.seconds(*g, dtype_bytes=size) for g in gemms)
                          + slower * device.stream_seconds(moved, working_set, vector)
                          for gemms, (moved, vector) in zip(products, streams))
@@ -428,6 +429,34 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     cold = memory_seconds(layer.params * DTYPE_BYTES, device.memory_bytes_per_s) \
         if in_step and not device.is_gpu else 0.0
     return scale_forward * forward + cold, scale_backward * backward
+
+
+# PyTorch's NCHW batch-norm kernels (bf16: cuDNN's take FP32 and FP16 only) run a block per channel for the
+# statistics (one pass over the input) and for backward (five passes), 6 of batch norm's 8 passes
+# (:data:`gpurig.models.ops.BACKWARD_TRAFFIC`); the transform (2) spreads over the GPU. About
+# ``NCHW_NORM_BLOCKS_PER_SM`` of those blocks run on an SM at once, and it takes ``NCHW_NORM_BLOCKS_TO_STREAM``
+# per SM to draw the bandwidth the channels-last kernels draw. Measured on an H200 (`gpu_kernels.py --by-class`,
+# docs/gpu/h200-2026-11-27/third/, fourth/): ResNet-18 at 128, 11.96 ms of batch norm on NCHW tensors against 3.23
+# channels-last, sets the second; 2 a SM (of 1, 2, 4 tried) the first; then ResNet-50 at 64 comes out 14.8 ms (14.5
+# measured), MobileNetV2 at 128 33.5 (31.6) and DenseNet-121 at 64 21.1 (20.7); docs/predict.md.
+NCHW_NORM_BLOCKS_PER_SM = 2
+NCHW_NORM_BLOCKS_TO_STREAM = 3.07
+NCHW_NORM_PER_CHANNEL_PASSES, NCHW_NORM_PASSES = 6, 8
+
+
+def nchw_batch_norm_scale(channels: int, units: int) -> float:
+    """How many times its channels-last time a batch norm of ``channels`` channels takes on NCHW tensors on PyTorch's
+    own kernels, on a GPU of ``units`` SMs: few channels leave SMs idle; many run in waves of blocks each below the
+    bandwidth's share (``channels`` 0, unknown: as many as fill the GPU).
+
+    >>> [round(nchw_batch_norm_scale(c, 132), 2) for c in (64, 256, 2048, 0)]
+    [5.0, 1.44, 1.44, 1.4]
+    """
+    slots = NCHW_NORM_BLOCKS_PER_SM * units
+    channels = channels or 64 * slots
+    per_channel = max(1.0, math.ceil(channels / slots) * NCHW_NORM_BLOCKS_TO_STREAM * units / channels)
+    spread = NCHW_NORM_PASSES - NCHW_NORM_PER_CHANNEL_PASSES
+    return (spread + NCHW_NORM_PER_CHANNEL_PASSES * per_channel) / NCHW_NORM_PASSES
 
 
 def _stream(traced: float, float32: float, vector: float, size: int) -> tuple[float, tuple[float, float]]:
