@@ -65,7 +65,7 @@ class LayerCost:
     backward_float32_bytes: float = 0.0
     # a dense 3×3 convolution of stride 1, which cuDNN may run with Winograd's kernels (:func:`winograd_applies`)
     winograd: bool = False
-    # a batch norm (its traffic is its kernels': :attr:`Device.nchw_batch_norm` prices them on NCHW bf16 tensors)
+    # a batch norm: on NCHW bf16 tensors its kernels are PyTorch's own (:func:`nchw_batch_norm_scale`)
     batch_norm: bool = False
 
     def tensors(self) -> tuple[int, ...]:
