@@ -53,6 +53,10 @@ BACKWARD_TRAFFIC = {
                           aten.elu_, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.hardsigmoid_,
                           aten.mish, aten.softplus)},
     aten.add: 1.0, aten.add_: 1.0,
+    # softmax's backward reads its output and the gradient, writes one (3 of 2); dropout's multiplies the gradient
+    # by the one-byte mask forward wrote (forward's traffic again); layer norm's writes the input's gradient from the
+    # gradient and the input (3 passes), then reduces both again for the weight and bias (2): 5 of forward's 2
+    aten._softmax: 1.5, aten._log_softmax: 1.5, aten.native_dropout: 1.0, aten.native_layer_norm: 2.5,
     **{op: 5 / 3 for op in (aten.native_batch_norm, aten._native_batch_norm_legit,
                             aten._native_batch_norm_legit_functional)},
 }

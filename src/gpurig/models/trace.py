@@ -141,7 +141,8 @@ class Tracer:
         x = bound.arguments["input"]
         if bound.arguments["training"] and bound.arguments["p"] > 0:
             moved = ops.nbytes(x) + ops.nbytes(out) + x.numel()
-            self._charge(moved=moved, grad=x.requires_grad, vector=(moved, 0))   # random numbers; backward: a multiply
+            # random numbers; backward: a multiply by the mask
+            self._charge(moved=moved, grad=x.requires_grad, vector=(moved, 0), packet=torch.ops.aten.native_dropout)
 
     def _charge(self, *, flops: int = 0, backward_factor: int = 0, gemms: list | None = None, kind: str | None = None,
                 moved: int = 0, grad: bool = False, packet=None, vector: tuple[int, int] | None = None) -> None:

@@ -38,21 +38,21 @@ class GpuEfficiency:
 
     tensor_gemm: float = 0.6489     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
     cuda_gemm: float = 1.0          # of the FP32 CUDA-core peak, on large GEMMs
-    conv: float = 1.317             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
+    conv: float = 1.337             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
     # the same in mixed precision, on channels-last tensors (NCHW ones pay ``transposes`` besides); both bounded
     # only by the tensor-core peak
     conv_mixed: float = 1.169
     # a dense 3×3 stride-1 convolution on CUDA cores, where cuDNN's Winograd kernels cut its FLOPs by up to 2.25x,
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
-    memory: float = 0.6724          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.08081       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 254.0  # vector-unit operations per value transcendentals and random numbers move
-    cache: float = 1.356            # memory-bound work on the share of its tensors the last cache holds, against memory
+    memory: float = 0.6825          # of peak memory bandwidth, on streaming kernels (norms, activations)
+    unhidden: float = 0.07469       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 250.2  # vector-unit operations per value transcendentals and random numbers move
+    cache: float = 1.128            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
     # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
     # each read and written once more in forward, their gradients twice that in backward)
-    transposes: float = 0.7792
+    transposes: float = 0.7909
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -62,24 +62,24 @@ class GpuEfficiency:
     # Fitted only where the rows hold two GPUs of an architecture (the one B200 takes Hopper's: :data:`PRICED_AS`).
     # Turing's rows are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.005), ("Hopper", 0.4949), ("Turing", 0.8736),
-                                                   ("Volta", 1.166))
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.02), ("Hopper", 0.4804), ("Turing", 0.8607),
+                                                   ("Volta", 1.149))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
     software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.8003),
                                                            (("pytorch-1.4", "mixed"), 0.746),
-                                                           (("pytorch-1.7", "fp32"), 0.8836),
+                                                           (("pytorch-1.7", "fp32"), 0.8705),
                                                            (("pytorch-1.7", "mixed"), 1.0))
 
     # A board's power for its SMs: below ``watts_per_unit`` watts of TDP per SM it cannot hold its rated clock
     # under a training load, and computes ``(watts per SM / watts_per_unit) ** power_exponent`` of its peaks
     # (memory's clock is its own; :meth:`power_scale`): a 150 W A10 (2.1 W per SM) 0.61 of them, a 250 W A100
-    # PCIe 40 GB (2.3) 0.82, a 300 W A100 PCIe 80 GB (2.8), a 450 W RTX 4090 (3.5) or a 700 W H100 (5.3) all.
+    # PCIe 40 GB (2.3) 0.84, a 300 W A100 PCIe 80 GB (2.8), a 450 W RTX 4090 (3.5) or a 700 W H100 (5.3) all.
     # Fitted after the rest, with the rest fixed (``benchmarks/published_validation.py``), so that it moves only
     # the boards short of power.
-    power_exponent: float = 2.68
-    watts_per_unit: float = 2.498
+    power_exponent: float = 2.93
+    watts_per_unit: float = 2.461
     # Per GPU architecture, its CUDA cores' achieved rate against ``cuda_gemm``'s, which the published rows (Pascal
     # and later, whose SM is Maxwell's) fix. Not fitted (no published row is older): NVIDIA's GeForce GTX 750 Ti
     # whitepaper (2014) gives Maxwell's SM 1.35x the performance per CUDA core of Kepler's (issue and scheduling:
@@ -182,10 +182,10 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
     >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
-    (94.6, (128, 128), 2)
+    (93.2, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (19.5, 133.3)
+    (19.5, 135.3)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
