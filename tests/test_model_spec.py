@@ -397,3 +397,21 @@ def test_the_mixed_precision_trace_saves_what_torch_autocast_saves():
     spec = describe(model, ids[:1], batch=8, mixed_precision=True)
     assert spec.mixed_saved_bytes == traced.total_bytes
     assert 0.5 < spec.mixed_saved_bytes / spec.saved_bytes < 0.75      # neither half nor all of the FP32 bytes
+
+
+def test_each_operators_backward_moves_what_its_kernels_move():
+    # the input needs a gradient (as after an earlier layer), so every operator here runs its full backward
+    model = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.LayerNorm(6), nn.Softmax(dim=-1))
+    layers = {layer.module: layer for layer in describe(model, torch.zeros(1, 8, 6, 6, requires_grad=True),
+                                                         batch=4).layers}
+    tensor = 4 * 8 * 6 * 6 * 4       # one activation, bytes
+    norm, relu, layer_norm, softmax = (layers[m] for m in ("BatchNorm2d", "ReLU", "LayerNorm", "Softmax"))
+    # batch norm: its statistics read the input, the transform reads it again and writes the output; backward
+    # reduces the gradient and the input per channel, then reads both again to write the input's gradient
+    assert 3 * tensor <= norm.forward_bytes < 3 * tensor + 1024
+    assert norm.backward_bytes == pytest.approx(5 / 3 * norm.forward_bytes, rel=0.01)   # (and its step count)
+    # a pointwise function and softmax: backward reads the gradient and one saved tensor, writes one
+    assert relu.forward_bytes == 2 * tensor and relu.backward_bytes == 3 * tensor
+    assert softmax.forward_bytes == 2 * tensor and softmax.backward_bytes == 3 * tensor
+    # layer norm: the input's gradient (3 passes), then the weight's and bias's reductions (2)
+    assert layer_norm.backward_bytes == pytest.approx(2.5 * layer_norm.forward_bytes, abs=1)
