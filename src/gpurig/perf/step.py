@@ -407,7 +407,7 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
                          for gemms, (moved, vector) in zip(products, streams))
     if layer.kind == "conv" and device.conv_transposes:
         # read and write the input and the output once more each (forward), their gradients in backward (twice
-        # forward's, as every operator's backward here)
+        # forward's, as a copy's backward: :data:`gpurig.models.ops.BACKWARD_TRAFFIC`)
         transposed = device.conv_transposes * 2 * (layer.input_values + layer.output_values) * size
         forward += device.stream_seconds(transposed, working_set, (0.0, 0.0))
         backward += device.stream_seconds(2 * transposed, working_set, (0.0, 0.0))
