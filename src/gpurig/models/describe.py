@@ -78,6 +78,12 @@ class LayerSpec:
     forward_float32_bytes: int = 0
     backward_float32_bytes: int = 0
 
+    @property
+    def batch_norm(self) -> bool:
+        """Whether the layer is a batch norm (its kernels depend on the precision and layout:
+        :func:`gpurig.perf.precision.pytorch_nchw_batch_norm`)."""
+        return self.kind == "norm" and "BatchNorm" in self.module
+
 
 def _total(field: str, doc: str) -> property:
     """A model-wide total: the sum of ``field`` over the layers."""

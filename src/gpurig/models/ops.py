@@ -46,7 +46,7 @@ FLOAT32_OPS = {aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.na
 # of forward's 2. An add's gradient goes to both operands untouched; where the branches meet again (a residual's
 # fork) one add sums them: 3 passes, forward's 3. Batch norm's backward reduces the gradient and the input per
 # channel, then reads both again to write the input's gradient: 5 passes of forward's 3 (:func:`moved_bytes`).
-# H200 kernels, ResNet-50: docs/predict.md, "Each operator's own passes".
+# H200 kernels, ResNet-50: docs/predict.md, "Run 2026-11-27 (ninth, session 44): each operator's own passes".
 BACKWARD_TRAFFIC = {
     **{op: 1.5 for op in (aten.relu, aten.relu_, aten.threshold, aten.gelu, aten.silu, aten.silu_, aten.sigmoid,
                           aten.tanh, aten.hardtanh, aten.hardtanh_, aten.leaky_relu, aten.leaky_relu_, aten.elu,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import FastestGemm, GemmModel, fit_gemm_model
-from gpurig.perf.precision import MIXED, check_memory_format, precision_on
+from gpurig.perf.precision import MIXED, check_memory_format, precision_on, pytorch_nchw_batch_norm
 from gpurig.perf.software import check as check_software
 from gpurig.perf.step import Device, layer_costs, layer_seconds, shape_key
 
@@ -228,10 +228,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache,
                   conv_transposes=e.transposes if precision in MIXED and p.conv_tensor_cores
                   and memory_format == "contiguous" else 0.0, grouped_gemm=grouped,
-                  # cuDNN's batch norm takes FP32 and FP16 (with FP32 weights), never BF16 (PyTorch's
-                  # ``_select_batch_norm_backend``): bf16 on NCHW tensors runs PyTorch's own NCHW kernels
-                  nchw_batch_norm_units=(units or 0) if precision in ("bf16", "fp8")
-                  and memory_format == "contiguous" else 0)
+                  nchw_batch_norm_units=(units or 0) if pytorch_nchw_batch_norm(precision, memory_format) else 0)
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

@@ -92,6 +92,17 @@ def check_memory_format(name: str) -> str:
     return name
 
 
+def pytorch_nchw_batch_norm(precision: str, memory_format: str) -> bool:
+    """Whether batch norm runs PyTorch's own NCHW kernels rather than cuDNN's: bf16 (fp8's other layers run as bf16)
+    on NCHW tensors. cuDNN's batch norm takes FP32 and FP16 with FP32 weights, never BF16 (PyTorch's
+    ``_select_batch_norm_backend``); channels-last tensors get PyTorch's fast NHWC kernels.
+
+    >>> pytorch_nchw_batch_norm("bf16", "contiguous"), pytorch_nchw_batch_norm("fp16", "contiguous")
+    (True, False)
+    """
+    return precision in ("bf16", "fp8") and memory_format == "contiguous"
+
+
 def precision_on(gpu, name: str) -> Precision:
     """What ``name`` means on ``gpu`` (a catalog GPU), as PyTorch runs it.
 

@@ -349,7 +349,7 @@ def layer_costs(spec) -> list[LayerCost]:
                              backward_vector_bytes=layer.backward_vector_bytes,
                              forward_float32_bytes=layer.forward_float32_bytes,
                              backward_float32_bytes=layer.backward_float32_bytes, winograd=winograd,
-                             batch_norm=layer.kind == "norm" and "BatchNorm" in layer.module))
+                             batch_norm=layer.batch_norm))
     return out
 
 

@@ -42,7 +42,7 @@ def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> s
     >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="resnet50", precision="bf16"), batch_norm=True)[:61]
     "bf16 batch norm on NCHW tensors runs PyTorch's own kernels, a"
     """
-    from gpurig.perf.precision import MIXED
+    from gpurig.perf.precision import MIXED, pytorch_nchw_batch_norm
 
     if gpu is None:
         return ""
@@ -51,7 +51,7 @@ def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> s
     if request.memory_format != "contiguous" and not (request.precision in MIXED and p.conv_tensor_cores):
         notes.append(f"{request.memory_format} changes only 16-bit tensor-core convolutions (--precision fp16 or "
                      f"bf16): {request.precision} is priced the same")
-    if batch_norm and request.precision in ("bf16", "fp8") and request.memory_format == "contiguous":
+    if batch_norm and pytorch_nchw_batch_norm(request.precision, request.memory_format):
         notes.append("bf16 batch norm on NCHW tensors runs PyTorch's own kernels, a block per channel: 1.4-5x "
                      "their channels-last time (cuDNN's take fp16, not bf16)")
     return "; ".join(notes)

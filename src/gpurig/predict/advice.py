@@ -114,7 +114,7 @@ def kernel_choices(spec, request: PredictRequest, hardware: Hardware) -> list[tu
     >>> flags("resnet50", "H100", "bf16"), flags("resnet50", "H100", "fp16"), flags("bert-base", "H100", "bf16")
     (['--memory-format channels-last', '--precision fp16'], ['--memory-format channels-last'], [])
     """
-    from gpurig.perf.precision import MIXED
+    from gpurig.perf.precision import MIXED, pytorch_nchw_batch_norm
 
     gpu = hardware.gpu
     if gpu is None:
@@ -133,14 +133,14 @@ def kernel_choices(spec, request: PredictRequest, hardware: Hardware) -> list[tu
                             f"automatic mixed precision ({how}): products on the 16-bit tensor cores, half the "
                             "activations' bytes"))
     nchw = request.precision in MIXED and request.memory_format == "contiguous"
-    batch_norm = any(layer.kind == "norm" and "BatchNorm" in layer.module for layer in spec.layers)
+    slow_norms = pytorch_nchw_batch_norm(request.precision, request.memory_format) \
+        and any(layer.batch_norm for layer in spec.layers)
     if nchw and any(layer.kind == "conv" for layer in spec.layers):
         choices.append(("--memory-format channels-last", replace(request, memory_format="channels-last"),
                         "model.to(memory_format=torch.channels_last) and the same for each batch: cuDNN's 16-bit "
                         "convolutions run NHWC, and NCHW tensors are transposed around each of them"
-                        + ("; bf16 batch norm runs PyTorch's fast NHWC kernels" if request.precision != "fp16"
-                           and batch_norm else "")))
-    if nchw and request.precision != "fp16" and batch_norm and gpu.tensor_tflops:
+                        + ("; bf16 batch norm runs PyTorch's fast NHWC kernels" if slow_norms else "")))
+    if slow_norms and gpu.tensor_tflops:
         choices.append(("--precision fp16", replace(request, precision="fp16"),
                         "torch.autocast(dtype=torch.float16) and a GradScaler: on NCHW tensors cuDNN's batch norm "
                         "takes fp16, not bf16 (PyTorch's own NCHW kernels are slower)"))
