@@ -50,7 +50,7 @@ def codec_only(codec: codecs.Codec, n: int, ranks: int, device) -> callable:
             codecs.decode_add(codec, payload, out, scratch)
         codecs.encode_with_feedback(codec, out, residual, payload)  # this rank's average
         for _ in range(ranks):
-            codec.decode(payload, x)
+            codecs.decode_into(codec, payload, x)
     return run
 
 

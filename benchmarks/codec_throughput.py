@@ -4,7 +4,10 @@ One thread (what each rank gets on a 2-core machine with 2 ranks), the source's
 MLP gradient (2.4 M float32 values, 9.6 MB), best of several repetitions,
 buffers allocated once (as the training loop does). Encoding is what training
 does: with error feedback (add last step's residual, encode, keep what was
-lost); int8 uses the C kernels where this machine can build them. PowerSGD (rank 4) is timed
+lost); int8 uses the C kernels where this machine can build them. On a GPU
+(``--device cuda``) each codec is timed as training runs it, its kernels
+replayed as a CUDA graph (:mod:`gpurig.parallel.graphs`), and again eagerly
+(``eager_*_ms``: one kernel at a time from Python). PowerSGD (rank 4) is timed
 on the MLP's own layer shapes: encoding is P = M·Q, orthonormalising P and
 Q = Mᵀ·P; decoding is P·Qᵀ.
 
@@ -17,7 +20,7 @@ import json
 import torch
 
 from gpurig import models
-from gpurig.parallel import codecs, native, powersgd
+from gpurig.parallel import codecs, graphs, native, powersgd
 from gpurig.timing import device_sync, timed
 
 
@@ -45,11 +48,16 @@ def main():
         payload = codecs.empty_payload(codec, n, device)
         residual = torch.zeros_like(x) if codec.lossy else None
         encode = best(lambda: codecs.encode_with_feedback(codec, x, residual, payload))
-        decode = best(lambda: codec.decode(payload, out))
+        decode = best(lambda: codecs.decode_into(codec, payload, out))
         rows[name] = {"encode_ms": 1000 * encode, "decode_ms": 1000 * decode,
                       "gb_per_s": nbytes / (encode + decode) / 1e9,
                       "fraction_of_memcpy": nbytes / (encode + decode) / memcpy,
                       "wire_bytes": codecs.payload_bytes(codec, n)}
+        if device.type == "cuda":  # the same kernels dispatched one by one from Python, as before CUDA graphs
+            with graphs.eager():
+                rows[name]["eager_encode_ms"] = 1000 * best(
+                    lambda: codecs.encode_with_feedback(codec, x, residual, payload))
+                rows[name]["eager_decode_ms"] = 1000 * best(lambda: codecs.decode_into(codec, payload, out))
 
     rank = powersgd.DEFAULT_RANK
     matrices, _ = powersgd.split(shapes, rank)

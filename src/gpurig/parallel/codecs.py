@@ -34,7 +34,8 @@ from typing import Callable
 
 import torch
 
-from gpurig.parallel import native
+from gpurig.parallel import graphs, native
+from gpurig.parallel.native import gpu
 
 BLOCK = 1024  # values per absmax scale: 4 bytes of scale per KiB of int8 codes
 EXPONENTS = 7  # decades the 8-bit dynamic type spans below each block's absmax
@@ -188,6 +189,7 @@ def _scratch(like: torch.Tensor) -> torch.Tensor:
     if key not in cache:
         if len(cache) >= 16:  # one size per bucket is the common case; don't hoard memory beyond that
             cache.clear()
+            graphs.clear()  # CUDA graphs captured with the old buffers must not write into them again
         cache[key] = torch.empty(like.numel(), dtype=torch.float32, device=like.device)
     return cache[key].view(like.shape)
 
@@ -241,12 +243,24 @@ def _native(*tensors: torch.Tensor):
     return None
 
 
+def _gpu_kernels(*tensors: torch.Tensor):
+    """The Triton kernels (:mod:`gpurig.parallel.native.gpu`) when every tensor is contiguous GPU memory and
+    Triton is installed, else None."""
+    if all(t.is_cuda and t.is_contiguous() for t in tensors):
+        return gpu.kernels()
+    return None
+
+
 def _encode_int8_residual(x: torch.Tensor, residual: torch.Tensor, payload: Payload, add: bool) -> None:
     codes, scale = payload
     lib = _native(x, residual, codes, scale)
     if lib is not None:
         lib.int8_encode_feedback(x.data_ptr(), residual.data_ptr(), int(add), codes.data_ptr(), scale.data_ptr(),
                                  x.numel(), BLOCK, _SMALLEST_SCALE)
+        return
+    kernels = _gpu_kernels(x, residual, codes, scale)
+    if kernels is not None:
+        kernels.int8_encode_feedback(x, residual, add, codes, scale, x.numel(), BLOCK, _SMALLEST_SCALE)
         return
     if add:
         x.add_(residual)
@@ -323,6 +337,11 @@ def _encode_dynamic_residual(x: torch.Tensor, residual: torch.Tensor, payload: P
     if lib is not None:
         lib.dynamic_encode_feedback(x.data_ptr(), residual.data_ptr(), int(add), codes.data_ptr(), scale.data_ptr(),
                                     x.numel(), BLOCK, _SMALLEST_SCALE, _tables(x.device).data_ptr())
+        return
+    kernels = _gpu_kernels(x, residual, codes, scale)
+    if kernels is not None:
+        kernels.dynamic_encode_feedback(x, residual, add, codes, scale, x.numel(), BLOCK, _SMALLEST_SCALE,
+                                        _tables(x.device))
         return
     if add:
         x.add_(residual)
@@ -423,7 +442,7 @@ def encode_with_feedback(codec: Codec, x: torch.Tensor, residual: torch.Tensor |
     if codec.encode_residual is not None:
         add = residual is not None
         residual = residual if add else torch.empty_like(x)
-        codec.encode_residual(x, residual, payload, add)
+        graphs.run(codec.encode_residual, x, residual, payload, add)
         return residual
     if residual is not None:
         x.add_(residual)
@@ -442,6 +461,17 @@ def _encode_then_subtract(encode, decode, x: torch.Tensor, residual: torch.Tenso
     return torch.sub(x, residual, out=residual)
 
 
+def decode_into(codec: Codec, payload: Payload, out: torch.Tensor) -> None:
+    """Write the values ``payload`` stands for into ``out`` (on a GPU, a replayed graph from the second call on
+    with the same buffers: :mod:`gpurig.parallel.graphs`).
+
+    >>> out = torch.empty(1024); decode_into(get("int8"), encode(get("int8"), torch.ones(1024)), out)
+    >>> out.unique().tolist()
+    [1.0]
+    """
+    graphs.run(codec.decode, payload, out)
+
+
 def decode_add(codec: Codec, payload: Payload, out: torch.Tensor, scratch: torch.Tensor) -> None:
     """Add the values ``payload`` stands for to ``out``; ``scratch`` (same length) is used only if the codec
     has no fused way.
@@ -452,7 +482,7 @@ def decode_add(codec: Codec, payload: Payload, out: torch.Tensor, scratch: torch
     True
     """
     if codec.decode_add is not None:
-        codec.decode_add(payload, out)
+        graphs.run(codec.decode_add, payload, out)
     else:
         codec.decode(payload, scratch)
         out.add_(scratch)
@@ -475,4 +505,4 @@ def cost_seconds(codec: Codec, n: int, ranks: int, device=None) -> float:
     payload, out = empty_payload(codec, n, device), torch.empty(n, device=device)
     sync = device_sync(out.device)
     return (timed(lambda: encode_with_feedback(codec, x, residual, payload), sync=sync)
-            + timed(lambda: codec.decode(payload, out), sync=sync) * (2 - 1 / ranks))
+            + timed(lambda: decode_into(codec, payload, out), sync=sync) * (2 - 1 / ranks))

@@ -230,7 +230,7 @@ class CompressedAverage:
         for k in range(len(self.pieces)):
             everyone = gathered[k].wait()
             for r in range(ranks):
-                codec.decode(self._views(k, everyone[r]), self._part(work, r, k))
+                codecs.decode_into(codec, self._views(k, everyone[r]), self._part(work, r, k))
         if work is not self.x:
             self.x.copy_(work[: self.x.numel()])
         return 2 * (ranks - 1) * sum(codecs.payload_bytes(codec, end - start) for start, end in self.pieces)
