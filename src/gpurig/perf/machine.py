@@ -161,7 +161,10 @@ KERNEL_OVERHEAD_S = 5e-6       # per GPU kernel launch
 LATENCY_S = {"infiniband": 2e-6, "roce": 3e-6, "ethernet": 30e-6, "other": 30e-6, "pcie": 5e-6, "nvlink": 3e-6}
 RDMA_KINDS = ("infiniband", "roce")
 JITTER = 0.03                 # a GPU rank's step-to-step variation of compute time (for the slowest-rank wait)
-CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 24}  # memory passes per value, encode + decode
+# memory passes per value, encode + decode, at the GPU's streaming rate: on an H100 with the Triton encoders and
+# CUDA graphs (docs/benchmarks.md, "Codecs on a GPU") int8 took 0.065 ms for 2.4 M values (16 passes at the fitted
+# ``memory`` share of its bandwidth), int8-dynamic 1.14x that
+CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 18}
 # Output tiles: tensor-core GEMMs and convolutions choose among several (cuBLAS, CUTLASS, cuDNN); pre-Volta cuBLAS
 # used 64 x 128, the source's rule.
 TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
