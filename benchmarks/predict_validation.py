@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/predict_validation.py            # needs root (emulated nodes); ~26 min on 2 cores
     .venv/bin/python benchmarks/predict_validation.py --quick    # fewer configurations
     .venv/bin/python benchmarks/predict_validation.py --envs "1 rank" local   # some environments only
+    .venv/bin/python benchmarks/predict_validation.py --again benchmarks/results/predict_validation.json
+                                # today's predict on a run's own measurements and profiles (seconds, no root)
 
 The model is calibrated only from micro-benchmarks, never from training runs:
 ``gpurig bench``'s compute part (GEMMs over a grid of shapes, memory bandwidth,
@@ -21,7 +23,10 @@ steps and predicted. Printed: predicted vs measured step time (the slower
 rank's median step; the error against the mean step too), the error, the range
 of the passes' own measurements (the machine's noise), the bottleneck each
 names, and whether the configurations' ranking is preserved.
-Rank 0's numbers go to benchmarks/results/predict_validation.json.
+Rank 0's numbers go to benchmarks/results/predict_validation.json, and each
+environment's profile (the medians predict was given) to
+benchmarks/results/predict_validation-profiles/, so ``--again`` can hold a
+change to the time model against the run without measuring again.
 """
 
 import argparse
@@ -43,6 +48,7 @@ from gpurig.predict import PredictRequest, predict
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+PROFILES = RESULTS / "predict_validation-profiles"
 ENVIRONMENTS = ["1 rank", "local", "1gbit", "10gbit"]
 console = Console(width=None if sys.stdout.isatty() else 170)
 
@@ -67,7 +73,13 @@ def main():
                    help="calibrations and measurement passes per environment, taken turn about (medians kept)")
     p.add_argument("--envs", nargs="+", choices=ENVIRONMENTS, default=ENVIRONMENTS, metavar="ENV",
                    help=f"environments to validate, of {', '.join(map(repr, ENVIRONMENTS))} (default: all)")
+    p.add_argument("--again", metavar="JSON", help="predict again the rows of an earlier run (its saved profiles): "
+                   "nothing is measured")
     args = p.parse_args()
+    if args.again:
+        rows = [predicted_row(row, row["profile"], row["ranks"]) for row in json.loads(Path(args.again).read_text())]
+        report(rows)
+        return
     reason = unavailable()
     envs = [env for env in args.envs if reason is None or env in ("1 rank", "local")]
     if reason and envs != args.envs:
@@ -100,25 +112,35 @@ def main():
             overlap = (comm.get("overlap") or {}).get("mpi") or {}
             reference = next(r["seconds"] for r in compute["compute"][str(gpus)]["gemm"]
                              if (r["m"], r["n"], r["k"]) == REFERENCE)
+            kept = PROFILES / f"{env.replace(' ', '-')}.json"
+            PROFILES.mkdir(exist_ok=True)
+            kept.write_text(Path(path).read_text())
             for case in median_cases(passes):
-                predicted = predict(PredictRequest(model=f"mnist-{case['model']}", cluster=str(path), gpus=gpus,
-                                                   batch=case["batch"], compression=case["compression"]))
-                step = predicted["step"]
-                measured_compute = case["step_ms"] - case["comm_ms"]
-                # the same GEMM, timed by bench at calibration and again right after this configuration ran
-                drift = case["reference_s"] / reference
-                corrected = step["step_ms"] + (drift - 1) * step["compute_ms"]
-                rows.append({"env": env, **case, "predicted_ms": step["step_ms"], "predicted_comm_ms": step["comm_ms"],
-                             "drift": drift, "corrected_ms": corrected, "corrected_error": corrected / case["step_ms"] - 1,
-                             # bench's cost of posting a collective under compute, and computing's pace under one
-                             "posted_ms": 1e3 * overlap.get("posted_s", 0.0), "slowdown": overlap.get("slowdown", 1.0),
-                             "error": step["step_ms"] / case["step_ms"] - 1,
-                             "mean_error": step["step_ms"] / case["mean_step_ms"] - 1,
-                             "measured_bottleneck": "communication" if case["comm_ms"] > measured_compute else "compute",
-                             "predicted_bottleneck": "communication" if step["comm_ms"] > step["compute_ms"]
-                             else "compute"})
+                case = {"env": env, **case, "reference_drift": case["reference_s"] / reference,
+                        "posted_ms": 1e3 * overlap.get("posted_s", 0.0), "slowdown": overlap.get("slowdown", 1.0)}
+                rows.append(predicted_row(case, str(kept.relative_to(HERE.parent)), gpus))
     report(rows)
     (RESULTS / "predict_validation.json").write_text(json.dumps(rows, indent=2))
+
+
+def predicted_row(case: dict, profile: str, ranks: int) -> dict:
+    """A measured configuration with what predict says of it from ``profile`` (a path from the repository root,
+    or absolute), and the errors."""
+    path = Path(profile) if Path(profile).is_absolute() else HERE.parent / profile
+    predicted = predict(PredictRequest(model=f"mnist-{case['model']}", cluster=str(path), gpus=ranks,
+                                       batch=case["batch"], compression=case["compression"]))
+    step = predicted["step"]
+    measured_compute = case["step_ms"] - case["comm_ms"]
+    # the same GEMM, timed by bench at calibration and again right after this configuration ran
+    drift = case["reference_drift"]
+    corrected = step["step_ms"] + (drift - 1) * step["compute_ms"]
+    return {**case, "profile": profile, "ranks": ranks, "predicted_ms": step["step_ms"],
+            "predicted_comm_ms": step["comm_ms"], "drift": drift, "corrected_ms": corrected,
+            "corrected_error": corrected / case["step_ms"] - 1,
+            "error": step["step_ms"] / case["step_ms"] - 1,
+            "mean_error": step["step_ms"] / case["mean_step_ms"] - 1,
+            "measured_bottleneck": "communication" if case["comm_ms"] > measured_compute else "compute",
+            "predicted_bottleneck": "communication" if step["comm_ms"] > step["compute_ms"] else "compute"}
 
 
 def median_cases(passes: list[list[dict]]) -> list[dict]:
