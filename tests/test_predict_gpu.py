@@ -250,6 +250,34 @@ def test_bf16_batch_norm_on_nchw_tensors_runs_pytorchs_own_slower_kernels_and_fp
     assert seconds(conv, "contiguous") == seconds(conv, "channels-last")
 
 
+def test_batch_norm_is_bound_by_the_sms_and_elementwise_work_by_the_memory():
+    """An H200 is an H100's 132 SMs with 1.43x its bandwidth: measured, the same nets' batch norm took 1.03-1.12x as
+    long on the H100 and their elementwise kernels 1.2-1.4x (docs/gpu/h100-2026-11-27c/kernels/). So batch norm is
+    priced at the SMs' rate (SMs × the clock the FP32 peak implies), elementwise work at the memory's; an A100's
+    108 SMs at 1.41 GHz make its batch norm slower than its bandwidth alone would."""
+    from gpurig.models import model_spec
+    from gpurig.perf.step import layer_costs, layer_seconds
+
+    layers = layer_costs(model_spec("resnet50", batch=64))
+
+    def seconds(gpu, which, memory_format="channels-last"):
+        device = dataclasses.replace(machine.gpu_device(catalog.gpu(gpu), "bf16", memory_format=memory_format),
+                                     layer_overhead_s=0.0)
+        return sum(sum(layer_seconds(layer, device)) for layer in layers if which(layer))
+
+    norm = lambda layer: layer.batch_norm
+    relu = lambda layer: layer.kind == "activation"
+    assert seconds("H100", norm) == pytest.approx(seconds("H200", norm), rel=0.02)
+    assert seconds("H100", relu) > 1.3 * seconds("H200", relu)
+    h100 = machine.gpu_device(catalog.gpu("H100"), "bf16")
+    a100 = machine.gpu_device(catalog.gpu("A100 SXM4 80GB"), "bf16")
+    assert h100.batch_norm_bytes_per_s < h100.memory_bytes_per_s
+    assert a100.batch_norm_bytes_per_s / h100.batch_norm_bytes_per_s == pytest.approx(108 * 1.41 / (132 * 1.98),
+                                                                                    rel=0.01)
+    # a GPU whose SMs the catalog does not give is priced by its memory alone
+    assert machine.gpu_device(catalog.gpu("H200 NVL"), "bf16").batch_norm_bytes_per_s == 0
+
+
 def test_only_transcendentals_and_random_numbers_can_be_bound_by_the_vector_units():
     from gpurig.models import model_spec
 

@@ -36,23 +36,23 @@ class GpuEfficiency:
     docs/predict.md), never to the held-out ResNet-50 v1.5 and BERT-large results.
     """
 
-    tensor_gemm: float = 0.6489     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
+    tensor_gemm: float = 0.6586     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
     cuda_gemm: float = 1.0          # of the FP32 CUDA-core peak, on large GEMMs
-    conv: float = 1.337             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
+    conv: float = 1.446             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
     # the same in mixed precision, on channels-last tensors (NCHW ones pay ``transposes`` besides); both bounded
     # only by the tensor-core peak
-    conv_mixed: float = 1.169
+    conv_mixed: float = 1.415
     # a dense 3×3 stride-1 convolution on CUDA cores, where cuDNN's Winograd kernels cut its FLOPs by up to 2.25x,
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
-    memory: float = 0.6825          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.07469       # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 250.2  # vector-unit operations per value transcendentals and random numbers move
-    cache: float = 1.128            # memory-bound work on the share of its tensors the last cache holds, against memory
+    memory: float = 0.6927          # of peak memory bandwidth, on streaming kernels (norms, activations)
+    unhidden: float = 0.1056        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 242.9  # vector-unit operations per value transcendentals and random numbers move
+    cache: float = 1.095            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
     # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
     # each read and written once more in forward, their gradients twice that in backward)
-    transposes: float = 0.7909
+    transposes: float = 0.7929
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -62,23 +62,23 @@ class GpuEfficiency:
     # Fitted only where the rows hold two GPUs of an architecture (the one B200 takes Hopper's: :data:`PRICED_AS`).
     # Turing's rows are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.02), ("Hopper", 0.4804), ("Turing", 0.8607),
-                                                   ("Volta", 1.149))
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.005), ("Hopper", 0.4733), ("Turing", 0.8354),
+                                                   ("Volta", 1.046))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
     software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.8003),
                                                            (("pytorch-1.4", "mixed"), 0.746),
-                                                           (("pytorch-1.7", "fp32"), 0.8705),
-                                                           (("pytorch-1.7", "mixed"), 1.0))
+                                                           (("pytorch-1.7", "fp32"), 0.8576),
+                                                           (("pytorch-1.7", "mixed"), 0.9852))
 
     # A board's power for its SMs: below ``watts_per_unit`` watts of TDP per SM it cannot hold its rated clock
     # under a training load, and computes ``(watts per SM / watts_per_unit) ** power_exponent`` of its peaks
     # (memory's clock is its own; :meth:`power_scale`): a 150 W A10 (2.1 W per SM) 0.61 of them, a 250 W A100
-    # PCIe 40 GB (2.3) 0.84, a 300 W A100 PCIe 80 GB (2.8), a 450 W RTX 4090 (3.5) or a 700 W H100 (5.3) all.
+    # PCIe 40 GB (2.3) 0.83, a 300 W A100 PCIe 80 GB (2.8), a 450 W RTX 4090 (3.5) or a 700 W H100 (5.3) all.
     # Fitted after the rest, with the rest fixed (``benchmarks/published_validation.py``), so that it moves only
     # the boards short of power.
-    power_exponent: float = 2.93
+    power_exponent: float = 3.0
     watts_per_unit: float = 2.461
     # Per GPU architecture, its CUDA cores' achieved rate against ``cuda_gemm``'s, which the published rows (Pascal
     # and later, whose SM is Maxwell's) fix. Not fitted (no published row is older): NVIDIA's GeForce GTX 750 Ti
@@ -164,6 +164,34 @@ JITTER = 0.03                 # a GPU rank's step-to-step variation of compute t
 # memory passes per value, encode + decode, at the GPU's streaming rate: on an H100 with the Triton encoders and
 # CUDA graphs (docs/benchmarks.md, "Codecs on a GPU") int8 took 0.065 ms for 2.4 M values (16 passes at the fitted
 # ``memory`` share of its bandwidth), int8-dynamic 1.14x that
+# Batch norm on a GPU: bytes its kernels move per SM per cycle, at most. Its reductions keep the SMs, not the
+# memory, busy: on an H100 and an H200 (the same 132 SMs at 1.98 GHz, 3.35 against 4.8 TB/s) the same nets' batch
+# norm took 1.03-1.12x as long, their elementwise kernels 1.2-1.4x (`gpu_kernels.py --by-class`, docs/gpu/
+# h100-2026-11-27c/kernels/, h200-2026-11-27/third/, fourth/). The geometric mean of the bytes a second the model
+# counts for them over the measured time, cuDNN's FP32 NCHW kernels and PyTorch's channels-last ones, five nets on
+# both GPUs (1.13-2.11 TB/s): 1.48 TB/s, 5.64 bytes per SM cycle. PyTorch's bf16 NCHW kernels run slower still
+# (:func:`gpurig.perf.step.nchw_batch_norm_scale`, on top of this).
+BATCH_NORM_BYTES_PER_SM_CYCLE = 6.96
+# FP32 lanes per SM, to read an SM's clock off the catalog's FP32 peak (2 operations a lane a cycle); two where an
+# architecture's data-centre die has half the lanes (GP100, GA100: the clock the other count implies is below 0.9 GHz)
+FP32_LANES = {"Kepler": (192,), "Maxwell": (128,), "Pascal": (128, 64), "Volta": (64,), "Turing": (64,),
+              "Ampere": (128, 64), "Ada Lovelace": (128,), "Hopper": (128,), "Blackwell": (128,)}
+
+
+def sm_clock_hz(gpu) -> float | None:
+    """The SM clock a catalog GPU's FP32 peak implies (its SMs × FP32 lanes × 2 × clock); None without its SMs.
+
+    >>> from gpurig.spec import catalog
+    >>> [round(sm_clock_hz(catalog.gpu(g)) / 1e9, 2) for g in ("H100", "A100", "V100", "RTX 3090", "P100")]
+    [1.98, 1.41, 1.53, 1.69, 1.48]
+    """
+    units, fp32 = getattr(gpu, "compute_units", None), getattr(gpu, "fp32_tflops", None)
+    if not units or not fp32:
+        return None
+    clocks = [fp32 * 1e12 / (2 * units * lanes) for lanes in FP32_LANES.get(gpu.architecture, (128, 64))]
+    return next((hz for hz in clocks if 0.9e9 <= hz <= 2.8e9), clocks[0])
+
+
 CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 18}
 # Output tiles: tensor-core GEMMs and convolutions choose among several (cuBLAS, CUTLASS, cuDNN); pre-Volta cuBLAS
 # used 64 x 128, the source's rule.
@@ -185,10 +213,10 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     >>> from gpurig.spec import catalog
     >>> d = gpu_device(catalog.gpu("V100"), "fp16")
     >>> round(d.gemm.flops_per_s / 1e12, 1), d.gemm.tile[2], d.element_bytes
-    (93.2, (128, 128), 2)
+    (86.1, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (19.5, 135.3)
+    (19.5, 148.6)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
@@ -231,7 +259,9 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   cache_bytes=(getattr(gpu, "cache_mb", None) or 0) * 2**20, cache_speedup=e.cache,
                   conv_transposes=e.transposes if precision in MIXED and p.conv_tensor_cores
                   and memory_format == "contiguous" else 0.0, grouped_gemm=grouped,
-                  nchw_batch_norm_units=(units or 0) if pytorch_nchw_batch_norm(precision, memory_format) else 0)
+                  nchw_batch_norm_units=(units or 0) if pytorch_nchw_batch_norm(precision, memory_format) else 0,
+                  batch_norm_bytes_per_s=units * sm_clock_hz(gpu) * BATCH_NORM_BYTES_PER_SM_CYCLE * clock * speed
+                  if units else 0.0)
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

@@ -129,6 +129,9 @@ class Device:
     # block per channel: the GPU's SMs, which decide how far its channels fill them (:func:`nchw_batch_norm_scale`;
     # 0: cuDNN's kernels, or channels-last)
     nchw_batch_norm_units: int = 0
+    # Batch norm's kernels (cuDNN's and PyTorch's, either layout) are bound by the SMs' work on their reductions,
+    # not only by memory: at most this many bytes a second (0: memory alone; :func:`gpurig.perf.machine.gpu_device`)
+    batch_norm_bytes_per_s: float = 0.0
     # grouped convolutions' GEMMs, where they run on other units than dense ones (TF32: the CUDA cores); None: as
     # every other convolution
     grouped_gemm: GemmModel | None = None
@@ -402,8 +405,10 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
                _stream(layer.backward_bytes, layer.backward_float32_bytes, layer.backward_vector_bytes, size))
     slower = nchw_batch_norm_scale(layer.params // 2, device.nchw_batch_norm_units) \
         if layer.batch_norm and device.nchw_batch_norm_units else 1.0
+    sm_bound = device.batch_norm_bytes_per_s if layer.batch_norm else 0.0
     forward, backward = (sum(gemm.seconds(*g, dtype_bytes=size) for g in gemms)
-                         + slower * device.stream_seconds(moved, working_set, vector)
+                         + slower * max(device.stream_seconds(moved, working_set, vector),
+                                        moved / sm_bound if sm_bound else 0.0)
                          for gemms, (moved, vector) in zip(products, streams))
     if layer.kind == "conv" and device.conv_transposes:
         # read and write the input and the output once more each (forward), their gradients in backward (twice
