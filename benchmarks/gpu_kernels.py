@@ -108,6 +108,7 @@ def main():
                 by_name[e.name[:120]] += e.device_time / 1e3 / args.steps
             row["class_ms"] = dict(by_class.most_common())
             row["longest_ms"] = dict(by_name.most_common(5))
+            row["kernel_ms"] = dict(by_name.most_common())  # every kernel, to split a class (depthwise in convolution)
         rows.append(row)
         layout = " NHWC" if channels_last else ""
         print(f"{name.split(':')[-1]:10s} {batch:4d} {precision:5s}{layout} wall {row['wall_ms']:7.2f} ms  "
