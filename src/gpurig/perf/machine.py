@@ -164,14 +164,6 @@ JITTER = 0.03                 # a GPU rank's step-to-step variation of compute t
 # memory passes per value, encode + decode, at the GPU's streaming rate: on an H100 with the Triton encoders and
 # CUDA graphs (docs/benchmarks.md, "Codecs on a GPU") int8 took 0.065 ms for 2.4 M values (16 passes at the fitted
 # ``memory`` share of its bandwidth), int8-dynamic 1.14x that
-# Batch norm on a GPU: bytes its kernels move per SM per cycle, at most. Its reductions keep the SMs, not the
-# memory, busy: on an H100 and an H200 (the same 132 SMs at 1.98 GHz, 3.35 against 4.8 TB/s) the same nets' batch
-# norm took 1.03-1.12x as long, their elementwise kernels 1.2-1.4x (`gpu_kernels.py --by-class`, docs/gpu/
-# h100-2026-11-27c/kernels/, h200-2026-11-27/third/, fourth/). The geometric mean of the bytes a second the model
-# counts for them over the measured time, cuDNN's FP32 NCHW kernels and PyTorch's channels-last ones, five nets on
-# both GPUs (1.13-2.11 TB/s): 1.48 TB/s, 5.64 bytes per SM cycle. PyTorch's bf16 NCHW kernels run slower still
-# (:func:`gpurig.perf.step.nchw_batch_norm_scale`, on top of this).
-BATCH_NORM_BYTES_PER_SM_CYCLE = 6.96
 # FP32 lanes per SM, to read an SM's clock off the catalog's FP32 peak (2 operations a lane a cycle); two where an
 # architecture's data-centre die has half the lanes (GP100, GA100: the clock the other count implies is below 0.9 GHz)
 FP32_LANES = {"Kepler": (192,), "Maxwell": (128,), "Pascal": (128, 64), "Volta": (64,), "Turing": (64,),
@@ -260,8 +252,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   conv_transposes=e.transposes if precision in MIXED and p.conv_tensor_cores
                   and memory_format == "contiguous" else 0.0, grouped_gemm=grouped,
                   nchw_batch_norm_units=(units or 0) if pytorch_nchw_batch_norm(precision, memory_format) else 0,
-                  batch_norm_bytes_per_s=units * sm_clock_hz(gpu) * BATCH_NORM_BYTES_PER_SM_CYCLE * clock * speed
-                  if units else 0.0)
+                  sm_cycles_per_s=units * sm_clock_hz(gpu) * clock * speed if units else 0.0)
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

