@@ -455,6 +455,9 @@ BATCH_NORM_BYTES_PER_SM_CYCLE = 6.96
 DEPTHWISE_VALUES_PER_SM_CYCLE = 0.3464
 DEPTHWISE_FLOPS_PER_SM_CYCLE = 2.576
 DEPTHWISE_BACKWARD_SHARE = 4.5 / 5.5
+# the filters measured, 3×3 and 5×5 (taps a value): PyTorch's direct kernels are specialised for these; a 7×7
+# (ConvNeXt's) may run cuDNN's or the generic kernel, not measured, and keeps the GEMM price
+DEPTHWISE_KERNELS = (9, 25)
 
 
 def depthwise_seconds(layer: LayerCost, sm_cycles_per_s: float) -> tuple[float, float] | None:
@@ -466,9 +469,11 @@ def depthwise_seconds(layer: LayerCost, sm_cycles_per_s: float) -> tuple[float, 
     [9.0, 40.4]
     >>> depthwise_seconds(LayerCost("c", 288, ((6272, 3, 9, 32),), kind="conv"), 1e12) is None   # 3 channels a group
     True
+    >>> depthwise_seconds(LayerCost("c", 4704, ((6272, 1, 49, 96),), kind="conv"), 1e12) is None  # 7×7: not measured
+    True
     """
     if not sm_cycles_per_s or layer.kind != "conv" or not layer.forward_gemms \
-            or not all(len(g) > 3 and g[3] > 1 and g[1] == 1 for g in layer.forward_gemms):
+            or not all(len(g) > 3 and g[3] > 1 and g[1] == 1 and g[2] in DEPTHWISE_KERNELS for g in layer.forward_gemms):
         return None
     flops = sum(2 * g[0] * g[1] * g[2] * g[3] for g in layer.forward_gemms)
     total = ((layer.input_values + layer.output_values) / DEPTHWISE_VALUES_PER_SM_CYCLE
