@@ -53,6 +53,19 @@ KERNEL_CLASSES = (("normalization", r"norm|welford|bn_fw|bn_bw"),
                   ("elementwise", r"elementwise|vectorized|unrolled|pointwise|triton"))
 
 
+def parse_case(text: str) -> tuple:
+    """A ``--case``: MODEL:BATCH:PRECISION, ``:nhwc`` for channels-last (torchvision's models at 224×224).
+
+    >>> parse_case("resnet50:64:fp16:nhwc"), parse_case("torchvision.models:mobilenet_v2:128:bf16")[:4]
+    (('resnet50', 64, 'fp16', True, None), ('torchvision.models:mobilenet_v2', 128, 'bf16', False))
+    """
+    parts = text.split(":")
+    channels_last = parts[-1] == "nhwc"
+    *model, batch, precision = parts[:-1] if channels_last else parts
+    name = ":".join(model)
+    return name, int(batch), precision, channels_last, "3x224x224" if name.startswith("torchvision") else None
+
+
 def kernel_class(name: str) -> str:
     """The kind of a CUDA kernel, by its name: the first of :data:`KERNEL_CLASSES` whose pattern it matches.
 
@@ -74,12 +87,16 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--by-class", action="store_true", help="the cases where predict and a GPU disagree, each's GPU "
                    "time by kind of kernel, its five longest kernels named")
+    p.add_argument("--case", action="append", default=[], metavar="MODEL:BATCH:PRECISION[:nhwc]",
+                   help="with --by-class: this case instead of the built-in ones (repeatable), e.g. resnet50:64:fp16:nhwc")
     p.add_argument("--held-out", action="store_true", help="with --by-class: torchvision's conv nets predict was "
                    "never tuned on (held_out_models.py), instead of the presets")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     table = (HELD_OUT_CLASS_CASES if args.held_out else CLASS_CASES) if args.by_class else CASES
+    if args.case:
+        table = [parse_case(text) for text in args.case]
     for name, batch, precision, *rest in table:
         channels_last, sample = (bool(rest[0]) if rest else False), (rest[1] if len(rest) > 1 else None)
         step = training_step(name, batch, precision, channels_last, device, sample)

@@ -65,7 +65,9 @@ if want kernels; then
 fi
 if want kernel-classes; then
   step "GPU time by kind of kernel, where predict and a GPU disagree (gpu_kernels.py --by-class)"
-  timeout 150 $PY benchmarks/gpu_kernels.py --by-class --out "$OUT/gpu_kernel_classes.json" 2>&1 | grep -v USDT \
+  # KERNEL_CASES="resnet50:64:fp16:nhwc resnet50:64:fp16" times those instead of the built-in cases
+  cases=(); for c in ${KERNEL_CASES:-}; do cases+=(--case "$c"); done
+  timeout 150 $PY benchmarks/gpu_kernels.py --by-class "${cases[@]}" --out "$OUT/gpu_kernel_classes.json" 2>&1 | grep -v USDT \
     | tee "$OUT/gpu_kernel_classes.txt"
 fi
 if want kernel-classes-held-out; then
