@@ -222,7 +222,8 @@ def test_bf16_batch_norm_on_nchw_tensors_runs_pytorchs_own_slower_kernels_and_fp
                                       memory_format=memory_format))["samples_per_s"]
 
     assert 1.05 * speed("resnet50", "bf16", "contiguous") < speed("resnet50", "fp16", "contiguous")
-    assert speed("resnet50", "bf16", "channels-last") == speed("resnet50", "fp16", "channels-last")
+    # channels-last, fp16's batch norm runs cuDNN's NHWC kernels (4.33 against bf16's 7.21 ms on an H100)
+    assert speed("resnet50", "bf16", "channels-last") < speed("resnet50", "fp16", "channels-last")
     assert speed("bert-base", "bf16", "contiguous", 128) >= speed("bert-base", "fp16", "contiguous", 128)
     said = {(model, precision): predict(PredictRequest(model=model, cluster="1 x A100", batch=8, precision=precision,
                                                        tokens=128 if model == "bert-base" else None))["precision_note"]

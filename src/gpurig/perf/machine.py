@@ -41,18 +41,18 @@ class GpuEfficiency:
     conv: float = 1.446             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
     # the same in mixed precision, on channels-last tensors (NCHW ones pay ``transposes`` besides); both bounded
     # only by the tensor-core peak
-    conv_mixed: float = 1.415
+    conv_mixed: float = 1.353
     # a dense 3×3 stride-1 convolution on CUDA cores, where cuDNN's Winograd kernels cut its FLOPs by up to 2.25x,
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
     memory: float = 0.6927          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.1056        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 242.9  # vector-unit operations per value transcendentals and random numbers move
+    unhidden: float = 0.1249        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 239.3  # vector-unit operations per value transcendentals and random numbers move
     cache: float = 1.095            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
     # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
     # each read and written once more in forward, their gradients twice that in backward)
-    transposes: float = 0.7929
+    transposes: float = 0.7471
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -252,7 +252,8 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   conv_transposes=e.transposes if precision in MIXED and p.conv_tensor_cores
                   and memory_format == "contiguous" else 0.0, grouped_gemm=grouped,
                   nchw_batch_norm_units=(units or 0) if pytorch_nchw_batch_norm(precision, memory_format) else 0,
-                  sm_cycles_per_s=units * sm_clock_hz(gpu) * clock * speed if units else 0.0)
+                  sm_cycles_per_s=units * sm_clock_hz(gpu) * clock * speed if units else 0.0,
+                  cudnn_nhwc_batch_norm=precision == "fp16" and memory_format == "channels-last")
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

@@ -133,6 +133,8 @@ class Device:
     # memory or tensor cores: batch norm's (:data:`BATCH_NORM_BYTES_PER_SM_CYCLE`) and PyTorch's direct depthwise
     # convolutions (:func:`depthwise_seconds`); 0: unknown (a CPU, a GPU whose SMs the catalog lacks)
     sm_cycles_per_s: float = 0.0
+    # cuDNN's NHWC batch norm (FP16 on channels-last tensors: its persistent kernels) instead of the others
+    cudnn_nhwc_batch_norm: bool = False
     # grouped convolutions' GEMMs, where they run on other units than dense ones (TF32: the CUDA cores); None: as
     # every other convolution
     grouped_gemm: GemmModel | None = None
@@ -406,7 +408,8 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
                _stream(layer.backward_bytes, layer.backward_float32_bytes, layer.backward_vector_bytes, size))
     slower = nchw_batch_norm_scale(layer.params // 2, device.nchw_batch_norm_units) \
         if layer.batch_norm and device.nchw_batch_norm_units else 1.0
-    sm_bound = BATCH_NORM_BYTES_PER_SM_CYCLE * device.sm_cycles_per_s if layer.batch_norm else 0.0
+    per_cycle = CUDNN_NHWC_BATCH_NORM_BYTES_PER_SM_CYCLE if device.cudnn_nhwc_batch_norm else BATCH_NORM_BYTES_PER_SM_CYCLE
+    sm_bound = per_cycle * device.sm_cycles_per_s if layer.batch_norm else 0.0
     direct = depthwise_seconds(layer, device.sm_cycles_per_s)
     forward, backward = ((direct[k] if direct else sum(gemm.seconds(*g, dtype_bytes=size) for g in gemms))
                          + slower * max(device.stream_seconds(moved, working_set, vector),
@@ -445,6 +448,10 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
 # GPUs (the bytes the model counts over the measured time), cuDNN's FP32 NCHW kernels and PyTorch's channels-last
 # ones (1.58-2.11 TB/s). PyTorch's bf16 NCHW kernels run slower still (:func:`nchw_batch_norm_scale`, on top).
 BATCH_NORM_BYTES_PER_SM_CYCLE = 6.96
+# cuDNN's NHWC kernels (`batchnorm_*_nhwc_semiPersist`, which PyTorch calls for FP16 on channels-last tensors) go
+# faster: ResNet-50's batch norm on an H100 4.33 ms at 64 and 8.62 at 128 in fp16, against 7.21 and 14.06 in bf16
+# (PyTorch's channels-last kernels; docs/gpu/h100-2026-11-27c/kernels3/): 2.63 TB/s, 10.05 bytes per SM cycle.
+CUDNN_NHWC_BATCH_NORM_BYTES_PER_SM_CYCLE = 10.05
 # PyTorch's direct depthwise convolutions (one channel a group: cuDNN is not asked for them), in any precision on the
 # CUDA cores: per SM per cycle, values of input and output handled and multiply-adds' FLOPs done, forward and
 # backward together; backward takes 4.5 of the 5.5 parts. Measured on an H100 (docs/gpu/h100-2026-11-27c/
