@@ -24,7 +24,7 @@ NEEDS = {"gpurig.parallel.native._triton_kernels": "triton"}
 @pytest.mark.parametrize("name", [m for m in MODULES if m not in NOT_IMPORTED])
 def test_docstring_examples(name):
     if name in NEEDS and importlib.util.find_spec(NEEDS[name]) is None:
-        pytest.skip(f"needs {NEEDS[name]}, not installed here")
+        pytest.skip(reason=f"needs {NEEDS[name]}, not installed here")
     module = importlib.import_module(name)
     result = doctest.testmod(module, extraglobs={"gpurig": gpurig}, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
