@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import FastestGemm, GemmModel, fit_gemm_model
-from gpurig.perf.precision import MIXED, check_memory_format, precision_on, pytorch_nchw_batch_norm
+from gpurig.perf.precision import (MIXED, check_memory_format, cudnn_nhwc_batch_norm, precision_on,
+                                   pytorch_nchw_batch_norm)
 from gpurig.perf.software import check as check_software
 from gpurig.perf.step import Device, layer_costs, layer_seconds, shape_key
 
@@ -253,7 +254,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   and memory_format == "contiguous" else 0.0, grouped_gemm=grouped,
                   nchw_batch_norm_units=(units or 0) if pytorch_nchw_batch_norm(precision, memory_format) else 0,
                   sm_cycles_per_s=units * sm_clock_hz(gpu) * clock * speed if units else 0.0,
-                  cudnn_nhwc_batch_norm=precision == "fp16" and memory_format == "channels-last")
+                  cudnn_nhwc_batch_norm=cudnn_nhwc_batch_norm(precision, memory_format))
 
 
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:

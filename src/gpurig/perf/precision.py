@@ -103,6 +103,17 @@ def pytorch_nchw_batch_norm(precision: str, memory_format: str) -> bool:
     return precision in ("bf16", "fp8") and memory_format == "contiguous"
 
 
+def cudnn_nhwc_batch_norm(precision: str, memory_format: str) -> bool:
+    """Whether batch norm runs cuDNN's NHWC kernels (its persistent ``batchnorm_*_nhwc`` ones, faster than
+    PyTorch's channels-last kernels): FP16 with FP32 weights on channels-last tensors. FP32 channels-last and bf16
+    take PyTorch's; NCHW tensors cuDNN's per-channel kernels (FP32, FP16) or PyTorch's (bf16).
+
+    >>> cudnn_nhwc_batch_norm("fp16", "channels-last"), cudnn_nhwc_batch_norm("bf16", "channels-last")
+    (True, False)
+    """
+    return precision == "fp16" and memory_format == "channels-last"
+
+
 def precision_on(gpu, name: str) -> Precision:
     """What ``name`` means on ``gpu`` (a catalog GPU), as PyTorch runs it.
 

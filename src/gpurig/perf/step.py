@@ -408,7 +408,8 @@ def layer_seconds(layer: LayerCost, device: Device, in_step: bool = True) -> tup
                _stream(layer.backward_bytes, layer.backward_float32_bytes, layer.backward_vector_bytes, size))
     slower = nchw_batch_norm_scale(layer.params // 2, device.nchw_batch_norm_units) \
         if layer.batch_norm and device.nchw_batch_norm_units else 1.0
-    per_cycle = CUDNN_NHWC_BATCH_NORM_BYTES_PER_SM_CYCLE if device.cudnn_nhwc_batch_norm else BATCH_NORM_BYTES_PER_SM_CYCLE
+    per_cycle = CUDNN_NHWC_BATCH_NORM_BYTES_PER_SM_CYCLE if device.cudnn_nhwc_batch_norm \
+        else BATCH_NORM_BYTES_PER_SM_CYCLE
     sm_bound = per_cycle * device.sm_cycles_per_s if layer.batch_norm else 0.0
     direct = depthwise_seconds(layer, device.sm_cycles_per_s)
     forward, backward = ((direct[k] if direct else sum(gemm.seconds(*g, dtype_bytes=size) for g in gemms))
@@ -479,8 +480,8 @@ def depthwise_seconds(layer: LayerCost, sm_cycles_per_s: float) -> tuple[float, 
     >>> depthwise_seconds(LayerCost("c", 4704, ((6272, 1, 49, 96),), kind="conv"), 1e12) is None  # 7×7: not measured
     True
     """
-    if not sm_cycles_per_s or layer.kind != "conv" or not layer.forward_gemms \
-            or not all(len(g) > 3 and g[3] > 1 and g[1] == 1 and g[2] in DEPTHWISE_KERNELS for g in layer.forward_gemms):
+    one_channel = [len(g) > 3 and g[3] > 1 and g[1] == 1 and g[2] in DEPTHWISE_KERNELS for g in layer.forward_gemms]
+    if not sm_cycles_per_s or layer.kind != "conv" or not one_channel or not all(one_channel):
         return None
     flops = sum(2 * g[0] * g[1] * g[2] * g[3] for g in layer.forward_gemms)
     total = ((layer.input_values + layer.output_values) / DEPTHWISE_VALUES_PER_SM_CYCLE

@@ -6,7 +6,7 @@ residual, take the block's absmax (as bits, so a NaN or an infinity becomes the
 scale and the numerical guard sees it), write the codes and the scale, keep what
 was lost. The arithmetic is the C kernels' (true divisions, the dynamic type's
 slots and fused multiply-adds), so codes and scales are the torch encoders' bit
-for bit (tests/test_graphs.py, on a GPU and in Triton's interpreter).
+for bit (tests/test_gpu_codecs.py, on a GPU and in Triton's interpreter).
 
 :func:`kernels` is None where Triton is missing (this CPU machine, CI); the
 codecs then take their torch path.
