@@ -105,8 +105,9 @@ SCRIPT = textwrap.dedent("""
     comm = gpurig.init()
     torch.manual_seed(0)
     with gpurig.timeline({path!r}) as timeline:
-        model = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4)),
-                                    bucket_cap_mb=0.01)
+        model = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 512),
+                                                        torch.nn.Linear(512, 512)),  # 3 buckets
+                                    bucket_cap_mb=0.01, compression={compression!r})
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for step in range(3):
             with timeline.span("forward"):
@@ -118,19 +119,24 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_own_script_records_with_gpurig_timeline(tmp_path):
-    """The library: a script's own spans and DataParallel's buckets, both ranks, under gpurig run (MPI)."""
+@pytest.mark.parametrize("compression", ["none", "int8"])
+def test_own_script_records_with_gpurig_timeline(tmp_path, compression):
+    """The library: a script's own spans and DataParallel's buckets (several), both ranks, under gpurig run (MPI);
+    compressed buckets record their two halves."""
     trace_path = tmp_path / "own.json"
     script = tmp_path / "own.py"
-    script.write_text(SCRIPT.format(path=str(trace_path)))
+    script.write_text(SCRIPT.format(path=str(trace_path), compression=compression))
     done = gpurig("run", "-n", 2, "--", "python", script, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     complete = check_schema(strict_json(trace_path), ranks=2)
+    halves = ["allreduce"] if compression == "none" else [f"encode + send ({compression})", "receive + decode"]
     for pid in (0, 1):
         mine = [e["name"] for e in complete if e["pid"] == pid]
         assert mine.count("forward") == 3 and mine.count("optimizer") == 3
         buckets = {e["tid"] for e in complete if e["pid"] == pid and e["tid"] > 0}
-        assert buckets and mine.count("allreduce") == 3 * len(buckets)
+        assert len(buckets) > 1
+        for half in halves:
+            assert mine.count(half) == 3 * len(buckets), (half, mine)
 
 
 def test_predict_timeline_is_the_printed_step(tmp_path):

@@ -60,7 +60,7 @@ class PlainLaunch(NamedTuple):
     sent: int
 
 
-@dataclass
+@dataclass(eq=False)  # a bucket is itself, not its fields: buckets.index(b) must not compare tensors
 class Bucket:
     """Parameters whose gradients travel together, and how they travel (``method``, per bucket).
 
