@@ -42,6 +42,9 @@ def test_bench_comm_over_mpi_and_gloo(tmp_path):
             # PowerSGD's chain is timed again over 8 matrices: what each matrix beyond the first adds
             assert all((r.get("per_matrix_s", -1) >= 0) == name.endswith("powersgd")
                        for r in collectives[name]["rows"])
+            # what posting such a bucket under computation costs it (up to POSTED_VALUES_MAX), and its line
+            assert all(r["posted_s"] >= 0 for r in collectives[name]["rows"])
+            assert collectives[name]["posted_alpha_s"] >= 0 and collectives[name]["posted_beta_s_per_byte"] >= 0
         overlap = profile["comm"]["overlap"][engine]  # a product timed alone and under queued allreduces
         assert overlap["slowdown"] >= 1.0 and overlap["samples"] > 0 and overlap["product_s"] > 0
         assert overlap["chain_s"] > 0 and overlap["posted_s"] >= 0   # and a chain of them, with collectives begun

@@ -156,16 +156,19 @@ def quick_compute():
 
 
 def chain_profile(path, compute: dict, codec: str, alpha: float, beta: float, rows=(), slowdown: float = 1.0,
-                  posted: float = 0.0, link: tuple[float, float] = (5e-5, 8e-9)):
+                  posted: float = 0.0, link: tuple[float, float] = (5e-5, 8e-9), posting=None):
     """A 2-rank CPU profile at ``path``: ``compute`` and a compressed chain for ``codec`` fitted to ``alpha``
     and ``beta`` (``rows``: its measured rows); computing runs ``slowdown`` times slower under a collective
-    and each collective posted under it costs it ``posted`` seconds; ``link`` is the allreduce fit
-    (alpha seconds, beta seconds per byte)."""
+    and each collective posted under it costs it ``posted`` seconds (a compressed bucket, if ``posting`` is
+    given, its line: seconds, seconds per gradient byte); ``link`` is the allreduce fit (alpha seconds, beta
+    seconds per byte)."""
+    chain = {"rows": list(rows), "busbw_gbs": 0.1, "alpha_s": alpha, "beta_s_per_byte": beta}
+    if posting:
+        chain.update(posted_alpha_s=posting[0], posted_beta_s_per_byte=posting[1])
     comm = {"ranks": 2, "nodes": 2, "ranks_per_machine": 2,
             "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1, "alpha_s": link[0],
                                               "beta_s_per_byte": link[1]},
-                                f"compressed:{codec}": {"rows": list(rows), "busbw_gbs": 0.1, "alpha_s": alpha,
-                                                        "beta_s_per_byte": beta}}},
+                                f"compressed:{codec}": chain}},
             "overlap": {"mpi": {"slowdown": slowdown, "posted_s": posted}}}
     path.write_text(json.dumps({"schema": "gpurig-profile/1", "device": "cpu", "cpu": "test",
                                 "compute": {"2": compute}, "comm": comm}))
@@ -243,6 +246,27 @@ def test_posting_a_bucket_under_backward_costs_what_bench_measured(quick_compute
         assert steps[0.004]["step"]["forward_ms"] == steps[0.0]["step"]["forward_ms"]
         early_counts.append(early)
     assert early_counts[0] == 1 < early_counts[1]
+
+
+def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(quick_compute, tmp_path):
+    """bench measured what posting a compressed bucket under computation costs it (the chain's work on the
+    communication thread, beside backward on the same cores) as a line in the gradient's bytes: the CNN's
+    first bucket, begun while backward still runs, costs backward that line at its size in place of the plain
+    posting cost and of its codec's arithmetic (the measurement holds it); the last bucket, begun as backward
+    ends, keeps its codec and costs no posting."""
+    posting = (3e-3, 2e-9)
+    paths = {kind: chain_profile(tmp_path / f"{kind}.json", quick_compute, "int8", 2e-4, 1e-8, posted=1e-3,
+                                 posting=posting if kind == "measured" else None) for kind in ("plain", "measured")}
+    steps = {kind: predict(PredictRequest(model="mnist-cnn", cluster=str(path), gpus=2, batch=32,
+                                          compression="int8")) for kind, path in paths.items()}
+    plain, measured = steps["plain"], steps["measured"]
+    first, last = plain["buckets"]
+    assert first["lead_s"] > 1e-4 and last["lead_s"] == 0 and first["codec_s"] > 0 and last["codec_s"] > 0
+    assert [b["codec_s"] for b in measured["buckets"]] == [0.0, last["codec_s"]]
+    cost = posting[0] + posting[1] * 4 * first["values"]
+    assert measured["step"]["backward_ms"] == pytest.approx(
+        plain["step"]["backward_ms"] + 1e3 * (cost - 1e-3 - first["codec_s"]))
+    assert measured["step"]["forward_ms"] == plain["step"]["forward_ms"]
 
 
 def test_measured_compressed_chain_and_compute_slowdown_are_what_the_step_uses(quick_compute, tmp_path):

@@ -192,6 +192,11 @@ def show(profile: dict, out, plots: list[str]) -> None:
             if "posted_s" in overlap:
                 console.print(f"posting a collective under computation costs it {1e3 * overlap['posted_s']:.2f} ms "
                               f"(a {1e3 * overlap['chain_s']:.1f} ms chain of products)")
+        posting = "; ".join(f"{name.partition(':')[2]} {1e3 * e['posted_alpha_s']:.2f} ms + "
+                            f"{1e9 * e['posted_beta_s_per_byte']:.2f} ms/MB"
+                            for name, e in collectives.items() if "posted_alpha_s" in e)
+        if posting:
+            console.print(f"posting a compressed bucket under computation costs it, by gradient bytes: {posting}")
     if "gemm" in profile:
         table = Table(title=f"GEMM (batch × {profile['gemm']['rows'][0]['k']}) @ ({profile['gemm']['rows'][0]['k']}"
                             f" × {profile['gemm']['rows'][0]['n']}) fp32 on {profile['gemm']['device']}",

@@ -33,6 +33,7 @@ from gpurig.timing import device_sync, timed_turns
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 COMPRESSED_VALUES = (1 << 16, 1 << 18, 1 << 20, 1 << 22)  # gradient values per compressed average timed
+POSTED_VALUES_MAX = 1 << 18  # ... and what posting one costs, up to this size (larger ones would wait on the link)
 OVERLAP_SPIN_S = 30.0  # the longest measure_overlap computes beside one round of allreduces
 
 
@@ -234,15 +235,55 @@ def measure_compressed(comm, method: str, values: int, n: int, warmup: int) -> d
     PowerSGD works matrix by matrix, so its chain is timed again with the same
     values in :data:`MATRICES_TIMED` matrices: ``per_matrix_s`` is what each
     matrix beyond the first adds (a bucket of a real model holds several).
+    Up to :data:`POSTED_VALUES_MAX` values, ``posted_s`` is what posting such a
+    bucket under computation costs it (:func:`posting_seconds`): on CPU ranks
+    the chain runs on the communication thread, beside backward, on its cores.
     """
     seconds = _time_chain(comm, method, square_ish(values), n, warmup)
     extra = {}
     if method.startswith("powersgd"):
         split = _time_chain(comm, method, square_ish(values, MATRICES_TIMED), n, warmup)
         extra["per_matrix_s"] = max(0.0, split - seconds) / (MATRICES_TIMED - 1)
+    if values <= POSTED_VALUES_MAX:
+        product, sync = stand_in_product(comm.device)
+        extra["posted_s"] = posting_seconds(comm, product, sync, rounds=n + 2,
+                                            post=compressed_posting(comm, method, values))[1]
     return {"collective": f"compressed:{method}", "bytes": values * 4, "iterations": n, "seconds": seconds,
             "algbw_gbs": algbw(values * 4, seconds) / 1e9, "busbw_gbs": busbw("allreduce", values * 4, seconds,
                                                                                comm.size) / 1e9, **extra}
+
+
+def compressed_posting(comm, method: str, values: int, posted: int = 2):
+    """:func:`posting_seconds`'s ``post`` for compressed buckets of ``values`` gradients: the ``i``-th posting
+    begins a compressed average with ``method`` on the communication thread, as DataParallel begins a bucket.
+
+    >>> post = compressed_posting(comm, "int8", 1 << 16)      # doctest: +SKIP
+    >>> post(0).wait()                                        # doctest: +SKIP
+    """
+    from gpurig.parallel.compression import FeedbackState, average, collectives
+
+    shapes = square_ish(values)
+    values = sum(s.numel() for s in shapes)
+    bufs = [torch.randn(values, device=comm.device) for _ in range(posted)]
+    states = [FeedbackState() for _ in range(posted)]
+    begun, finished = collectives(values, comm.size, method, shapes=shapes)
+
+    def post(i: int):
+        comm.expect(begun + finished)  # DataParallel checks its buckets' collectives so, once a step
+        return comm.run_async(lambda: average(comm, bufs[i], method, states[i], shapes))
+    return post
+
+
+def stand_in_product(device: torch.device):
+    """(product, sync): a matrix product of a few milliseconds on a CPU (backward runs such ones back to back),
+    and the device's synchronisation.
+
+    >>> product, sync = stand_in_product(torch.device("cpu"))
+    >>> product().shape
+    torch.Size([128, 1024])
+    """
+    a, b = torch.randn(128, 1024, device=device), torch.randn(1024, 1024, device=device)
+    return (lambda: torch.mm(a, b)), device_sync(device)
 
 
 def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
@@ -259,13 +300,12 @@ def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
     SMs. The median over ``rounds``, averaged over the ranks.
     """
     device = comm.device
-    sync = device_sync(device)
-    a, b = torch.randn(128, 1024, device=device), torch.randn(1024, 1024, device=device)
+    mm, sync = stand_in_product(device)
     buf = torch.zeros(max(nbytes // 4, 1), device=device)
 
     def product() -> float:
         start = time.perf_counter()
-        torch.mm(a, b)
+        mm()
         sync()
         return time.perf_counter() - start
 
@@ -299,13 +339,14 @@ def measure_overlap(comm, nbytes: int, rounds: int = 5) -> dict:
     alone_s = statistics.median(alone)
     during_s = statistics.median(during) if during else alone_s
     slowdown = comm.allreduce(torch.tensor([during_s / alone_s], dtype=torch.float64), op="average").item()
-    chain_s, posted_s = posting_seconds(comm, lambda: torch.mm(a, b), sync)
+    chain_s, posted_s = posting_seconds(comm, mm, sync)
     return {"collective": "overlap", "bytes": buf.numel() * 4, "queued": queued, "product_s": alone_s,
             "product_during_s": during_s, "samples": len(during), "slowdown": max(1.0, slowdown),
             "chain_s": chain_s, "posted_s": posted_s}
 
 
-def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2, rounds: int = 15) -> tuple[float, float]:
+def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2, rounds: int = 15,
+                    post=None) -> tuple[float, float]:
     """What posting a collective costs the computation it is posted under: (chain alone, seconds per posting).
 
     A chain of ``products`` calls of ``product`` (as backward runs layers) is
@@ -324,18 +365,23 @@ def posting_seconds(comm, product, sync, products: int = 8, posted: int = 2, rou
     this 2-core machine (benchmarks/handoff.py); where cores are free (a GPU
     rank's host), next to nothing. The ranks' mean.
 
+    ``post(i)``, if given, posts the ``i``-th of a chain's collectives instead
+    and returns its handle (:func:`compressed_posting`: a compressed bucket).
+
     >>> posting_seconds(comm, lambda: torch.mm(a, b), lambda: None)     # doctest: +SKIP
     (0.0301, 0.0041)
     """
-    bufs = [torch.zeros(4096, device=comm.device) for _ in range(posted)]
+    if post is None:
+        bufs = [torch.zeros(4096, device=comm.device) for _ in range(posted)]
+        post = lambda i: comm.allreduce_async(bufs[i], op="sum")  # noqa: E731
     at = {1 + i * products // posted for i in range(posted)}   # after the 1st and 5th of 8 products
 
-    def chain(post: bool):
+    def chain(posting: bool):
         def run():
             handles = []
             for i in range(products):
-                if post and i in at:
-                    handles.append(comm.allreduce_async(bufs[len(handles)], op="sum"))
+                if posting and i in at:
+                    handles.append(post(len(handles)))
                 product()
             for handle in handles:
                 handle.wait()

@@ -31,8 +31,30 @@ def summarize_engine(rows: list[dict]) -> dict:
             fit = fit_latency_bandwidth([r["bytes"] for r in mine], [r[key] for r in mine])
             entry.update(alpha_s=fit.alpha, beta_s_per_byte=fit.beta,  # beta <= 0: noise swamped the sizes
                          fitted_gbs=fit.bytes_per_s / 1e9 if fit.beta > 0 else None)
+        posting = fit_posting(mine)
+        if posting:
+            entry.update(posted_alpha_s=posting[0], posted_beta_s_per_byte=posting[1])
         out[collective] = entry
     return out
+
+
+def fit_posting(rows: list[dict]) -> tuple[float, float] | None:
+    """What posting a compressed bucket under computation costs it, as a line in the gradient's bytes (seconds,
+    seconds per byte; neither below 0), from the rows that measured it (``posted_s``); None with fewer than two.
+
+    >>> fit_posting([{"bytes": 1000, "posted_s": 0.002}, {"bytes": 3000, "posted_s": 0.003}])
+    (0.0015, 5e-07)
+    >>> fit_posting([{"bytes": 1000, "posted_s": 0.003}, {"bytes": 3000, "posted_s": 0.002}])   # noise: flat
+    (0.0025, 0.0)
+    """
+    points = [(r["bytes"], r["posted_s"]) for r in rows if "posted_s" in r]
+    if len(points) < 2:
+        return None
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    beta = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx) if sxx else 0.0
+    return max(0.0, mean_y - beta * mean_x), beta
 
 
 def summarize_overlap(rows: list[dict]) -> dict | None:

@@ -28,7 +28,8 @@ def exposed_seconds(lead_s: list[float], transfer_s: list[float], codec_s: list[
 
 
 def timeline(lead_s: list[float], transfer_s: list[float], codec_s: list[float] | None = None,
-             codec_on_cores: bool = True, slowdown: float = 1.0, posted_s: float = 0.0) -> tuple[float, float]:
+             codec_on_cores: bool = True, slowdown: float = 1.0,
+             posted_s: float | list[float] = 0.0) -> tuple[float, float]:
     """(seconds the step waits after backward, seconds backward is stretched by communicating under it).
 
     ``slowdown``: how much slower backward computes while a bucket is in flight
@@ -40,8 +41,8 @@ def timeline(lead_s: list[float], transfer_s: list[float], codec_s: list[float] 
     backward, so the leads are in work-seconds. ``posted_s``: what posting one
     bucket costs backward when it still has work to do (bench measures that
     too: waking the thread that runs the bucket's collectives, on cores the
-    computation fills); a bucket posted as backward ends costs nothing, as the
-    rank then only waits.
+    computation fills), one for all buckets or one each; a bucket posted as
+    backward ends costs nothing, as the rank then only waits.
 
     >>> timeline([0.010, 0.0], [0.004, 0.004])                  # no slowdown: as exposed_seconds
     (0.004, 0.0)
@@ -49,8 +50,11 @@ def timeline(lead_s: list[float], transfer_s: list[float], codec_s: list[float] 
     [0.004, 0.002]
     >>> [round(x, 6) for x in timeline([0.010, 0.0], [0.004, 0.004], posted_s=0.003)]  # the first is posted early
     [0.004, 0.003]
+    >>> [round(x, 6) for x in timeline([0.010, 0.0], [0.004, 0.004], posted_s=[0.005, 0.003])]   # one each
+    [0.004, 0.005]
     """
     codec_s = codec_s or [0.0] * len(lead_s)
+    posted = list(posted_s) if isinstance(posted_s, (list, tuple)) else [posted_s] * len(lead_s)
     total = max(lead_s, default=0.0)  # backward work still to do when the first bucket is ready, at the least
     clock, done = 0.0, 0.0             # wall time and backward work since the first bucket was ready
     link_free, on_cores = float("-inf"), 0.0
@@ -61,14 +65,14 @@ def timeline(lead_s: list[float], transfer_s: list[float], codec_s: list[float] 
         clock += busy + (work - busy / slowdown)
         done += work
 
-    for lead, transfer, codec in zip(lead_s, transfer_s, codec_s):
+    for lead, transfer, codec, cost in zip(lead_s, transfer_s, codec_s, posted):
         if codec_on_cores:
             on_cores += codec
         else:
             transfer += codec
         advance(max(0.0, (total - lead) - done))
         if total - done > 1e-12:
-            clock += posted_s
+            clock += cost
         link_free = max(clock, link_free) + transfer
     advance(total - done)
     return max(0.0, link_free - clock) + on_cores, clock - total

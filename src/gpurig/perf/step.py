@@ -260,6 +260,9 @@ class DataParallelSetup:
     collectives_per_bucket: int = 1
     compute_slowdown: float = 1.0      # backward's pace while a bucket travels (bench: overlap)
     posted_s: float = 0.0              # what posting a bucket under backward costs it (bench: overlap)
+    # per bucket, what posting it under backward costs it, measured for compressed buckets on CPU ranks (bench:
+    # the chain's arithmetic and hand-offs on the cores beside backward), replacing posted_s and its codec there
+    bucket_posted_s: tuple[float, ...] = ()
     bucket_seconds: tuple[float, ...] = ()  # per bucket, its measured averaging time, replacing the models
     optimizer: str = "momentum"
     shard: str = "none"                # ZeRO (gpurig train --shard): the update on 1/N, reduce-scatter + allgather
@@ -612,13 +615,18 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
             codecs.append(codec_b)
             buckets.append({"values": values, "wire_bytes": nbytes, "algorithm": algorithm, "seconds": seconds,
                             "lead_s": leads[b], "codec_s": codec_b})
+        posted = list(setup.bucket_posted_s) or [setup.posted_s] * count
+        if setup.bucket_posted_s and not device.is_gpu:  # a bucket posted under backward: its codec is in `posted`
+            codecs = [0.0 if lead > 1e-12 else c for c, lead in zip(codecs, leads)]
+            for bucket, c in zip(buckets, codecs):
+                bucket["codec_s"] = c
         comm_total, codec = sum(transfers), sum(codecs)
         # Sharded, a bucket's ring allreduce becomes its two halves, the same bytes: the reduce-scatter under
         # backward, the parameters' allgather after the step, where nothing hides it.
         gathered = sum(transfers) / 2 if sharded else 0.0
         under_backward = [t / 2 for t in transfers] if sharded else transfers
         exposed, stretch = overlap.timeline(leads, under_backward, codecs, codec_on_cores=not device.is_gpu,
-                                            slowdown=setup.compute_slowdown, posted_s=setup.posted_s)
+                                            slowdown=setup.compute_slowdown, posted_s=posted)
         exposed += gathered
         backward += stretch
         if not device.is_gpu:

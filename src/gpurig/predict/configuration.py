@@ -72,9 +72,9 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
             codec_s.append(0.0)
     # bench timed this codec's whole chain on these ranks (encode, pieces in flight, decode, with the ranks'
     # synchronisation): each bucket takes what the fit says for its gradient bytes, codec included
-    chain = None
+    chain = posted = None
     if measured:
-        alpha, beta, per_matrix = hardware.compressed[key]
+        alpha, beta, per_matrix, posting = hardware.compressed[key]
         # PowerSGD works matrix by matrix: bench timed one matrix per bucket, and what each one more adds
         more = [max(0, len(powersgd.split(mine, rank)[0]) - 1) if kind == "powersgd" else 0 for mine in per_bucket]
         chain = tuple(alpha + beta * 4 * sum(math.prod(s) for s in mine) + extra * per_matrix
@@ -93,6 +93,8 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
             codec_s = [max(0.0, min(c + m * per_matrix, whole - floor))
                        for c, m, whole, floor in zip(codec_s, more, chain, wire)]
             chain = tuple(whole - c for c, whole in zip(codec_s, chain))
+            if posting:  # bench timed what posting such a bucket costs backward: its chain's work beside it
+                posted = tuple(posting[0] + posting[1] * 4 * sum(math.prod(s) for s in mine) for mine in per_bucket)
     host_ops = step_operators(request) if device.is_gpu else ()
     input_bytes = spec.batch * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
     load = input_bytes / hardware.disk_bytes_per_s if hardware.disk_bytes_per_s else 0.0
@@ -101,6 +103,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
         bucket_payload_bytes=tuple(payload), bucket_codec_s=tuple(codec_s),
         collectives_per_bucket=collectives, optimizer=request.optimizer, shard=request.shard,
         compute_slowdown=hardware.compute_slowdown, posted_s=hardware.posted_s, bucket_seconds=chain or (),
+        bucket_posted_s=posted or (),
         input_bytes=input_bytes if device.is_gpu else 0.0,
         host_to_device_bytes_per_s=hardware.host_to_device_bytes_per_s if device.is_gpu else None,
         load_seconds=load, prefetch=request.prefetch, pinned=request.pinned, host_ops=host_ops)

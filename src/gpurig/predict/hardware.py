@@ -28,7 +28,8 @@ class Hardware:
     source: str
     compute_slowdown: float = 1.0   # while a collective is in flight (bench's overlap measurement)
     posted_s: float = 0.0           # what posting a collective costs the computation (bench's overlap too)
-    # codec -> (alpha s, s per gradient byte, s per matrix beyond a bucket's first): bench's timed chain
+    # codec -> (alpha s, s per gradient byte, s per matrix beyond a bucket's first): bench's timed chain, then
+    # what posting a bucket costs the computation (alpha s, s per gradient byte) or None where not measured
     compressed: dict = field(default_factory=dict)
     gpu: object = None              # the catalog GPU, if the hardware is one (its memory, its precisions): the
                                     # smallest of a cluster of several models
@@ -86,7 +87,9 @@ def load_hardware(request: PredictRequest) -> Hardware:
         overlap = (comm.get("overlap") or {}).get(engine) or {}
         slowdown, posted = overlap.get("slowdown", 1.0), overlap.get("posted_s", 0.0)
         compressed = {name.partition(":")[2]: (max(0.0, fit["alpha_s"]), fit["beta_s_per_byte"],
-                                               _median([r["per_matrix_s"] for r in fit["rows"] if "per_matrix_s" in r]))
+                                               _median([r["per_matrix_s"] for r in fit["rows"] if "per_matrix_s" in r]),
+                                               (fit["posted_alpha_s"], fit["posted_beta_s_per_byte"])
+                                               if "posted_alpha_s" in fit else None)
                       for name, fit in comm["engines"][engine].items()
                       if name.startswith("compressed:") and fit.get("beta_s_per_byte", 0) > 0}
     catalog = _catalog_device(profile, request)
