@@ -248,24 +248,30 @@ def test_posting_a_bucket_under_backward_costs_what_bench_measured(quick_compute
     assert early_counts[0] == 1 < early_counts[1]
 
 
-def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(quick_compute, tmp_path):
+@pytest.mark.parametrize("beta", [1e-10, 1e-8])   # the chain shorter than backward's rest, then longer
+def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(quick_compute, tmp_path, beta):
     """bench measured what posting a compressed bucket under computation costs it (the chain's work on the
     communication thread, beside backward on the same cores) as a line in the gradient's bytes: the CNN's
-    first bucket, begun while backward still runs, costs backward that line at its size in place of the plain
-    posting cost and of its codec's arithmetic (the measurement holds it); the last bucket, begun as backward
-    ends, keeps its codec and costs no posting."""
+    first bucket, begun while backward still runs, costs backward that line at its size, for the share of its
+    chain that backward's rest covers, in place of the plain posting cost and of that share of its codec's
+    arithmetic (the measurement holds it); the last bucket, begun as backward ends, keeps its codec and costs
+    no posting."""
     posting = (3e-3, 2e-9)
-    paths = {kind: chain_profile(tmp_path / f"{kind}.json", quick_compute, "int8", 2e-4, 1e-8, posted=1e-3,
-                                 posting=posting if kind == "measured" else None) for kind in ("plain", "measured")}
+    paths = {kind: chain_profile(tmp_path / f"{kind}.json", quick_compute, "int8", 2e-4, beta, posted=1e-3,
+                                 link=(5e-6, 1e-11), posting=posting if kind == "measured" else None)
+             for kind in ("plain", "measured")}
     steps = {kind: predict(PredictRequest(model="mnist-cnn", cluster=str(path), gpus=2, batch=32,
                                           compression="int8")) for kind, path in paths.items()}
     plain, measured = steps["plain"], steps["measured"]
     first, last = plain["buckets"]
-    assert first["lead_s"] > 1e-4 and last["lead_s"] == 0 and first["codec_s"] > 0 and last["codec_s"] > 0
-    assert [b["codec_s"] for b in measured["buckets"]] == [0.0, last["codec_s"]]
+    assert first["lead_s"] > 1e-4 and last["lead_s"] < 1e-12 and first["codec_s"] > 0 and last["codec_s"] > 0
+    share = min(1.0, first["lead_s"] / (first["seconds"] + first["codec_s"]))
+    assert (share == 1.0) == (beta == 1e-10)
+    assert [b["codec_s"] for b in measured["buckets"]] == pytest.approx([(1 - share) * first["codec_s"],
+                                                                         last["codec_s"]])
     cost = posting[0] + posting[1] * 4 * first["values"]
     assert measured["step"]["backward_ms"] == pytest.approx(
-        plain["step"]["backward_ms"] + 1e3 * (cost - 1e-3 - first["codec_s"]))
+        plain["step"]["backward_ms"] + 1e3 * (share * cost - 1e-3 - share * first["codec_s"]))
     assert measured["step"]["forward_ms"] == plain["step"]["forward_ms"]
 
 

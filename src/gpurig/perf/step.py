@@ -615,9 +615,14 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
             codecs.append(codec_b)
             buckets.append({"values": values, "wire_bytes": nbytes, "algorithm": algorithm, "seconds": seconds,
                             "lead_s": leads[b], "codec_s": codec_b})
-        posted = list(setup.bucket_posted_s) or [setup.posted_s] * count
-        if setup.bucket_posted_s and not device.is_gpu:  # a bucket posted under backward: its codec is in `posted`
-            codecs = [0.0 if lead > 1e-12 else c for c, lead in zip(codecs, leads)]
+        posted = [setup.posted_s] * count
+        if setup.bucket_posted_s and not device.is_gpu:
+            # A compressed bucket begun under backward costs it bench's measured posting for the share of its
+            # chain that runs beside backward (the rest follows backward's end, as the chain it is), and its
+            # codec's arithmetic is in that measurement for that share.
+            shares = [min(1.0, lead / (t + c)) if t + c > 0 else 1.0 for lead, t, c in zip(leads, transfers, codecs)]
+            posted = [share * cost for share, cost in zip(shares, setup.bucket_posted_s)]
+            codecs = [(1.0 - share) * c for share, c in zip(shares, codecs)]
             for bucket, c in zip(buckets, codecs):
                 bucket["codec_s"] = c
         comm_total, codec = sum(transfers), sum(codecs)
