@@ -252,10 +252,10 @@ def test_posting_a_bucket_under_backward_costs_what_bench_measured(quick_compute
 def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(quick_compute, tmp_path, beta):
     """bench measured what posting a compressed bucket under computation costs it (the chain's work on the
     communication thread, beside backward on the same cores) as a line in the gradient's bytes: the CNN's
-    first bucket, begun while backward still runs, costs backward that line at its size, for the share of its
-    chain that backward's rest covers, in place of the plain posting cost and of that share of its codec's
-    arithmetic (the measurement holds it); the last bucket, begun as backward ends, keeps its codec and costs
-    no posting."""
+    first bucket, begun while backward still runs, costs backward that line's fixed part (the hand-offs) and
+    what its size adds for the share of its chain that backward's rest covers, in place of the plain posting
+    cost and of that share of its codec's arithmetic (the measurement holds it); the last bucket, begun as
+    backward ends, keeps its codec and costs no posting."""
     posting = (3e-3, 2e-9)
     paths = {kind: chain_profile(tmp_path / f"{kind}.json", quick_compute, "int8", 2e-4, beta, posted=1e-3,
                                  link=(5e-6, 1e-11), posting=posting if kind == "measured" else None)
@@ -269,9 +269,9 @@ def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(
     assert (share == 1.0) == (beta == 1e-10)
     assert [b["codec_s"] for b in measured["buckets"]] == pytest.approx([(1 - share) * first["codec_s"],
                                                                          last["codec_s"]])
-    cost = posting[0] + posting[1] * 4 * first["values"]
+    cost = posting[0] + share * posting[1] * 4 * first["values"]
     assert measured["step"]["backward_ms"] == pytest.approx(
-        plain["step"]["backward_ms"] + 1e3 * (share * cost - 1e-3 - share * first["codec_s"]))
+        plain["step"]["backward_ms"] + 1e3 * (cost - 1e-3 - share * first["codec_s"]))
     assert measured["step"]["forward_ms"] == plain["step"]["forward_ms"]
 
 

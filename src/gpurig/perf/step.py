@@ -261,8 +261,9 @@ class DataParallelSetup:
     compute_slowdown: float = 1.0      # backward's pace while a bucket travels (bench: overlap)
     posted_s: float = 0.0              # what posting a bucket under backward costs it (bench: overlap)
     # per bucket, what posting it under backward costs it, measured for compressed buckets on CPU ranks (bench:
-    # the chain's arithmetic and hand-offs on the cores beside backward), replacing posted_s and its codec there
-    bucket_posted_s: tuple[float, ...] = ()
+    # the chain's hand-offs and arithmetic on the cores beside backward), replacing posted_s and its codec there:
+    # (seconds for any bucket, seconds this bucket's size adds)
+    bucket_posted_s: tuple[tuple[float, float], ...] = ()
     bucket_seconds: tuple[float, ...] = ()  # per bucket, its measured averaging time, replacing the models
     optimizer: str = "momentum"
     shard: str = "none"                # ZeRO (gpurig train --shard): the update on 1/N, reduce-scatter + allgather
@@ -617,11 +618,11 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
                             "lead_s": leads[b], "codec_s": codec_b})
         posted = [setup.posted_s] * count
         if setup.bucket_posted_s and not device.is_gpu:
-            # A compressed bucket begun under backward costs it bench's measured posting for the share of its
-            # chain that runs beside backward (the rest follows backward's end, as the chain it is), and its
-            # codec's arithmetic is in that measurement for that share.
+            # A compressed bucket begun under backward costs it bench's measured posting: its fixed part (the
+            # hand-offs) whole, what its size adds for the share of its chain that runs beside backward (the
+            # rest follows backward's end, as the chain it is); its codec's arithmetic is in that share.
             shares = [min(1.0, lead / (t + c)) if t + c > 0 else 1.0 for lead, t, c in zip(leads, transfers, codecs)]
-            posted = [share * cost for share, cost in zip(shares, setup.bucket_posted_s)]
+            posted = [fixed + share * sized for share, (fixed, sized) in zip(shares, setup.bucket_posted_s)]
             codecs = [(1.0 - share) * c for share, c in zip(shares, codecs)]
             for bucket, c in zip(buckets, codecs):
                 bucket["codec_s"] = c

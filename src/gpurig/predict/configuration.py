@@ -94,7 +94,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
                        for c, m, whole, floor in zip(codec_s, more, chain, wire)]
             chain = tuple(whole - c for c, whole in zip(codec_s, chain))
             if posting:  # bench timed what posting such a bucket costs backward: its chain's work beside it
-                posted = tuple(posting[0] + posting[1] * 4 * sum(math.prod(s) for s in mine) for mine in per_bucket)
+                posted = tuple((posting[0], posting[1] * 4 * sum(math.prod(s) for s in mine)) for mine in per_bucket)
     host_ops = step_operators(request) if device.is_gpu else ()
     input_bytes = spec.batch * math.prod(spec.sample) * (8 if spec.input_dtype == "int64" else 4)
     load = input_bytes / hardware.disk_bytes_per_s if hardware.disk_bytes_per_s else 0.0
