@@ -224,7 +224,7 @@ def _time_chain(comm, method: str, shapes: list[torch.Size], n: int, warmup: int
     return statistics.median(slowest(comm, times))
 
 
-def measure_compressed(comm, method: str, values: int, n: int, warmup: int) -> dict:
+def measure_compressed(comm, method: str, values: int, n: int, warmup: int, posting: bool = True) -> dict:
     """One size of a compressed average (DataParallel's path for ``method``): its median time, each call after
     a barrier as a step's buckets start. The bytes are the float32 gradient's, so the fit reads per value.
 
@@ -235,16 +235,16 @@ def measure_compressed(comm, method: str, values: int, n: int, warmup: int) -> d
     PowerSGD works matrix by matrix, so its chain is timed again with the same
     values in :data:`MATRICES_TIMED` matrices: ``per_matrix_s`` is what each
     matrix beyond the first adds (a bucket of a real model holds several).
-    Up to :data:`POSTED_VALUES_MAX` values, ``posted_s`` is what posting such a
-    bucket under computation costs it (:func:`posting_seconds`): on CPU ranks
-    the chain runs on the communication thread, beside backward, on its cores.
+    Up to :data:`POSTED_VALUES_MAX` values (and with ``posting``), ``posted_s`` is
+    what posting such a bucket under computation costs it (:func:`posting_seconds`):
+    on CPU ranks the chain runs on the communication thread, beside backward, on its cores.
     """
     seconds = _time_chain(comm, method, square_ish(values), n, warmup)
     extra = {}
     if method.startswith("powersgd"):
         split = _time_chain(comm, method, square_ish(values, MATRICES_TIMED), n, warmup)
         extra["per_matrix_s"] = max(0.0, split - seconds) / (MATRICES_TIMED - 1)
-    if values <= POSTED_VALUES_MAX:
+    if posting and values <= POSTED_VALUES_MAX:
         product, sync = stand_in_product(comm.device)
         extra["posted_s"] = posting_seconds(comm, product, sync, rounds=n + 2,
                                             post=compressed_posting(comm, method, values))[1]
