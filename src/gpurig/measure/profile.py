@@ -47,14 +47,12 @@ def fit_posting(rows: list[dict]) -> tuple[float, float] | None:
     >>> fit_posting([{"bytes": 1000, "posted_s": 0.003}, {"bytes": 3000, "posted_s": 0.002}])   # noise: flat
     (0.0025, 0.0)
     """
-    points = [(r["bytes"], r["posted_s"]) for r in rows if "posted_s" in r]
-    if len(points) < 2:
+    measured = [r for r in rows if "posted_s" in r]
+    if len(measured) < 2:
         return None
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    sxx = sum((x - mean_x) ** 2 for x, _ in points)
-    beta = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx) if sxx else 0.0
-    return max(0.0, mean_y - beta * mean_x), beta
+    sizes, seconds = [r["bytes"] for r in measured], [r["posted_s"] for r in measured]
+    beta = max(0.0, statistics.linear_regression(sizes, seconds).slope) if len(set(sizes)) > 1 else 0.0
+    return max(0.0, statistics.fmean(seconds) - beta * statistics.fmean(sizes)), beta
 
 
 def summarize_overlap(rows: list[dict]) -> dict | None:

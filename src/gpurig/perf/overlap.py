@@ -29,7 +29,7 @@ def exposed_seconds(lead_s: list[float], transfer_s: list[float], codec_s: list[
 
 def timeline(lead_s: list[float], transfer_s: list[float], codec_s: list[float] | None = None,
              codec_on_cores: bool = True, slowdown: float = 1.0,
-             posted_s: float | list[float] = 0.0) -> tuple[float, float]:
+             posted_s: list[float] | None = None) -> tuple[float, float]:
     """(seconds the step waits after backward, seconds backward is stretched by communicating under it).
 
     ``slowdown``: how much slower backward computes while a bucket is in flight
@@ -38,23 +38,21 @@ def timeline(lead_s: list[float], transfer_s: list[float], codec_s: list[float] 
     work is followed in wall-clock time: a bucket leaves once backward has done
     its share of work and the link is free, and while one travels backward
     advances at 1/``slowdown`` speed. The work itself is ``sum`` of the
-    backward, so the leads are in work-seconds. ``posted_s``: what posting one
+    backward, so the leads are in work-seconds. ``posted_s``: what posting each
     bucket costs backward when it still has work to do (bench measures that
     too: waking the thread that runs the bucket's collectives, on cores the
-    computation fills), one for all buckets or one each; a bucket posted as
-    backward ends costs nothing, as the rank then only waits.
+    computation fills); a bucket posted as backward ends costs nothing, as the
+    rank then only waits.
 
     >>> timeline([0.010, 0.0], [0.004, 0.004])                  # no slowdown: as exposed_seconds
     (0.004, 0.0)
     >>> [round(x, 6) for x in timeline([0.010, 0.0], [0.004, 0.004], slowdown=2.0)]   # 4 ms at half speed
     [0.004, 0.002]
-    >>> [round(x, 6) for x in timeline([0.010, 0.0], [0.004, 0.004], posted_s=0.003)]  # the first is posted early
+    >>> [round(x, 6) for x in timeline([0.010, 0.0], [0.004, 0.004], posted_s=[0.003, 0.003])]  # the first is early
     [0.004, 0.003]
-    >>> [round(x, 6) for x in timeline([0.010, 0.0], [0.004, 0.004], posted_s=[0.005, 0.003])]   # one each
-    [0.004, 0.005]
     """
     codec_s = codec_s or [0.0] * len(lead_s)
-    posted = list(posted_s) if isinstance(posted_s, (list, tuple)) else [posted_s] * len(lead_s)
+    posted = posted_s or [0.0] * len(lead_s)
     total = max(lead_s, default=0.0)  # backward work still to do when the first bucket is ready, at the least
     clock, done = 0.0, 0.0             # wall time and backward work since the first bucket was ready
     link_free, on_cores = float("-inf"), 0.0
