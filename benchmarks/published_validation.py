@@ -90,6 +90,7 @@ PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 # The fitted constants (the per-layer host cost is measured: these batches are too large to show it).
 FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency)
                if f.name not in ("layer_overhead_s", "architecture", "software", "cuda_architecture",  # Kepler's: no rows
+                                 "wide_issue_gemm",  # measured
                                  "power_exponent", "watts_per_unit"))  # fitted after the rest (WITH_POWER)
 # The power term (:meth:`GpuEfficiency.power_scale`), fitted after every other constant with those fixed
 POWER = ("power_exponent", "watts_per_unit")

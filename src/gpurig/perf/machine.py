@@ -38,18 +38,18 @@ class GpuEfficiency:
     """
 
     tensor_gemm: float = 0.6586     # of the tensor-core peak, on large GEMMs (Ampere; other architectures below)
-    cuda_gemm: float = 1.0          # of the FP32 CUDA-core peak, on large GEMMs
+    cuda_gemm: float = 0.9524         # of the FP32 CUDA-core peak, on large GEMMs
     conv: float = 1.446             # a TF32 convolution on tensor cores (implicit GEMM) against a plain GEMM of its shape
     # the same in mixed precision, on channels-last tensors (NCHW ones pay ``transposes`` besides); both bounded
     # only by the tensor-core peak
-    conv_mixed: float = 1.353
+    conv_mixed: float = 1.442
     # a dense 3×3 stride-1 convolution on CUDA cores, where cuDNN's Winograd kernels cut its FLOPs by up to 2.25x,
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
     memory: float = 0.6927          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.1249        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 239.3  # vector-unit operations per value transcendentals and random numbers move
-    cache: float = 1.095            # memory-bound work on the share of its tensors the last cache holds, against memory
+    unhidden: float = 0.1949        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 227.9  # vector-unit operations per value transcendentals and random numbers move
+    cache: float = 1.063            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
     # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
     # each read and written once more in forward, their gradients twice that in backward)
@@ -63,14 +63,14 @@ class GpuEfficiency:
     # Fitted only where the rows hold two GPUs of an architecture (the one B200 takes Hopper's: :data:`PRICED_AS`).
     # Turing's rows are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.005), ("Hopper", 0.4733), ("Turing", 0.8354),
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.02), ("Hopper", 0.4733), ("Turing", 0.8606),
                                                    ("Volta", 1.046))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
-    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.8003),
+    software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.7885),
                                                            (("pytorch-1.4", "mixed"), 0.746),
-                                                           (("pytorch-1.7", "fp32"), 0.8576),
+                                                           (("pytorch-1.7", "fp32"), 0.8705),
                                                            (("pytorch-1.7", "mixed"), 0.9852))
 
     # A board's power for its SMs: below ``watts_per_unit`` watts of TDP per SM it cannot hold its rated clock
@@ -86,6 +86,16 @@ class GpuEfficiency:
     # whitepaper (2014) gives Maxwell's SM 1.35x the performance per CUDA core of Kepler's (issue and scheduling:
     # Kepler's cores idle unless two independent instructions are ready), so Kepler runs at 1 / 1.35.
     cuda_architecture: tuple[tuple[str, float], ...] = (("Kepler", 0.741),)
+    # Of the FP32 peak, a GEMM on the CUDA cores of an SM whose four schedulers each drive 32 FP32 lanes
+    # (:func:`wide_issue`: GA10x Ampere, Ada, Hopper, Blackwell), in place of ``cuda_gemm`` (fitted on the published
+    # rows' Pascal, Volta and Turing GPUs, whose FP32 products these are). At its peak such a scheduler issues an FFMA every
+    # cycle, so a GEMM's shared-memory loads take issue slots from them; Volta's and Turing's 16 lanes a scheduler
+    # (an FFMA every other cycle) and Maxwell's and Pascal's dual issue leave slots for the loads. Measured, not
+    # fitted (the published rows run their GEMMs on tensor cores there): ``gpurig bench``'s FP32 GEMM grid reached
+    # 50.3 TFLOPS of an H100 SXM's 66.9 and 50.7 of an H200's (docs/gpu/h100-2026-11-26/gpu_validation-profile.json,
+    # docs/gpu/h200-2026-11-27/second/gpu_validation.json), while catalog predictions of FP32 transformers on both
+    # were 15-29 % fast and the measured-GEMM ones within 5 % (docs/predict.md).
+    wide_issue_gemm: float = 0.75
 
     def architecture_scale(self, architecture: str, segment: str | None = None) -> float:
         """The tensor-core factor of ``architecture`` (for its GPUs of ``segment``): its own where one was fitted,
@@ -111,6 +121,17 @@ class GpuEfficiency:
         (0.741, 1.0)
         """
         return dict(self.cuda_architecture).get(architecture, 1.0)
+
+    def gemm_issue_scale(self, gpu) -> float:
+        """The share of ``cuda_gemm``'s rate a GEMM on ``gpu``'s CUDA cores reaches for its schedulers' issue:
+        ``wide_issue_gemm / cuda_gemm`` on an SM of 32 FP32 lanes a scheduler (:func:`wide_issue`), else 1.
+
+        >>> from gpurig.spec import catalog
+        >>> e = GpuEfficiency(cuda_gemm=1.0, wide_issue_gemm=0.75)
+        >>> [e.gemm_issue_scale(catalog.gpu(g)) for g in ("H100", "RTX 3090", "A100", "V100")]
+        [0.75, 0.75, 1.0, 1.0]
+        """
+        return self.wide_issue_gemm / self.cuda_gemm if wide_issue(gpu) else 1.0
 
     def power_scale(self, gpu) -> float:
         """The share of its peaks ``gpu`` computes at for its power: ``(TDP / SMs / watts_per_unit) **
@@ -171,6 +192,37 @@ FP32_LANES = {"Kepler": (192,), "Maxwell": (128,), "Pascal": (128, 64), "Volta":
               "Ampere": (128, 64), "Ada Lovelace": (128,), "Hopper": (128,), "Blackwell": (128,)}
 
 
+# The architectures whose SMs, where they have 128 FP32 lanes, give each of their four schedulers 32 of them and
+# issue one instruction a scheduler a cycle (Maxwell's and Pascal's 128 lanes have dual issue)
+WIDE_ISSUE = ("Ampere", "Ada Lovelace", "Hopper", "Blackwell")
+
+
+def fp32_lanes(gpu) -> int | None:
+    """The FP32 lanes an SM of a catalog GPU has: of its architecture's counts (:data:`FP32_LANES`), the one at
+    which its FP32 peak implies a clock between 0.9 and 2.8 GHz; None without its SMs.
+
+    >>> from gpurig.spec import catalog
+    >>> [fp32_lanes(catalog.gpu(g)) for g in ("H100", "A100", "V100", "RTX 3090", "P100", "GTX 1080 Ti")]
+    [128, 64, 64, 128, 64, 128]
+    """
+    units, fp32 = getattr(gpu, "compute_units", None), getattr(gpu, "fp32_tflops", None)
+    if not units or not fp32:
+        return None
+    counts = FP32_LANES.get(gpu.architecture, (128, 64))
+    return next((lanes for lanes in counts if 0.9e9 <= fp32 * 1e12 / (2 * units * lanes) <= 2.8e9), counts[0])
+
+
+def wide_issue(gpu) -> bool:
+    """Whether ``gpu``'s SM schedulers each drive 32 FP32 lanes with one instruction a cycle (:data:`WIDE_ISSUE`,
+    128 lanes an SM): GA10x Ampere, Ada, Hopper and Blackwell; not GA100 (the A100's 64), Volta or Pascal.
+
+    >>> from gpurig.spec import catalog
+    >>> [wide_issue(catalog.gpu(g)) for g in ("RTX 4090", "A100", "GTX 1080 Ti")]
+    [True, False, False]
+    """
+    return gpu.architecture in WIDE_ISSUE and fp32_lanes(gpu) == 128
+
+
 def sm_clock_hz(gpu) -> float | None:
     """The SM clock a catalog GPU's FP32 peak implies (its SMs × FP32 lanes × 2 × clock); None without its SMs.
 
@@ -178,11 +230,8 @@ def sm_clock_hz(gpu) -> float | None:
     >>> [round(sm_clock_hz(catalog.gpu(g)) / 1e9, 2) for g in ("H100", "A100", "V100", "RTX 3090", "P100")]
     [1.98, 1.41, 1.53, 1.69, 1.48]
     """
-    units, fp32 = getattr(gpu, "compute_units", None), getattr(gpu, "fp32_tflops", None)
-    if not units or not fp32:
-        return None
-    clocks = [fp32 * 1e12 / (2 * units * lanes) for lanes in FP32_LANES.get(gpu.architecture, (128, 64))]
-    return next((hz for hz in clocks if 0.9e9 <= hz <= 2.8e9), clocks[0])
+    lanes = fp32_lanes(gpu)
+    return gpu.fp32_tflops * 1e12 / (2 * gpu.compute_units * lanes) if lanes else None
 
 
 CODEC_PASSES = {"fp16": 6, "bf16": 6, "int8": 16, "int8-dynamic": 18}
@@ -209,7 +258,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     (86.1, (128, 128), 2)
     >>> a100 = gpu_device(catalog.gpu("A100"))     # PyTorch's default: convolutions in TF32, matmuls in FP32
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
-    (19.5, 148.6)
+    (18.6, 148.6)
     """
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
@@ -221,9 +270,12 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     clock = e.power_scale(gpu)
     tensor = e.tensor_gemm * e.architecture_scale(gpu.architecture, getattr(gpu, "segment", None)) * clock
     cuda = e.cuda_gemm * e.cuda_core_scale(gpu.architecture) * clock
+    # dense products on the CUDA cores are bound by their schedulers' issue; not the vector units' own work
+    # (``vector_flops_per_s``), nor grouped convolutions (below), whose few channels a group leave slots to spare
+    issue = e.gemm_issue_scale(gpu)
 
-    def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0, tiles=None) -> GemmModel:
-        rate = tflops * 1e12 * (tensor if tensor_cores else cuda) * scale * speed
+    def gemm(tflops: float, tensor_cores: bool, scale: float = 1.0, tiles=None, dense: bool = True) -> GemmModel:
+        rate = tflops * 1e12 * (tensor if tensor_cores else cuda * (issue if dense else 1.0)) * scale * speed
         return GemmModel(KERNEL_OVERHEAD_S, rate, memory, tiles or (TILES if tensor_cores else OLD_TILE), units,
                          e.unhidden)
 
@@ -236,7 +288,7 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     # Grouped convolutions in TF32 (ResNeXt's 3×3s, 4-32 channels a group) run cuDNN's FP32 grouped kernels on the
     # CUDA cores, as on a GPU without TF32, not its tensor-core ones (which it has for 16-bit NHWC tensors); the
     # V100's FP32 ResNeXt rows fix those kernels' pricing
-    grouped = gemm(p.cuda_tflops, False, tiles=CONV_CUDA_TILES) \
+    grouped = gemm(p.cuda_tflops, False, tiles=CONV_CUDA_TILES, dense=False) \
         if precision not in MIXED and p.conv_tensor_cores else None
     # cuDNN tries every algorithm (DeepLearningExamples set cudnn.benchmark): for a dense 3×3 stride-1 convolution
     # (:func:`gpurig.perf.step.winograd_applies`) that includes the CUDA cores' Winograd kernels, which win where
