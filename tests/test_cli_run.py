@@ -216,6 +216,8 @@ def test_no_rank_outlives_a_killed_launcher(engine, marker, tmp_path):
     (["--hostfile", "/nonexistent/hosts", "--", "true"], "gpurig: error: --hostfile /nonexistent/hosts: cannot read it"),
     (["-H", "a:2", "--hostfile", "/etc/hostname", "--", "true"], "gpurig: error: --hosts (-H) and --hostfile both"),
     (["--max-restarts", "-1", "--", "true"], "gpurig: error: --max-restarts must be 0 or more, got -1"),
+    (["-n", "2", "-H", "localhost:1,no-such-host.invalid:1", "--", "true"],
+     "gpurig: error: --hosts: cannot resolve 'no-such-host.invalid'"),
     (["--log-dir", "/dev/null/logs", "--", "true"], "gpurig: error: --log-dir /dev/null/logs: cannot create it"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):

@@ -104,6 +104,15 @@ def _():
     assert torch.equal(t, total(12, torch.float32).view(3, 4).t())
 
 
+@case("bool_sum_is_logical_or")
+def _():  # MPI has no sum of C bools (MPI_ERR_OP); torch.distributed's is their logical or: both engines give that
+    flags = torch.tensor([R == 0, False, True, R == P - 1] * P)
+    want = torch.tensor([True, False, True, True] * P)
+    assert torch.equal(comm.allreduce(flags.clone(), op="sum"), want)
+    assert torch.equal(comm.allreduce(torch.tensor(R == 1), op="sum"), torch.tensor(P > 1))
+    assert torch.equal(comm.reduce_scatter(flags.clone().view(P, 4), op="sum"), want.view(P, 4)[R:R + 1])
+
+
 @case("average_of_integers_is_refused")
 def _():
     try:

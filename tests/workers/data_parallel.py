@@ -259,4 +259,26 @@ def _():
     assert len(got) == (1 if R == 0 else 0), got
 
 
+@case("shard_refuses_what_it_cannot_batch")
+def _():
+    for bad, error in (("notdata", TypeError), (torch.zeros(8), None), ([], ValueError), ((torch.zeros(10, 2),), ValueError)):
+        try:
+            gpurig.shard(bad, global_batch=11 if isinstance(bad, tuple) else 4)
+        except (TypeError, ValueError) as e:
+            assert error is not None and isinstance(e, error), (bad, e)
+        else:
+            assert error is None, bad   # a bare tensor is data
+
+
+@case("uneven_split_warns_that_the_step_is_not_the_global_mean")
+def _():
+    if P == 1:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpurig.shard((torch.zeros(256, 2),), global_batch=64 * P + 1)
+    got = [str(w.message) for w in caught if issubclass(w.category, gpurig.BatchSizeWarning)]
+    assert len(got) == (1 if R == 0 else 0) and all("unevenly" in m for m in got), got
+
+
 write(R)

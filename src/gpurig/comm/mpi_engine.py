@@ -226,7 +226,8 @@ class MPIEngine:
         return [MPI.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), tensor.numel(), datatype]
 
     def _sum_op(self, dtype):
-        return self._half_ops.get(dtype, MPI.SUM)
+        # MPI sums no C bool (MPI_ERR_OP); a sum of booleans is their logical or, as torch.distributed gives it
+        return MPI.LOR if dtype == torch.bool else self._half_ops.get(dtype, MPI.SUM)
 
     def allreduce_sum(self, tensor: torch.Tensor) -> None:
         self.comm.Allreduce(MPI.IN_PLACE, self._whole(tensor), op=self._sum_op(tensor.dtype))

@@ -42,6 +42,19 @@ def is_this_host(name: str) -> bool:
     return name in {"localhost", "127.0.0.1", "::1", here, here.split(".")[0]} or name == socket.getfqdn()
 
 
+def resolves(name: str) -> bool:
+    """Whether ``name`` is an address, or a host name DNS or /etc/hosts knows.
+
+    >>> resolves("localhost"), resolves("10.0.0.7"), resolves("no-such-host.invalid")
+    (True, True, False)
+    """
+    try:
+        socket.getaddrinfo(name, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
 def _split_top_level(text: str) -> list[str]:
     """Split at commas outside brackets: ``"a[1,2],b"`` → ``["a[1,2]", "b"]``."""
     parts, depth, start = [], 0, 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from gpurig.errors import RankFailed, UsageError
 from gpurig.launch.env import MAX_RESTARTS_VARIABLE, RESTART_VARIABLES
-from gpurig.launch.hosts import is_this_host, parse_hosts
+from gpurig.launch.hosts import is_this_host, parse_hosts, resolves
 from gpurig.launch.iface import confine
 from gpurig.launch.local import run_local, start_local, watch_local
 from gpurig.launch.mpirun import Mpirun, cannot_start_on, mpi_arg_words, mpirun_job, run_line, run_mpirun
@@ -109,6 +109,10 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
                              "or --engine mpi")
         if host_list and not is_this_host(host_list[0][0]):
             raise UsageError(f"--engine torch starts ranks on this machine, not on {host_list[0][0]}: use --engine mpi")
+    unknown = [host for host, _ in host_list if not is_this_host(host) and not resolves(host)]
+    if unknown:  # else ssh's and Open MPI's daemon messages, 15 lines, and exit 255
+        raise UsageError(f"--hosts: cannot resolve {', '.join(map(repr, unknown))} (not an address, and neither DNS "
+                         "nor /etc/hosts knows the name)")
     runs_here = all(is_this_host(host) for host, _ in host_list)
     if runs_here and not shutil.which(command[0], path=rank_path(env)):
         raise UsageError(f"command not found: {command[0]}")

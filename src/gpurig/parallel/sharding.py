@@ -71,10 +71,12 @@ def _slice(batch, rank: int, size: int):
 
 def _batch_len(batch) -> int:
     if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, Mapping):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, Mapping) and batch:
         return _batch_len(next(iter(batch.values())))
-    return _batch_len(batch[0])
+    if isinstance(batch, (tuple, list)) and batch:
+        return _batch_len(batch[0])
+    raise TypeError(f"cannot split a batch of type {type(batch).__name__}: use tensors, tuples, lists or dicts")
 
 
 class Shard:
@@ -93,8 +95,17 @@ class Shard:
         if self.tensors is not None:
             if global_batch is None:
                 raise ValueError("shard() of tensors needs global_batch=")
-            self.per_rank = per_rank_batches(global_batch, self.parts)[self.part]
-            self._warn(per_rank_batches(global_batch, self.parts)[-1])
+            sizes = per_rank_batches(global_batch, self.parts)
+            self.per_rank = sizes[self.part]
+            if not len(self):
+                raise ValueError(f"shard(): {self.tensors[0].shape[0]} samples make no global batch of "
+                                 f"{global_batch}: use a smaller global_batch, or drop_last=False")
+            self._warn(sizes)
+        elif isinstance(data, (str, bytes, torch.Tensor)) or not hasattr(data, "__iter__"):
+            raise TypeError(f"shard() takes tensors, a TensorDataset or an iterable of batches (a DataLoader), "
+                            f"not {type(data).__name__}")
+        elif isinstance(data, Sequence) and not data:
+            raise ValueError("shard() got no data (an empty sequence)")
         self._warned = self.tensors is not None
 
     @staticmethod
@@ -109,8 +120,14 @@ class Shard:
             return tuple(data)
         return None
 
-    def _warn(self, smallest: int) -> None:
-        advice = tile_advice(smallest)
+    def _warn(self, sizes: list[int]) -> None:
+        advice = tile_advice(min(sizes))
+        if len(set(sizes)) > 1:
+            # DataParallel averages the ranks' gradients with equal weights, as DDP and Horovod do: with unequal
+            # parts that is not the mean over the global batch
+            advice = (f"a global batch of {sum(sizes)} splits unevenly over {len(sizes)} ranks ({max(sizes)} and "
+                      f"{min(sizes)} samples): the ranks' gradients are averaged with equal weights, so a step is not "
+                      f"the global batch's mean; use a multiple of {len(sizes)}")
         if advice and self.comm.rank == 0:
             warnings.warn(advice, BatchSizeWarning, stacklevel=3)
 
@@ -139,7 +156,7 @@ class Shard:
                 if _batch_len(batch) < size:
                     continue  # some rank would get an empty batch
                 if not self._warned:
-                    self._warn(min(per_rank_batches(_batch_len(batch), size)))
+                    self._warn(per_rank_batches(_batch_len(batch), size))
                     self._warned = True
                 yield _slice(batch, rank, size)
             return
