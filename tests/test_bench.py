@@ -95,6 +95,17 @@ def test_bad_bench_requests_are_one_line():
         assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_bad_dir_is_refused_before_anything_is_measured(tmp_path):
+    (tmp_path / "file").write_text("")
+    for directory, expected in ((tmp_path / "none", "no such directory"), (tmp_path / "file", "not a directory"),
+                                ("", "want a directory")):
+        # comm first: it would measure for half a minute before the disk part found the directory missing
+        code, out, err = run_cli(["bench", "--quick", "--parts", "comm,disk", "--dir", directory,
+                                  "--out", tmp_path / "profile.json"])
+        assert code == 2 and f"--dir {directory}" in err and expected in err, err
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "profile.json").exists()
+
+
 def test_repeated_takes_keep_each_numbers_median():
     """bench --repeat: every measured float is the median of its takes; counts, shapes and names stay."""
     takes = [{"ranks": 2, "device": "cpu", "gemm": [{"m": 64, "n": 1024, "seconds": s, "flops": 1e9}

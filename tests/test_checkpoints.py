@@ -9,8 +9,11 @@ import os
 import pytest
 import torch
 
-from gpurig.train.checkpoints import (CheckpointError, damaged, epoch_path, load, load_newest, save, save_epoch,
-                                      saved_epochs, verify)
+from conftest import run_cli
+from gpurig.train import TrainConfig
+from gpurig.train.checkpoints import (CHECKPOINT_FORMAT, CheckpointError, damaged, epoch_path, load, load_newest,
+                                      save, save_epoch, saved_epochs, verify)
+from gpurig.train.state import CannotResume, resume_state
 
 STATE = {"epoch": 3, "model": {"w": torch.arange(1000, dtype=torch.float32)}, "history": [{"loss": 0.5}]}
 
@@ -108,3 +111,56 @@ def test_resume_passes_over_damaged_checkpoints_to_the_newest_good_one(tmp_path)
     _damage(epoch_path(tmp_path, 1), "empty")
     with pytest.raises(CheckpointError, match="no good checkpoint in"):
         load_newest(tmp_path)
+
+
+def _mlp_checkpoint(directory, epoch=1):
+    """What gpurig train --model mlp writes after ``epoch`` (the fields resuming reads first)."""
+    return save_epoch(directory, epoch, {"format": CHECKPOINT_FORMAT, "model_name": "mlp", "epoch": epoch, "step": 0,
+                                         "history": []})
+
+
+@pytest.mark.parametrize("how,args,message", [
+    ("another model's", ["--model", "cnn"], "checkpoint-epoch1.pt was written by a run of --model mlp, not cnn: "
+                                            "resume with --model mlp, or use another --checkpoint-dir"),
+    ("garbage", [], "no good checkpoint in {dir}: {dir}/checkpoint-epoch1.pt has no gpurig checksum line"),
+])
+def test_train_resume_refuses_a_checkpoint_it_cannot_use_in_one_line_exit_2(tmp_path, how, args, message):
+    """Refused before any rank starts (each rank once printed a CheckpointError traceback, exit 1)."""
+    path = _mlp_checkpoint(tmp_path)
+    if how == "garbage":
+        path.write_bytes(b"garbage")
+    code, out, err = run_cli(["train", "--resume", "--epochs", 2, *args, "--checkpoint-dir", tmp_path])
+    assert code == 2 and message.format(dir=tmp_path) in err and "Traceback" not in err + out, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("gpurig: error: --resume: "), err
+
+
+class _Ranks:
+    """A communicator whose other ranks found ``theirs`` ([can resume, epoch, step] each), for resume_state."""
+
+    rank = 0
+
+    def __init__(self, *theirs):
+        self.theirs, self.size = theirs, 1 + len(theirs)
+
+    def allgather(self, tensor, name=None):
+        return torch.cat([tensor, torch.tensor(self.theirs, dtype=tensor.dtype)])
+
+
+@pytest.mark.parametrize("theirs,message", [
+    ([1, 1, 0], None),
+    ([0, 0, 0], "rank 1 cannot resume from {dir}: is it one directory shared by all the ranks?"),
+    ([1, 2, 0], "the ranks found different newest checkpoints (the end of epoch 1, the end of epoch 2)"),
+])
+def test_the_ranks_resume_or_stop_together(tmp_path, theirs, message):
+    """Every rank compares what it found before any raises: a rank that cannot resume stops them all (CannotResume,
+    which gpurig.train.loop.run_rank turns into one line and exit 2), none is left waiting in a collective."""
+    _mlp_checkpoint(tmp_path)
+    config = TrainConfig(model="mlp", resume=True, checkpoint_dir=str(tmp_path))
+    if message is None:
+        assert resume_state(config, _Ranks(theirs))["epoch"] == 1
+        return
+    with pytest.raises(CannotResume) as error:
+        resume_state(config, _Ranks(theirs))
+    assert message.format(dir=tmp_path) in str(error.value)
+    with pytest.raises(CannotResume, match="was written by a run of --model mlp, not cnn"):  # its own reason first
+        resume_state(TrainConfig(model="cnn", resume=True, checkpoint_dir=str(tmp_path)), _Ranks([1, 1, 0]))

@@ -256,6 +256,13 @@ SWEEP = [
      "--batch must be at most 1,000,000,000 per GPU"),
     (["choose", "--model", "resnet50", "--batch", "99999999999999999999"], "--batch must be at most"),
     (["predict", "--model", "resnet50", "--cluster", "2 nodes x 4 A100, fast wires"], "cannot read 'fast wires'"),
+    # --plot checked before the prediction, the same for every verb that draws one (matplotlib's error came after)
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 GTX 980", "--plot", "p.txt"], "matplotlib cannot write .txt"),
+    (["choose", "--model", "mnist-mlp", "--plot", "c.txt"], "--plot c.txt: matplotlib cannot write .txt"),
+    (["choose", "--model", "mnist-mlp", "--plot", "no/c.png"], "--plot no/c.png: the directory no does not exist"),
+    (["choose", "--model", "mnist-mlp", "--plot", "."], "--plot .: is a directory"),
+    (["choose", "--model", "mnist-mlp", "--plot", "c"], "--plot c: no ending to name the format"),
+    (["bench", "--parts", "disk", "--dir", "nodir"], "--dir nodir: no such directory"),
 ]
 
 

@@ -129,6 +129,26 @@ def test_cli_unknown_gpu_and_help():
         assert helped.returncode == 0 and "examples:" in helped.stdout and f"gpurig {verb}" in helped.stdout
 
 
+@pytest.mark.parametrize("text,expected", [
+    ('gpu = "2080ti"\nram_gb = 64\n', "unknown field 'gpu' (did you mean a [[gpus]] table, with model = \"2080ti\" in it?)"),
+    ('ram_gb = 64\n[gpu]\nmodel = "2080ti"\n', "unknown field 'gpu' (did you mean [[gpus]]?)"),
+    ('[[gpus]]\nmodel = "2080ti"\n[psus]\nwatts = 1000\n', "unknown field 'psus' (did you mean [psu]?)"),
+    ('ram_gb = 64\n', "no GPUs: give --gpu NAME"),
+])
+def test_a_misplaced_field_is_named_not_taken_for_no_gpus(tmp_path, text, expected):
+    build = tmp_path / "build.toml"
+    build.write_text(text)
+    code, out, err = run_cli(["plan", "--build", build])
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_sections_plan_names_are_those_a_build_file_has():
+    from gpurig.hardware.plan import BUILD_SECTIONS
+    from gpurig.spec import build
+
+    assert set(BUILD_SECTIONS) == set(build._TOP)
+
+
 def test_list_gpus():
     done = gpurig_cli("plan", "--list-gpus", "--json", timeout=60)
     assert {g["name"] for g in json.loads(done.stdout)} == {g.name for g in catalog.gpus()}

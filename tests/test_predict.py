@@ -146,6 +146,81 @@ def test_bad_input_is_one_line(args, message):
     assert len(err.strip().splitlines()) == 1
 
 
+PARTIAL_PROFILES = {  # bench run with --parts that leave out what predict reads
+    "comm,p2p": {"comm": {"ranks": 2, "engines": {"mpi": {"allreduce": {"rows": [], "busbw_gbs": 0.1,
+                                                                         "alpha_s": 5e-5, "beta_s_per_byte": 8e-9}}}}},
+    "disk": {"disk": {"mb_per_s": 900.0}},
+}
+
+
+@pytest.mark.parametrize("parts", PARTIAL_PROFILES)
+@pytest.mark.parametrize("device", ["cpu", "NVIDIA A100-SXM4-40GB"])
+def test_a_profile_without_the_compute_part_is_one_line(tmp_path, parts, device):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"schema": "gpurig-profile/1", "device": device, **PARTIAL_PROFILES[parts]}))
+    flags = [["--cluster", profile], ["--profile", profile]]
+    if device != "cpu":  # a GPU's profile calibrates a catalog cluster; a CPU's disk alone may go with one
+        flags.append(["--cluster", "2 x A100", "--profile", profile])
+    for more in flags:
+        code, out, err = run_cli(["predict", "--model", "mnist-mlp", *more])
+        assert code == 2 and "Traceback" not in err + out and len(err.strip().splitlines()) == 1, err
+        assert "the profile has no compute measurements: run gpurig bench with the compute part" in err
+
+
+def frozen_mlp():
+    """An MLP whose first layer is frozen (fine-tuning a head): 203,530 parameters, 2,570 trainable."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    model[1].requires_grad_(False)
+    return model
+
+
+def test_frozen_parameters_are_weights_but_not_trainable():
+    from gpurig.models.describe import ModelSpec, describe
+
+    spec = describe(frozen_mlp(), (1, 28, 28), batch=64)
+    assert (spec.parameters, spec.trainable_parameters) == (203_530, 2_570)
+    assert spec.layer("1").trainable_shapes == () and spec.layer("3").trainable_parameters == 2_570
+    assert ModelSpec.from_json(spec.to_json()) == spec
+    result = predict(PredictRequest(model="test_predict:frozen_mlp", sample="1x28x28",
+                                    cluster="2 nodes x 1 A100, 10GbE"))
+    assert (result["parameters"], result["trainable_parameters"]) == (203_530, 2_570)
+
+
+def test_frozen_parameters_have_no_gradient_bucket_or_optimizer_state():
+    """DataParallel averages only tensors that require a gradient, and the optimizer keeps state only for them;
+    the frozen weights still take memory."""
+    result = predict(PredictRequest(model="test_predict:frozen_mlp", sample="1x28x28",
+                                    cluster="2 nodes x 1 A100, 10GbE"))
+    whole = predict(PredictRequest(model="test_predict:frozen_mlp", sample="1x28x28", cluster="1 x A100"))
+    assert sum(bucket["values"] for bucket in result["buckets"]) == 2_570
+    assert result["memory"]["parts_gb"]["weights"] == round(203_530 * 4 / 2**30, 3)
+    assert result["step"]["optimizer_ms"] < whole["step"]["optimizer_ms"] / 10 + 0.01
+
+
+@pytest.mark.parametrize("sample,expected", [
+    ("20x16:int64", "fails on samples of 20x16:int64 (ValueError: RNN input dtype (torch.int64) does not match "
+                    "weight dtype (torch.float32)"),
+    ("20x16:int64", "it takes floating-point values, e.g. 20x16"),
+])
+def test_a_sample_of_the_wrong_type_says_what_the_model_said(sample, expected):
+    code, out, err = run_cli(["predict", "--model", "test_predict:gru", "--sample", sample, "--cluster", "1 x A100"])
+    assert code == 2 and expected in err and "reads tensor values" not in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+class Gru(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru, self.fc = torch.nn.GRU(16, 32, batch_first=True), torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc(self.gru(x)[0][:, -1])
+
+
+def gru():
+    return Gru()
+
+
 @pytest.fixture(scope="module")
 def quick_compute():
     """bench's compute part (--quick), really run here once for the tests that predict from it."""

@@ -1,15 +1,17 @@
 """``gpurig train``, the main job, end to end: accuracy, both engines, crash and resume, bad input."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import gpurig, run_cli
+from conftest import gpurig, run_cli, train_json
 from gpurig.train.checkpoints import damaged, epoch_path, saved_epochs
 
 # Stated in the README: the default run (mlp, 5 epochs, global batch 128 on 2 ranks) reaches about 92 %.
@@ -102,6 +104,25 @@ def test_killed_run_resumes_to_the_uninterrupted_weights_past_a_corrupt_checkpoi
     summary = json.loads(resumed.stdout)
     assert summary["weights_digest"] == default_run["weights_digest"]
     assert [e["loss"] for e in summary["epochs"]] == [e["loss"] for e in default_run["epochs"]]
+
+
+def test_resuming_at_or_past_epochs_trains_nothing_and_says_so(mlp_two_epochs_of_512, tmp_path):
+    """conftest's run ended at epoch 2: --resume --epochs 1 (or 2) trains nothing, says so, and names epoch 2's
+    checkpoint, whose accuracy it reports (it once said "epochs 3..1" and named checkpoint-epoch1.pt)."""
+    shutil.copytree(Path(mlp_two_epochs_of_512["checkpoint"]).parent, tmp_path, dirs_exist_ok=True)
+    again = ("--resume", "--epochs", 1, "--global-batch", 512, "--compression", "none", "--no-predict")
+    summary = train_json(*again, checkpoint_dir=tmp_path)
+    assert summary["nothing_to_train"] and summary["checkpoint"] == str(epoch_path(tmp_path, 2))
+    assert summary["epochs"] == mlp_two_epochs_of_512["epochs"]
+    assert summary["weights_digest"] == mlp_two_epochs_of_512["weights_digest"]
+    done = gpurig("train", "-n", 1, *again, "--checkpoint-dir", tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = " ".join(done.stdout.split())  # rich wraps long lines
+    assert ("the checkpoint is at the end of epoch 2 and --epochs 1 asks for no more: nothing to train "
+            "(--epochs 3 or more trains on)") in out, out
+    assert f"test accuracy {100 * summary['test_accuracy']:.1f} %; checkpoint {epoch_path(tmp_path, 2)}" in out
+    assert "mlp on mnist: 1 rank, mpi" in out and "epochs 3..1" not in out
+    assert saved_epochs(tmp_path) == [2, 1]  # nothing written
 
 
 @pytest.mark.parametrize("args,message", [

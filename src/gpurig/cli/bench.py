@@ -60,9 +60,8 @@ def _config(args):
     from gpurig.measure.bench import BenchConfig
 
     check_writable(args.out, "--out", make_directory=True)  # before minutes of measuring, not after (made then)
-    for path, flag in ((args.plot, "--plot"), (args.dir, "--dir")):
-        if path is not None:
-            check_directory(path, flag)
+    if args.plot is not None:
+        check_directory(args.plot, "--plot")  # a directory of PNGs, made if missing; --dir: validate()
 
     overrides = {"nprocs": args.nprocs, "engines": tuple(e.strip() for e in args.engine.split(",") if e.strip()),
                  "parts": tuple(x.strip() for x in args.parts.split(",") if x.strip()), "directory": args.dir,

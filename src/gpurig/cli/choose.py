@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpurig.cli.common import WIDE_COLUMNS
+from gpurig.cli.common import WIDE_COLUMNS, check_plot_path
 
 EPILOG = """\
 examples:
@@ -94,6 +94,8 @@ def run(args) -> int:
     """Run ``gpurig choose`` with parsed ``args``; return the exit code."""
     from gpurig.choose import choose
 
+    if args.plot is not None:
+        check_plot_path(args.plot)
     result = choose(request_from(args))
     if args.plot:
         plot(result, args.plot)

@@ -1,4 +1,4 @@
-"""What several verbs share on the command line: the reliability flags and the command after ``--``.
+"""What several verbs share on the command line: the reliability flags, the command after ``--``, the --plot file.
 
 >>> import argparse; p = argparse.ArgumentParser(); add_reliability_flags(p)
 >>> reliability_env(p.parse_args(["--failure-timeout", "4"]))["GPURIG_FAILURE_TIMEOUT"]
@@ -7,11 +7,46 @@
 
 from __future__ import annotations
 
-from gpurig.errors import UsageError
+from pathlib import Path
+
+from gpurig.errors import UsageError, check_writable
 
 # From this terminal width on, tables show every column; below it (80 columns) each verb keeps its key numbers
 # whole and leaves the rest out.
 WIDE_COLUMNS = 120
+
+
+def check_plot_path(path: str, flag: str = "--plot") -> None:
+    """A plot file ``flag`` will write, checked before the work that draws it: a file name (not a directory) whose
+    ending is a format matplotlib writes, in a directory that exists and is writable.
+
+    >>> check_plot_path("speedup.txt")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --plot speedup.txt: matplotlib cannot write .txt; end the name with .png, .pdf or .svg (or one of ..., eps, ...)
+    """
+    if not path:
+        raise UsageError(f"{flag} '': want a file name, such as speedup.png")
+    if Path(path).is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; want a file name, such as {Path(path) / 'speedup.png'}")
+    ending = Path(path).suffix.lower().lstrip(".")
+    formats = plot_formats()
+    if ending not in formats:
+        problem = f"matplotlib cannot write {Path(path).suffix}" if ending else "no ending to name the format"
+        others = ", ".join(f for f in formats if f not in ("png", "pdf", "svg"))
+        raise UsageError(f"{flag} {path}: {problem}; end the name with .png, .pdf or .svg (or one of {others})")
+    check_writable(path, flag)
+
+
+def plot_formats() -> list[str]:
+    """The file endings matplotlib's Agg canvas writes, sorted; pgf left out (it runs a LaTeX install).
+
+    >>> {"png", "pdf", "svg"} <= set(plot_formats()), "pgf" in plot_formats()
+    (True, False)
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(f for f in FigureCanvasBase.get_supported_filetypes() if f != "pgf")
 
 
 def add_reliability_flags(p) -> None:

@@ -9,6 +9,7 @@ one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from gpurig import __version__
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpurig: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `gpurig predict --json | head`: the reader left; as a shell tool, end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the interpreter flushes stdout at exit)
+        return 141
     except SystemExit as done:  # --help, --version
         return done.code if isinstance(done.code, int) else 0 if done.code is None else 1
 

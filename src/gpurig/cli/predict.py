@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpurig.cli.common import WIDE_COLUMNS
+from gpurig.cli.common import WIDE_COLUMNS, check_plot_path
 
 EPILOG = """\
 examples:
@@ -105,9 +105,10 @@ def run(args) -> int:
     from gpurig.errors import check_writable
     from gpurig.predict import predict
 
-    for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
-        if path is not None:
-            check_writable(path, flag)
+    if args.timeline is not None:
+        check_writable(args.timeline, "--timeline")
+    if args.plot is not None:
+        check_plot_path(args.plot)
     result = predict(request_from(args))
     if args.plot:
         plot(result, args.plot)
@@ -139,7 +140,10 @@ def show(result: dict) -> None:
 
     console = Console()
     step = result["step"]
-    console.print(f"[bold]gpurig predict[/]: {result['model']} ({result['parameters'] / 1e6:.1f} M parameters), "
+    trainable = result.get("trainable_parameters", result["parameters"])
+    frozen = f", {trainable:,} of them trainable" if trainable != result["parameters"] else ""
+    console.print(f"[bold]gpurig predict[/]: {result['model']} ({result['parameters'] / 1e6:.1f} M parameters"
+                  f"{frozen}), "
                   f"{result['batch_per_gpu']} samples per GPU, on {result['gpus']} GPU(s) in {result['nodes']} "
                   f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
                   f"{result['precision']}, compression {result['compression']}"

@@ -195,7 +195,7 @@ def _said(event: dict) -> str:
     from gpurig.train.job import restart_line
 
     if event["event"] == "calibrating":
-        return (f"gpurig train: measuring this job's {event['ranks']} ranks and their links for the prediction "
+        return (f"gpurig train: measuring this job's {_ranks(event['ranks'])} and their links for the prediction "
                 "(seconds; --no-predict skips it)")
     return f"gpurig train: {restart_line(event)}"
 
@@ -239,13 +239,16 @@ class _TrainView:
         self._stop_waiting()
         if kind == "calibrating":
             self.console.print(_said(event), markup=False, highlight=False)
+        elif kind == "start" and event["first_epoch"] >= event["epochs"]:
+            self.start = event
+            self.console.print(f"[bold]gpurig train[/]: {_nothing_to_train(event)}", highlight=False)
         elif kind == "start":
             self.start = event
             per_rank = event["global_batch"] // (1 if event["parallel"] == "model" else event["ranks"])
             held = ", ".join(f"{b / 2**20:.1f}" for b in event["parameter_bytes_per_rank"])
             self.console.print(
                 f"[bold]gpurig train[/]: {event['model']} ({_count(event['parameters'])} parameters), "
-                f"{event['ranks']} ranks over {event['engine']}, {event['parallel']} parallel"
+                f"{_ranks(event['ranks'])} over {event['engine']}, {event['parallel']} parallel"
                 f"{_shard_words(event.get('shard', 'none'))}, global batch "
                 f"{event['global_batch']} ({per_rank} per rank), epochs {event['first_epoch'] + 1}..{event['epochs']}\n"
                 f"parameters held per rank: {held} MB (whole model {event['parameter_bytes_whole'] / 2**20:.1f} MB)")
@@ -286,7 +289,7 @@ class _TrainView:
         # (data, TFLOP/s), so that every number stays whole in an 80-column terminal
         wide = self.console.width >= WIDE_COLUMNS
         columns = [(k, h) for k, h in self.COLUMNS if wide or k not in self.NARROW_DROPS]
-        table = Table(title=f"{done['model']} on {done['data']}: {done['ranks']} ranks, {done['engine']}, "
+        table = Table(title=f"{done['model']} on {done['data']}: {_ranks(done['ranks'])}, {done['engine']}, "
                             f"ms per step", box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
                       pad_edge=wide, collapse_padding=not wide)
         for _, header in columns:
@@ -320,6 +323,28 @@ class _TrainView:
                                f"({predicted['profile']}), compression {predicted['compression']}")
         elif predicted:
             self.console.print(f"no prediction: {predicted['error']}")
+
+
+def _ranks(n: int) -> str:
+    """A rank count in words.
+
+    >>> _ranks(1), _ranks(4)
+    ('1 rank', '4 ranks')
+    """
+    return f"{n} rank{'s' * (n != 1)}"
+
+
+def _nothing_to_train(start: dict) -> str:
+    """What the start line says when a resumed run is already at or past ``--epochs``.
+
+    >>> print(_nothing_to_train({"model": "mlp", "epochs": 1, "first_epoch": 2, "first_step": 0}))
+    mlp: the checkpoint is at the end of epoch 2 and --epochs 1 asks for no more: nothing to train (--epochs 3 or more trains on)
+    """
+    from gpurig.train.checkpoints import Position
+
+    at = Position(start["first_epoch"], start.get("first_step", 0))
+    return (f"{start['model']}: the checkpoint is at {at} and --epochs {start['epochs']} asks for no more: "
+            f"nothing to train (--epochs {at.epochs + 1} or more trains on)")
 
 
 def _shard_words(shard: str) -> str:

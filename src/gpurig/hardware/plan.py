@@ -11,6 +11,7 @@ whole (energy, network, the slowest GPU).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 
 from gpurig.hardware import rules
 from gpurig.perf import power
@@ -33,6 +34,38 @@ def merge(base: dict, flags: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+# A build file's top level as the file writes each key: arrays of tables, tables, plain values (read by
+# gpurig.spec.build.build_from, which refuses any other key; tests/test_plan.py keeps the two lists the same).
+BUILD_SECTIONS = {"gpus": "[[gpus]]", "other_nodes": "[[other_nodes]]", "cpu": "[cpu]", "psu": "[psu]",
+                  "board": "[board]", "storage": "[storage]", "case": "[case]", "usage": "[usage]",
+                  "cluster": "[cluster]", "ram_gb": "ram_gb"}
+
+
+def check_top_level(data: dict, where: str) -> None:
+    """Refuse an unknown top-level key before anything else is said of the build (a misplaced ``gpu = "2080ti"``
+    would read as "no GPUs"), naming the closest section as the file writes it.
+
+    >>> check_top_level({"gpu": "2080ti", "ram_gb": 64}, "b.toml")
+    Traceback (most recent call last):
+    ...
+    gpurig.spec.fields.SpecError: b.toml: unknown field 'gpu' (did you mean a [[gpus]] table, with model = "2080ti" in it?)
+    >>> check_top_level({"psus": {"watts": 1000}}, "b.toml")
+    Traceback (most recent call last):
+    ...
+    gpurig.spec.fields.SpecError: b.toml: unknown field 'psus' (did you mean [psu]?)
+    """
+    for key, value in data.items():
+        if key in BUILD_SECTIONS:
+            continue
+        close = difflib.get_close_matches(str(key).lower(), BUILD_SECTIONS, n=1)
+        if not close:
+            raise SpecError(f"{where}: unknown field {key!r} (a build file has {', '.join(BUILD_SECTIONS.values())})")
+        form = BUILD_SECTIONS[close[0]]
+        hint = f'a {form} table, with model = "{value}" in it' if close[0] == "gpus" and isinstance(value, str) \
+            else form
+        raise SpecError(f"{where}: unknown field {key!r} (did you mean {hint}?)")
 
 
 def inputs(build_file: str | None = None, spec_file: str | None = None, description: str | None = None,
@@ -60,6 +93,7 @@ def inputs(build_file: str | None = None, spec_file: str | None = None, descript
                             f"{', '.join(per_machine)} would change only the first; edit the file instead")
         shared = {k: v for k, v in flags.items() if k != "cluster"}
         data["other_nodes"] = [merge(other, shared) for other in data["other_nodes"]]
+    check_top_level(data, where)
     if not data.get("gpus"):
         raise SpecError(f"{where}: no GPUs: give --gpu NAME (and --count N) or a build file with [[gpus]]")
     return build_from(data, where)

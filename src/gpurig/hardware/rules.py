@@ -352,14 +352,23 @@ def case(build: Build):
         problems.append(f"takes cards up to {length:g} mm: full-length cards are up to {FULL_LENGTH_MM} mm "
                         "(check your card's length)")
     if water and (mounts or 0) < water:
-        problems.append(f"{mounts or 0} radiator mounts for {water} water-cooled GPUs (one radiator each)")
+        problems.append(f"{count(mounts or 0, 'radiator mount')} for {count(water, 'water-cooled GPU')} (one radiator each)")
     number = ", ".join(([f"{length:g} mm cards"] if length is not None else []) +
-                       ([f"{mounts} radiators"] if mounts is not None else []))
+                       ([count(mounts, "radiator")] if mounts is not None else []))
     note = "a bigger case gains only 2–5 °C: buy it to fit the parts, not to cool them"
     if problems:
         return Verdict("case", PROBLEM if water and (mounts or 0) < water else WARNING, number,
                        "; ".join(problems) + f"; {note}")
     return Verdict("case", OK, number, f"fits full-length cards{' and the radiators' if water else ''}; {note}")
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` of ``noun``, plural but for one.
+
+    >>> count(1, "module"), count(4, "slot")
+    ('1 module', '4 slots')
+    """
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def slots(build: Build):
@@ -368,12 +377,12 @@ def slots(build: Build):
     width = max(g.slot_width or 2 for g in build.each_gpu())
     modules = [g.name for g in build.each_gpu() if g.form_factor in ("sxm", "oam")]
     if modules:
-        return Verdict("board slots", WARNING, f"{len(modules)} modules",
+        return Verdict("board slots", WARNING, count(len(modules), "module"),
                        f"{modules[0]} is an {build.each_gpu()[0].form_factor.upper()} module for a server board "
                        "(HGX/OAM), not a PCIe card")
     if build.board.gpu_slots is None:
-        return Verdict("board slots", INFO, f"{n} slots, {width} apart",
-                       f"{n} x16-size slots spaced for {width}-slot-wide cards" +
+        return Verdict("board slots", INFO, f"{count(n, 'slot')}, {width} apart",
+                       f"{count(n, 'x16-size slot')} spaced for {width}-slot-wide cards" +
                        ("; more than 4 GPUs rarely fit one board" if n > 4 else ""))
     if build.board.gpu_slots < n:
         return Verdict("board slots", PROBLEM, f"{build.board.gpu_slots} < {n}", "not enough GPU slots")
@@ -382,7 +391,7 @@ def slots(build: Build):
                        "each card covers the next slot")
     if n > 4:
         return Verdict("board slots", WARNING, f"{n} GPUs", "boards usually support 4 GPUs at most")
-    return Verdict("board slots", OK, f"{build.board.gpu_slots} slots for {n}", f"{width}-slot cards fit")
+    return Verdict("board slots", OK, f"{count(build.board.gpu_slots, 'slot')} for {n}", f"{width}-slot cards fit")
 
 
 def storage(build: Build):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -82,6 +83,28 @@ def validate(config: BenchConfig) -> None:
             raise UsageError(f"unknown part {part!r}: choose from {', '.join(PARTS)}")
     if not 4 <= config.min_bytes <= config.max_bytes:
         raise UsageError(f"message sizes must satisfy 4 <= min <= max, got {config.min_bytes}..{config.max_bytes}")
+    if config.directory is not None:
+        check_work_directory(config.directory)
+
+
+def check_work_directory(directory: str) -> None:
+    """``--dir``, where the loading and disk parts write their files: it must already be a writable directory
+    (bench measures that disk, so it does not make one elsewhere), checked before anything is measured.
+
+    >>> check_work_directory("/nonexistent/bench")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --dir /nonexistent/bench: no such directory
+    """
+    path = Path(directory)
+    if not directory:
+        raise UsageError("--dir '': want a directory")
+    if not path.exists():
+        raise UsageError(f"--dir {directory}: no such directory")
+    if not path.is_dir():
+        raise UsageError(f"--dir {directory}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--dir {directory}: not writable")
 
 
 def _comm_job(config: BenchConfig, engine: str, on_event) -> list[dict]:

@@ -23,7 +23,9 @@ Conventions (docs/predict.md says more):
   gradient (an approximation: the gradient and the saved input are read).
 - **Parameters**: each tensor once, owned by the first layer that uses it (so
   GPT-2's output layer, tied to the token embedding, owns none); buffers such
-  as BatchNorm's running statistics are not parameters.
+  as BatchNorm's running statistics are not parameters. A frozen tensor
+  (``requires_grad=False``) is a parameter, whose weights take memory, but not a
+  trainable one: it has no gradient to average and no optimizer state.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +54,8 @@ class LayerSpec:
     """One layer of a :class:`ModelSpec`: what it holds and what one forward pass of the batch costs in it.
 
     ``parameter_shapes`` are the tensors this layer owns, as (full name, shape),
-    in registration order; ``gemms`` the matrix multiplies it ran, in order;
+    in registration order, and ``frozen`` the names of those that need no gradient
+    (``requires_grad=False``); ``gemms`` the matrix multiplies it ran, in order;
     ``input_elements`` / ``output_elements`` the elements of the tensors it took
     and returned (summed over calls; multiply by the element size for bytes);
     ``forward_bytes`` / ``backward_bytes`` memory traffic outside GEMMs.
@@ -77,6 +81,23 @@ class LayerSpec:
     backward_vector_bytes: int = 0
     forward_float32_bytes: int = 0
     backward_float32_bytes: int = 0
+    frozen: tuple[str, ...] = ()
+
+    @property
+    def trainable_shapes(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The tensors of ``parameter_shapes`` that training updates: each has a gradient, averaged over the
+        ranks, and optimizer state.
+
+        >>> frozen = describe(nn.Linear(4, 2).requires_grad_(False), (4,)).layers[0]
+        >>> frozen.parameters, frozen.trainable_parameters, frozen.trainable_shapes
+        (10, 0, ())
+        """
+        return tuple((name, shape) for name, shape in self.parameter_shapes if name not in self.frozen)
+
+    @property
+    def trainable_parameters(self) -> int:
+        """Values of :attr:`trainable_shapes`."""
+        return sum(math.prod(shape) for _, shape in self.trainable_shapes)
 
     @property
     def batch_norm(self) -> bool:
@@ -125,6 +146,7 @@ class ModelSpec:
     mixed_output_bytes: int = 0
 
     parameters = _total("parameters", "Parameters, each tensor once.")
+    trainable_parameters = _total("trainable_parameters", "Parameters that need a gradient (not frozen).")
     parameter_bytes = _total("parameter_bytes", "Bytes of the parameters.")
     forward_flops = _total("forward_flops", "FLOPs of one forward pass of the whole batch.")
     backward_flops = _total("backward_flops", "FLOPs of one backward pass of the whole batch (see the conventions).")
@@ -148,7 +170,8 @@ class ModelSpec:
 
     def totals(self) -> dict:
         """The model-wide numbers, for tables and ``--json``."""
-        return {"parameters": self.parameters, "parameter_bytes": self.parameter_bytes,
+        return {"parameters": self.parameters, "trainable_parameters": self.trainable_parameters,
+                "parameter_bytes": self.parameter_bytes,
                 "forward_flops": self.forward_flops, "forward_flops_per_sample": self.forward_flops_per_sample,
                 "backward_flops": self.backward_flops, "forward_bytes": self.forward_bytes,
                 "backward_bytes": self.backward_bytes}
@@ -165,7 +188,8 @@ class ModelSpec:
             if data.get("schema") != SCHEMA:
                 raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
             layers = tuple(LayerSpec(**{**layer, "gemms": tuple(_gemm(g) for g in layer["gemms"]),
-                                        "parameter_shapes": tuple((n, tuple(s)) for n, s in layer["parameter_shapes"])})
+                                        "parameter_shapes": tuple((n, tuple(s)) for n, s in layer["parameter_shapes"]),
+                                        "frozen": tuple(layer.get("frozen", ()))})
                            for layer in data["layers"])
             fields = {f.name: data[f.name] if f.default is dataclasses.MISSING else data.get(f.name, f.default)
                       for f in dataclasses.fields(cls)}
@@ -206,15 +230,47 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
                 SavedActivations(model) as saved:
             _held = model(x)    # held until the count ends: what autograd keeps for backward hangs from it
     except Exception as error:  # the model's own code: report it in one line
-        raise UsageError(f"{name or type(module).__name__}: its forward pass fails on the meta device "
-                         f"({one_line(error)}); a model that reads tensor values "
-                         "(.item(), data-dependent shapes) cannot be described without running it") from None
+        raise forward_failed(name or type(module).__name__, x, error) from None
     mixed = _mixed_precision_activations(model, x, training) if mixed_precision else {}
     dtypes = {p.dtype for p in model.parameters()} or {torch.float32}
     return ModelSpec(name=name or type(module).__name__, batch=batch, sample=tuple(x.shape[1:]),
                      input_dtype=_dtype_name(x.dtype), dtype=",".join(sorted(map(_dtype_name, dtypes))),
                      layers=_layers(tracer.charges()), saved_bytes=saved.total_bytes,
                      largest_saved_bytes=saved.largest_bytes, output_bytes=_float_bytes(_held), **mixed)
+
+
+def forward_failed(name: str, x: torch.Tensor, error: Exception) -> UsageError:
+    """The one line for a forward pass that failed on ``x``: blamed on the meta device (a model that reads
+    tensor values) only when the error is the meta device's; otherwise it names the samples the model was fed,
+    whose shape or type is then most often what was wrong.
+
+    >>> ids = torch.empty(8, 20, 16, dtype=torch.int64, device="meta")
+    >>> print(forward_failed("rnn", ids, ValueError("RNN input dtype (torch.int64) does not match weight dtype")))
+    rnn: its forward pass fails on samples of 20x16:int64 (ValueError: RNN input dtype (torch.int64) does not match weight dtype): it takes floating-point values, e.g. 20x16
+    >>> print(forward_failed("m", ids, RuntimeError("Tensor.item() cannot be called on meta tensors")))
+    m: its forward pass fails on the meta device (RuntimeError: Tensor.item() cannot be called on meta tensors); a model that reads tensor values (.item(), data-dependent shapes) cannot be described without running it
+    """
+    said = one_line(error)
+    if any(word in said.lower() for word in ("meta", "data-dependent", "data-independent")):
+        return UsageError(f"{name}: its forward pass fails on the meta device ({said}); a model that reads tensor "
+                          "values (.item(), data-dependent shapes) cannot be described without running it")
+    sample = "x".join(map(str, x.shape[1:])) or "()"
+    fed = sample if x.dtype == torch.float32 else f"{sample}:{_dtype_name(x.dtype)}"
+    return UsageError(f"{name}: its forward pass fails on samples of {fed} ({said}): {_input_hint(x, said, sample)}")
+
+
+def _input_hint(x: torch.Tensor, said: str, sample: str) -> str:
+    """What to try, from the error's words: a type mismatch between token ids and values, else the input itself.
+
+    >>> _input_hint(torch.empty(1, 32, device="meta"), "RuntimeError: Expected 'indices' to be Long, Int", "32")
+    'it takes token ids, e.g. 32:int64'
+    """
+    lowered = said.lower()
+    if not x.is_floating_point() and "type" in lowered:  # "dtype", "scalar type", "Input type (long int)"
+        return f"it takes floating-point values, e.g. {sample}"
+    if x.is_floating_point() and any(word in lowered for word in ("indices", "long", "int64")):
+        return f"it takes token ids, e.g. {sample}:int64"
+    return "is that the input it takes (its shape per sample, and :int64 for token ids)?"
 
 
 def _mixed_precision_activations(model: nn.Module, x: torch.Tensor, training: bool) -> dict[str, int]:
@@ -320,7 +376,8 @@ def _layers(charges: list[Charges]) -> tuple[LayerSpec, ...]:
             input_elements=c.input_elements, output_elements=c.output_elements,
             forward_bytes=c.forward_bytes, backward_bytes=c.backward_bytes,
             forward_vector_bytes=c.forward_vector_bytes, backward_vector_bytes=c.backward_vector_bytes,
-            forward_float32_bytes=c.forward_float32_bytes, backward_float32_bytes=c.backward_float32_bytes))
+            forward_float32_bytes=c.forward_float32_bytes, backward_float32_bytes=c.backward_float32_bytes,
+            frozen=tuple(n for n, p in owned if not p.requires_grad)))
     return tuple(layers)
 
 

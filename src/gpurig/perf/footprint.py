@@ -120,12 +120,12 @@ def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: di
            workspaces: int = 0) -> tuple[dict, dict, dict]:
     """What the whole step holds (weights, optimizer state, buckets, workspaces), and on top of it at backward's
     peak and at the optimizer step's (all zeros when the step was not traced: the summed parts are then backward's)."""
-    params = spec.parameters
+    params = spec.trainable_parameters   # what has a gradient and optimizer state; frozen weights have neither
     shards = ranks if shard != "none" else 1
     stage2 = shard == "gradients" and ranks > 1
     gradients = params * DTYPE_BYTES
     held = {
-        "weights": params * DTYPE_BYTES,
+        "weights": spec.parameters * DTYPE_BYTES,
         "optimizer": math.ceil(params / shards) * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
         "buckets": (min(params * DTYPE_BYTES, BUCKET_BYTES) if stage2 else params * DTYPE_BYTES) if ranks > 1 else 0,
         "workspaces": workspaces,
@@ -151,7 +151,7 @@ def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: di
     held_output = (spec.mixed_output_bytes or output * 2) if mixed else spec.output_bytes
     backward = {
         "gradients": math.ceil(params / ranks) * DTYPE_BYTES if stage2 else gradients,
-        "amp_copies": params * 2 if mixed else 0,
+        "amp_copies": spec.parameters * 2 if mixed else 0,
         "activations": round(activations),
         "output_and_loss": round(held_output + output * 3 * DTYPE_BYTES),
         "backward_working": 0,

@@ -56,7 +56,9 @@ def split_layer(layer: LayerCost, how: str, ranks: int) -> LayerCost:
     else:
         forward = tuple(cut(g, "k") for g in layer.forward_gemms)
         backward = tuple(cut(g, "n") for g in layer.backward_gemms)
-    return replace(layer, params=layer.params // ranks, forward_gemms=forward, backward_gemms=backward,
+    trainable = None if layer.trainable_sizes is None else tuple(size // ranks for size in layer.trainable_sizes)
+    return replace(layer, params=layer.params // ranks, trainable_sizes=trainable, forward_gemms=forward,
+                   backward_gemms=backward,
                    forward_bytes=layer.forward_bytes / ranks, backward_bytes=layer.backward_bytes / ranks,
                    forward_vector_bytes=layer.forward_vector_bytes / ranks,
                    backward_vector_bytes=layer.backward_vector_bytes / ranks,
@@ -102,9 +104,9 @@ def predict_split_step(whole: list[LayerCost], per_rank: list[LayerCost], plan: 
                 replicated.append((i, d_out))                                           # the row bias, whole
         else:
             layer = full if (mode == "model" or first_split <= i <= last_split) else mine
-            if mode == "hybrid" and layer.params:
-                replicated.append((i, layer.params))
-        params_here += layer.params
+            if mode == "hybrid" and sum(layer.gradients()):
+                replicated.append((i, sum(layer.gradients())))
+        params_here += sum(layer.gradients())
         costs.append(layer)
     per_layer = [layer_seconds(layer, device) for layer in costs]
     forward = sum(f for f, _ in per_layer)

@@ -67,10 +67,21 @@ class LayerCost:
     winograd: bool = False
     # a batch norm: on NCHW bf16 tensors its kernels are PyTorch's own (:func:`nchw_batch_norm_scale`)
     batch_norm: bool = False
+    # values of each parameter tensor that has a gradient (requires_grad), in registration order; None: every
+    # tensor. A frozen one is read and cast like the others, but has no gradient, bucket or optimizer state.
+    trainable_sizes: tuple[int, ...] | None = None
 
     def tensors(self) -> tuple[int, ...]:
         """Values of each parameter tensor, in registration order."""
         return self.param_sizes or ((self.params,) if self.params else ())
+
+    def gradients(self) -> tuple[int, ...]:
+        """Values of each gradient the layer's backward makes (its trainable tensors'), in registration order.
+
+        >>> LayerCost("fc", 110, param_sizes=(100, 10), trainable_sizes=(10,)).gradients()
+        (10,)
+        """
+        return self.tensors() if self.trainable_sizes is None else self.trainable_sizes
 
 
 def backward_of(gemm: tuple[int, ...], input_gradient: bool = True) -> list[tuple[int, ...]]:
@@ -352,8 +363,10 @@ def layer_costs(spec) -> list[LayerCost]:
         sizes = tuple(math.prod(shape) for _, shape in layer.parameter_shapes)
         largest = max(layer.input_elements, layer.output_elements) // max(layer.calls, 1)
         winograd = layer.kind == "conv" and bool(layer.gemms) and all(map(winograd_applies, layer.gemms))
+        trainable = tuple(math.prod(shape) for _, shape in layer.trainable_shapes)
         out.append(LayerCost(layer.name, layer.parameters, forward, backward, layer.forward_bytes,
                              layer.backward_bytes, sizes, kind=layer.kind, activation_values=largest,
+                             trainable_sizes=trainable,
                              input_values=layer.input_elements, output_values=layer.output_elements,
                              forward_vector_bytes=layer.forward_vector_bytes,
                              backward_vector_bytes=layer.backward_vector_bytes,
@@ -584,7 +597,7 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
         if backward > 0 and launched > backward:  # the layers' backward stretches with the host's: buckets leave later
             per_layer = [(f, b * launched / backward) for f, b in per_layer]
         forward, backward = max(forward, setup.host_ops[0] * per_op), max(backward, launched)
-    params = sum(layer.params for layer in layers)
+    params = sum(sum(layer.gradients()) for layer in layers)   # what the optimizer updates and the ranks average
     sharded = setup.shard != "none" and setup.ranks > 1
     optimizer = device.optimizer_seconds(setup.optimizer, math.ceil(params / setup.ranks) if sharded else params)
 
@@ -593,7 +606,7 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
     if setup.ranks > 1 and params:
         # Copying gradients into the buckets and scaling them: two passes over them per step.
         optimizer += memory_seconds(2 * 2 * params * DTYPE_BYTES, device.memory_bytes_per_s)
-        owners = [(i, size) for i, layer in enumerate(layers) for size in layer.tensors()]
+        owners = [(i, size) for i, layer in enumerate(layers) for size in layer.gradients()]
         bucket_of = list(setup.bucket_of_tensor) or [0] * len(owners)
         count = max(bucket_of) + 1
         # A bucket leaves when backward has finished the first layer (in forward order) it holds a tensor of.

@@ -83,7 +83,8 @@ def predict(request: PredictRequest) -> dict:
         curve.append(_point(n, n * batch, step, n * single / step.step_s, hardware))
     final = step_at(spec, layers, request, hardware, top)
     result = {
-        "model": spec.name, "parameters": spec.parameters, "batch_per_gpu": batch, "gpus": top,
+        "model": spec.name, "parameters": spec.parameters, "trainable_parameters": spec.trainable_parameters,
+        "batch_per_gpu": batch, "gpus": top,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
         "shard": request.shard, "software": request.software, "memory_format": request.memory_format,

@@ -15,13 +15,14 @@ from gpurig.predict.hardware import Hardware
 from gpurig.predict.request import PredictRequest
 
 def bucket_of_tensors(spec, cap_mb: float, first_mb: float = 1.0) -> tuple[int, ...]:
-    """Each parameter tensor's bucket, as gpurig's DataParallel (and DDP) would fill them.
+    """Each trainable parameter tensor's bucket, as gpurig's DataParallel (and DDP) would fill them (a frozen
+    tensor has no gradient to average).
 
     >>> from gpurig.models import model_spec
     >>> bucket_of_tensors(model_spec("mnist-mlp"), cap_mb=4)
     (1, 1, 0, 0, 0, 0)
     """
-    shapes = tuple(tuple(shape) for layer in spec.layers for _, shape in layer.parameter_shapes)
+    shapes = tuple(tuple(shape) for layer in spec.layers for _, shape in layer.trainable_shapes)
     return _bucket_of_shapes(shapes, int(cap_mb * 2**20), int(first_mb * 2**20))
 
 
@@ -51,7 +52,7 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     collectives = 1 if kind == "none" else 2   # a compressed bucket: two (an exchange and a gather, or P and Q)
     cap = request.bucket_mb or (25.0 if method == "none" else 4.0)
     bucket_of = bucket_of_tensors(spec, cap)
-    shapes = [shape for layer in spec.layers for _, shape in layer.parameter_shapes]
+    shapes = [shape for layer in spec.layers for _, shape in layer.trainable_shapes]
     payload, codec_s = [], []
     # bench times each codec's whole chain on the profile's ranks (PowerSGD at its default rank)
     key = kind if kind != "powersgd" or rank == powersgd.DEFAULT_RANK else method

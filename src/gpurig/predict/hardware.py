@@ -68,7 +68,11 @@ def load_hardware(request: PredictRequest) -> Hardware:
     if profile is None:
         raise UsageError("a machine without GPUs needs measurements: run `gpurig bench` and pass its profile "
                          "(--cluster runs/bench/profile.json)")
+    where = request.profile or request.cluster
+    check_measured(profile, where, "compute")
     comm = profile.get("comm") or {}
+    if comm:
+        check_measured(comm["engines"][_engine_key(profile, request.engine)], where, "allreduce", "comm")
     nodes = comm.get("nodes", 1)
     ranks = comm.get("ranks", 1)
     if comm:
@@ -99,6 +103,20 @@ def load_hardware(request: PredictRequest) -> Hardware:
                                                                  catalog),
                     lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile", slowdown,
                     posted, compressed)
+
+
+def check_measured(measurements: dict, where: str, key: str, part: str | None = None) -> None:
+    """Refuse, in one line and before any work, a profile that lacks what the prediction reads: bench was run
+    without that part (``--parts comm,p2p`` has no compute; ``--parts p2p`` no allreduce).
+
+    >>> check_measured({"disk": {"mb_per_s": 900}}, "disk.json", "compute")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: disk.json: the profile has no compute measurements: run gpurig bench with the compute part
+    """
+    if not measurements.get(key):
+        raise UsageError(f"{where}: the profile has no {key} measurements: run gpurig bench with the "
+                         f"{part or key} part")
 
 
 def _catalog_device(profile: dict, request: PredictRequest):
@@ -132,6 +150,8 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     base = machine.spec_topology(spec, network_efficiency=request.network_efficiency)
     first = machines[0]
     measured = profile is not None and profile.get("device") not in (None, "cpu")
+    if measured:
+        check_measured(profile, request.profile or request.cluster, "compute")
 
     def device_of(gpu, ranks):
         catalog = _catalog_model(gpu, request)

@@ -148,6 +148,7 @@ def load(path: str | os.PathLike) -> dict:
 # -- the series of a run: one checkpoint per epoch (and every --checkpoint-every steps), the last few kept ----
 
 LATEST = "latest"
+CHECKPOINT_FORMAT = "gpurig-train/1"  # what gpurig train's checkpoints say they are (their "format")
 KEEP = 3
 _FILE = re.compile(r"(?P<stem>.+?)-epoch(?P<epoch>\d+)(?:-step(?P<step>\d+))?\.pt")
 

@@ -117,17 +117,48 @@ def validate(config: TrainConfig, nprocs: int) -> None:
         raise UsageError(f"--checkpoint-every {config.checkpoint_every}: the run has {steps} steps, so it would "
                          f"never checkpoint between epochs (every epoch's end is checkpointed anyway): "
                          f"use at most {max(steps - 1, 1)}")
-    if config.resume and not checkpoints.saved(config.checkpoint_dir):
-        raise UsageError(f"--resume: no checkpoint in {config.checkpoint_dir}")
+    if config.resume:
+        _validate_resume(config)
     check_directory(config.checkpoint_dir, "--checkpoint-dir")
     if config.logdir is not None:
         check_directory(config.logdir, "--logdir")
     if config.timeline is not None:
         check_writable(config.timeline, "--timeline")
-    _validate_parallel(config, nprocs)
+    _validate_parallel(config, nprocs, dataset.x_train[:2])
     _validate_shard(config)
     _validate_reliability(config)
     _validate_step(config, nprocs)
+
+
+def resume_problem(state: dict, path, model: str) -> str | None:
+    """Why the checkpoint ``state`` (read from ``path``) cannot resume a run of ``model``, or None when it can.
+
+    >>> resume_problem({"format": checkpoints.CHECKPOINT_FORMAT, "model_name": "mlp"}, "ck/checkpoint-epoch2.pt", "cnn")
+    'ck/checkpoint-epoch2.pt was written by a run of --model mlp, not cnn: resume with --model mlp, or use another --checkpoint-dir'
+    """
+    if state.get("format") != checkpoints.CHECKPOINT_FORMAT:
+        return f"{path} is not a checkpoint of gpurig train (format {state.get('format')!r})"
+    if state.get("model_name") != model:
+        return (f"{path} was written by a run of --model {state.get('model_name')}, not {model}: resume with "
+                f"--model {state.get('model_name')}, or use another --checkpoint-dir")
+    return None
+
+
+def _validate_resume(config: TrainConfig) -> None:
+    """``--resume``: a good checkpoint in ``--checkpoint-dir``, of a run of this ``--model`` (the ranks read it again).
+
+    >>> _validate_resume(TrainConfig(resume=True, checkpoint_dir="/nonexistent"))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --resume: no checkpoint in /nonexistent
+    """
+    try:
+        state, path, _ = checkpoints.load_newest(config.checkpoint_dir)
+    except checkpoints.CheckpointError as error:
+        raise UsageError(f"--resume: {error}") from None
+    problem = resume_problem(state, path, config.model)
+    if problem:
+        raise UsageError(f"--resume: {problem}")
 
 
 def _validate_step(config: TrainConfig, nprocs: int) -> None:
@@ -163,19 +194,23 @@ def _validate_step(config: TrainConfig, nprocs: int) -> None:
 
 
 def check_fits(config: TrainConfig, dataset) -> None:
-    """The model builds, takes the data's inputs and gives a score per class; one line saying which part does not.
+    """The model builds, has weights to train, takes the data's inputs and gives a score per class (at least as
+    many as the largest label + 1: more are fine, a data set may lack the top classes); one line saying which part
+    does not.
 
     >>> from gpurig.train import data
     >>> check_fits(TrainConfig(model="torch.nn:Flatten"), data.load("mnist"))
     Traceback (most recent call last):
     ...
-    gpurig.errors.UsageError: --model torch.nn:Flatten gives 784 outputs per sample for the 10 classes of mnist: its last layer should have 10
+    gpurig.errors.UsageError: --model torch.nn:Flatten has no weights to train (no parameter that requires grad)
     """
     from gpurig.errors import one_line
     from gpurig.train.sources import build_model
 
     torch.manual_seed(config.seed)
     model = build_model(config.model)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UsageError(f"--model {config.model} has no weights to train (no parameter that requires grad)")
     try:
         with torch.no_grad():
             out = model(dataset.x_train[:2])
@@ -185,20 +220,26 @@ def check_fits(config: TrainConfig, dataset) -> None:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UsageError(f"--model {config.model} gives {shape} for 2 samples of {config.data}: want one row of "
                          f"class scores per sample")
-    if out.shape[1] != dataset.classes:
-        raise UsageError(f"--model {config.model} gives {out.shape[1]} outputs per sample for the {dataset.classes} "
-                         f"classes of {config.data}: its last layer should have {dataset.classes}")
+    if out.shape[1] < dataset.classes:
+        raise UsageError(f"--model {config.model} gives {out.shape[1]} outputs per sample, and the labels of "
+                         f"{config.data} go up to {dataset.classes - 1}: its last layer should have at least "
+                         f"{dataset.classes}")
 
 
-def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
-    """``--parallel``: a known mode, and for model/hybrid a plan that splits the model over ``nprocs`` ranks.
+def _validate_parallel(config: TrainConfig, nprocs: int, example: torch.Tensor | None = None) -> None:
+    """``--parallel``: a known mode, and for model/hybrid a plan that splits the model over ``nprocs`` ranks and
+    that the model's forward pass runs as planned (checked on ``example``, a few inputs, when given).
 
     >>> _validate_parallel(TrainConfig(model="cnn", parallel="model"), nprocs=3)
     Traceback (most recent call last):
     ...
     gpurig.errors.UsageError: --parallel model: plan: '8' (column) has 256 output features, which do not split evenly over 3 ranks
+    >>> _validate_parallel(TrainConfig(model="gpurig.models.text:gpt2", parallel="hybrid"), nprocs=2)
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --parallel hybrid: --model gpurig.models.text:gpt2 has no pair of nn.Linear layers gpurig can split (one followed by another in an nn.Sequential, only activations or dropout between them): 'layers.0.attention.qkv' is used by SelfAttention's own forward, not run by an nn.Sequential; use --parallel data
     """
-    from gpurig.parallel.layer_plan import PlanError, krizhevsky_plan, resolve_plan
+    from gpurig.parallel.layer_plan import PlanError, check_forward, krizhevsky_plan, left_whole, resolve_plan
 
     if config.parallel not in PARALLEL:
         raise UsageError(f"unknown parallelism {config.parallel!r}; choose one of: {', '.join(PARALLEL)}")
@@ -214,10 +255,19 @@ def _validate_parallel(config: TrainConfig, nprocs: int) -> None:
                          "and with --parallel model none are")
     from gpurig.train.sources import build_model
 
-    with torch.device("meta"):  # the layout only: no memory, no initialisation
+    torch.manual_seed(config.seed)
+    with torch.device("cpu" if example is not None else "meta"):  # meta: the layout only, no memory
         model = build_model(config.model)
+    plan, hybrid = krizhevsky_plan(model), config.parallel == "hybrid"
+    if not plan:
+        why = next(iter(left_whole(model).values()), "it has no nn.Linear layer")
+        raise UsageError(f"--parallel {config.parallel}: --model {config.model} has no pair of nn.Linear layers "
+                         f"gpurig can split (one followed by another in an nn.Sequential, only activations or dropout "
+                         f"between them): {why}; use --parallel data")
     try:
-        resolve_plan(model, krizhevsky_plan(model), nprocs, hybrid=config.parallel == "hybrid")
+        resolve_plan(model, plan, nprocs, hybrid=hybrid)
+        if example is not None:
+            check_forward(model, plan, example, hybrid=hybrid)
     except PlanError as error:
         raise UsageError(f"--parallel {config.parallel}: {error}") from None
 

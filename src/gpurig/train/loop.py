@@ -35,7 +35,7 @@ from gpurig.train.predicted import calibrate, prediction
 from gpurig.train.sources import build_model
 from gpurig.train.step import train_step
 from gpurig.train.utilization import BENCH_PROFILE, achieved, flops_per_step, peak_flops_per_s
-from gpurig.train.state import (CHECKPOINT_FORMAT, bytes_per_rank, resume_state, weights_digest, whole_model_state,
+from gpurig.train.state import (CannotResume, bytes_per_rank, resume_state, weights_digest, whole_model_state,
                                 whole_state, wrap_model)
 
 WARMUP_STEPS = 1  # the run's first steps, trained but not timed in their epoch's step time and split
@@ -64,12 +64,15 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     elif comm.rank == 0:
         checkpoints.clear(config.checkpoint_dir)  # a fresh run starts a new series
     start_epoch = start.epochs
+    newest = start  # the position of the newest checkpoint: the summary names it
+    to_train = start_epoch < config.epochs  # resumed at or past --epochs: nothing to train, only said
     parameters, whole_bytes = sum(p.numel() for p in model.parameters()), parameter_bytes(model)
     model_flops = flops_per_step(model, data.x_train, config.global_batch)  # for TFLOP/s and MFU; None: unknown
     wrapped = wrap_model(model, config, comm)
     # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
     dp = wrapped if isinstance(wrapped, DataParallel) else wrapped.data_parallel
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=config.lr, momentum=config.momentum)
+    trainable = [p for p in wrapped.parameters() if p.requires_grad]  # frozen weights stay as they are
+    optimizer = torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum)
     if config.shard != "none":  # ZeRO: this rank's 1/N of the momentum; state_dict() gathers it whole
         optimizer = ZeroRedundancyOptimizer(optimizer, dp)
     mixed = MixedPrecision(config.precision, comm, nonfinite=config.on_nonfinite,
@@ -87,9 +90,10 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         elif comm.rank == 0:  # residuals are per rank and per bucket layout: elsewhere error feedback starts afresh
             say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
                 f"this run has {comm.size} ({config.parallel}): compression's error-feedback residuals start from zero")
-    if config.predict:  # seconds with nothing else to show: say what the job is doing
+    predicting = config.predict and to_train
+    if predicting:  # seconds with nothing else to show: say what the job is doing
         events.emit("calibrating", ranks=comm.size, device=comm.device.type)
-    profile_path = calibrate(comm, config) if config.predict else None
+    profile_path = calibrate(comm, config) if predicting else None
     peak, peak_source = peak_flops_per_s(comm.device, config, comm.local_size, (profile_path or "", BENCH_PROFILE))
     batches = shard((data.x_train, data.y_train), global_batch=config.global_batch, comm=comm,
                            seed=config.seed, split=config.parallel != "model")
@@ -115,7 +119,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         model_state, optimizer_state = whole_state(wrapped, optimizer)
         if comm.rank == 0:  # the last --keep-checkpoints stay (older residuals go with them)
             checkpoints.save_checkpoint(config.checkpoint_dir, position, {
-                "format": CHECKPOINT_FORMAT, "model_name": config.model, "epoch": position.epochs,
+                "format": checkpoints.CHECKPOINT_FORMAT, "model_name": config.model, "epoch": position.epochs,
                 "step": position.step, "ranks": comm.size, "parallel": config.parallel, "model": model_state,
                 "optimizer": optimizer_state, "history": history, "scaler": mixed.state_dict(), **extra,
             }, keep=config.keep_checkpoints)
@@ -187,7 +191,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         metrics.epoch({**record, "bytes_sent_per_step": sent, "codec": _codec(dp, config)},
                       step=(epoch + 1) * len(batches))
         saving = time.perf_counter()
-        save(checkpoints.Position(epoch + 1))
+        newest = checkpoints.Position(epoch + 1)
+        save(newest)
         if recorder is not None:
             recorder.add("checkpoint", saving, time.perf_counter())
         events.emit("epoch", **record)
@@ -208,7 +213,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "parameter_bytes_per_rank": bytes_per_rank(comm, parameter_bytes(wrapped)),
         "optimizer_state_bytes_per_rank": bytes_per_rank(comm, optimizer_state_bytes(optimizer)),
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
-        "checkpoint": str(checkpoints.epoch_path(config.checkpoint_dir, config.epochs)),
+        "checkpoint": str(checkpoints.checkpoint_path(config.checkpoint_dir, newest)),
+        "nothing_to_train": not to_train,
         "precision": config.precision, "accumulate": config.accumulate,
         "skipped_steps": (dp.stats.skipped_steps if dp is not None else 0) + mixed.skipped_steps,
         "loss_scale": mixed.scale_value if mixed.scaling else None,
@@ -273,17 +279,19 @@ class Diverged(Exception):
 
 
 def run_rank(config: TrainConfig) -> dict:
-    """:func:`train_on_this_rank`, with the stop every rank agrees on (:class:`Diverged`) turned into rank 0's
-    ``error`` event instead of a traceback on each rank. Returns the ``done`` or ``error`` event.
+    """:func:`train_on_this_rank`, with the stops every rank agrees on turned into rank 0's ``error`` event instead
+    of a traceback on each rank: :class:`Diverged` (exit code 1) and :class:`~gpurig.train.state.CannotResume`
+    (exit code 2: the user's checkpoint directory). Returns the ``done`` or ``error`` event.
 
     >>> run_rank(TrainConfig(lr=1e9))["message"]        # doctest: +SKIP
     "training diverged at step 2 (epoch 1): the gradient of '1.weight' holds NaN; ..."
     """
     try:
         return {"event": "done", **train_on_this_rank(config)}
-    except Diverged as stop:
-        event = {"event": "error", "code": 1, "message": str(stop)}
-        EventLog(config.events, enabled=comm_mod.current().rank == 0).emit("error", code=1, message=str(stop))
+    except (Diverged, CannotResume) as stop:
+        event = {"event": "error", "code": 1 if isinstance(stop, Diverged) else 2, "message": str(stop)}
+        EventLog(config.events, enabled=comm_mod.current().rank == 0).emit("error", code=event["code"],
+                                                                          message=event["message"])
         return event
 
 

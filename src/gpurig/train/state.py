@@ -6,9 +6,7 @@ import torch
 
 from gpurig.launch.processes import say
 from gpurig.train import checkpoints
-from gpurig.train.config import TrainConfig
-
-CHECKPOINT_FORMAT = "gpurig-train/1"
+from gpurig.train.config import TrainConfig, resume_problem
 
 
 def wrap_model(model: torch.nn.Module, config: TrainConfig, comm) -> torch.nn.Module:
@@ -84,24 +82,34 @@ def weights_digest(state: dict) -> str:
     return h.hexdigest()[:16]
 
 
+class CannotResume(checkpoints.CheckpointError):
+    """Every rank found that the run cannot resume (raised on all of them together, after they compared notes)."""
+
+
 def resume_state(config: TrainConfig, comm) -> dict:
     """The newest good checkpoint in ``config.checkpoint_dir``, the same on every rank; damaged newer ones are
-    reported (by rank 0) and passed over.
+    reported (by rank 0) and passed over. Raises :class:`CannotResume` on every rank when any rank cannot.
 
     >>> state = resume_state(TrainConfig(resume=True), gpurig.init())   # doctest: +SKIP
     """
-    state, path, problems = checkpoints.load_newest(config.checkpoint_dir)
-    if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != config.model:
-        raise checkpoints.CheckpointError(f"{path} is not a checkpoint of a {config.model} run")
-    found = comm.allgather(torch.tensor([[state["epoch"], state.get("step", 0)]], dtype=torch.int64),
-                           name="resume position").tolist()
+    try:
+        state, path, problems = checkpoints.load_newest(config.checkpoint_dir)
+        problem = resume_problem(state, path, config.model)
+    except checkpoints.CheckpointError as error:
+        state, path, problems, problem = {}, None, [], str(error)
+    found = comm.allgather(torch.tensor([[problem is None, state.get("epoch", 0), state.get("step", 0)]],
+                                        dtype=torch.int64), name="resume position").tolist()
+    failed = [rank for rank, (ok, _, _) in enumerate(found) if not ok]
+    if failed:  # every rank stops here, together; each says what it found, rank 0's line is the one shown
+        raise CannotResume(problem or f"rank {failed[0]} cannot resume from {config.checkpoint_dir}: is it one "
+                                      "directory shared by all the ranks?")
     if len({tuple(position) for position in found}) != 1:
-        positions = [str(checkpoints.Position(*position)) for position in found]
-        raise checkpoints.CheckpointError(f"the ranks found different newest checkpoints ({', '.join(positions)}): "
-                                         f"is {config.checkpoint_dir} one directory shared by all of them?")
+        positions = [str(checkpoints.Position(*position[1:])) for position in found]
+        raise CannotResume(f"the ranks found different newest checkpoints ({', '.join(positions)}): "
+                           f"is {config.checkpoint_dir} one directory shared by all of them?")
     if comm.rank == 0:
-        for problem in problems:
-            say(f"gpurig: {problem}; using an older checkpoint")
+        for passed_over in problems:
+            say(f"gpurig: {passed_over}; using an older checkpoint")
         if problems:
             say(f"gpurig: resuming from {path}")
     return state
