@@ -404,3 +404,17 @@ def test_a_measured_chain_leaves_the_link_at_least_its_bytes_time(quick_compute,
         assert b["seconds"] >= floor * (1 - 1e-9) and b["codec_s"] >= 0
     largest = floors.index(max(floors))
     assert buckets[largest]["seconds"] == pytest.approx(floors[largest], rel=1e-5)   # the arithmetic estimate gave way
+
+
+def test_a_transformers_model_parallel_plan_splits_each_blocks_mlp_and_exchanges_every_token():
+    """The text presets' feed-forward is a plain nn.Sequential, so Krizhevsky's plan splits fc by columns and proj
+    by rows in every block (Megatron-LM's MLP split) and leaves attention whole; each split layer's exchange holds
+    all of a sample's tokens, so twice the tokens exchange about twice the bytes."""
+    from gpurig.models.text import Block
+    from gpurig.parallel.layer_plan import krizhevsky_plan
+
+    block = Block(64, 4, causal=False, pre_norm=False, fused_qkv=False, dropout=0.1, gelu="none", eps=1e-12)
+    assert krizhevsky_plan(block) == {"mlp.fc": "column", "mlp.proj": "row"}
+    comm = [predict(PredictRequest(model="bert-base", cluster="4 x A100", parallel="model", batch=32,
+                                   tokens=tokens))["step"]["comm_total_ms"] for tokens in (128, 256)]
+    assert 1.8 < comm[1] / comm[0] < 2.2, comm

@@ -9,6 +9,8 @@ batched matrix multiplies, as a fused GPU kernel runs it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,16 +56,17 @@ class SelfAttention(nn.Module):
         return self.dropout(self.proj(out))
 
 
-class FeedForward(nn.Module):
-    """width → hidden → width with GELU (GPT-2 uses the tanh approximation)."""
+class FeedForward(nn.Sequential):
+    """width → hidden → width with GELU (GPT-2 uses the tanh approximation). A plain ``nn.Sequential``, so
+    :func:`gpurig.krizhevsky_plan` can split ``fc`` by columns and ``proj`` by rows (Megatron-LM's MLP split).
+
+    >>> [name for name, _ in FeedForward(8, 32, 0.1).named_children()]
+    ['fc', 'act', 'proj', 'dropout']
+    """
 
     def __init__(self, width: int, hidden: int, dropout: float, gelu: str = "none"):
-        super().__init__()
-        self.fc, self.act, self.proj = nn.Linear(width, hidden), nn.GELU(approximate=gelu), nn.Linear(hidden, width)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(self.act(self.fc(x))))
+        super().__init__(OrderedDict(fc=nn.Linear(width, hidden), act=nn.GELU(approximate=gelu),
+                                     proj=nn.Linear(hidden, width), dropout=nn.Dropout(dropout)))
 
 
 class Block(nn.Module):

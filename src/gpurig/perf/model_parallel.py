@@ -7,7 +7,8 @@ results added). Per step, P ranks, global batch B, a pair of widths d_in →
 (hidden) → d_out:
 
 - **model**: every rank runs every layer on the whole batch B (the split ones
-  on their slice); forward allreduces the row layer's B × d_out outputs,
+  on their slice); forward allreduces the row layer's B × d_out outputs (B × T
+  × d_out for a layer applied at each of T positions, a transformer's tokens),
   backward the column layer's B × d_in input gradient (not when that input is
   the data). Nothing else is exchanged: every rank saw the same batch.
 - **hybrid**: what comes before the pair runs data-parallel on B / P samples
@@ -87,8 +88,10 @@ def predict_split_step(whole: list[LayerCost], per_rank: list[LayerCost], plan: 
         if i in plan:
             layer = split_layer(full, plan[i], ranks)
             d_in, d_out = widths[i]
+            # a layer applied at each of a sample's positions (a transformer's tokens) exchanges them all
+            positions = max(1, round(full.output_values / (global_batch * d_out))) if full.output_values else 1
             if plan[i] == "column":
-                rows = global_batch * d_in * DTYPE_BYTES
+                rows = global_batch * positions * d_in * DTYPE_BYTES
                 if mode == "hybrid":
                     comm += ring_seconds(rows, ranks, link, phases=1)                    # gather activations
                     if i not in input_is_data:
@@ -96,7 +99,7 @@ def predict_split_step(whole: list[LayerCost], per_rank: list[LayerCost], plan: 
                 elif i not in input_is_data:
                     comm += allreduce_seconds(rows, topology, "ring")                    # the input's gradient
             else:
-                rows = global_batch * d_out * DTYPE_BYTES
+                rows = global_batch * positions * d_out * DTYPE_BYTES
                 if mode == "hybrid":
                     comm += 2 * ring_seconds(rows, ranks, link, phases=1)                # reduce-scatter, allgather
                 else:

@@ -234,10 +234,7 @@ def _validate_parallel(config: TrainConfig, nprocs: int, example: torch.Tensor |
     Traceback (most recent call last):
     ...
     gpurig.errors.UsageError: --parallel model: plan: '8' (column) has 256 output features, which do not split evenly over 3 ranks
-    >>> _validate_parallel(TrainConfig(model="gpurig.models.text:gpt2", parallel="hybrid"), nprocs=2)
-    Traceback (most recent call last):
-    ...
-    gpurig.errors.UsageError: --parallel hybrid: --model gpurig.models.text:gpt2 has no pair of nn.Linear layers gpurig can split (one followed by another in an nn.Sequential, only activations or dropout between them): 'layers.0.attention.qkv' is used by SelfAttention's own forward, not run by an nn.Sequential; use --parallel data
+    >>> _validate_parallel(TrainConfig(model="gpurig.models.text:gpt2", parallel="model"), nprocs=2)  # each MLP split
     """
     from gpurig.parallel.layer_plan import PlanError, check_forward, krizhevsky_plan, left_whole, resolve_plan
 
