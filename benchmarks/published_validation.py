@@ -86,6 +86,12 @@ MODELS = {
     "Transformer-XL large": ("transformer-xl-large", "adam"),
 }
 
+# The presets whose source steps with an optimizer of its own (gpurig.perf.optimizer), whatever its PyTorch: NVIDIA's
+# BERT fine-tuning outside --fp16 loops over the tensors in Python (its ``BertAdam``; under --fp16 it is apex's
+# FusedAdam), and Transformer-XL base calls a TorchScript kernel per tensor (``JITLamb``), which fuses the update's
+# arithmetic: its passes are a fused kernel's. The others use torch.optim, as the container's PyTorch runs it.
+OWN_OPTIMIZER = {"bert-base": "for-loop", "transformer-xl-base": "fused"}
+
 PRECISIONS = {"amp-fp16": "fp16", "amp-bf16": "bf16", "tf32": "tf32"}
 # The fitted constants (the per-layer host cost is measured: these batches are too large to show it).
 FIELDS = tuple(f.name for f in dataclasses.fields(GpuEfficiency)
@@ -141,12 +147,14 @@ class Case:
     source: str
     software: str = "current"
     memory_format: str = "contiguous"
+    optimizer_impl: str = "fused"
 
     @property
     def request(self) -> PredictRequest:
         return PredictRequest(model=self.model, cluster=f"1 node x {self.gpus} {self.gpu}", batch=self.batch,
                               tokens=self.tokens, precision=self.precision, optimizer=self.optimizer,
-                              gpus=self.gpus, software=self.software, memory_format=self.memory_format)
+                              optimizer_impl=self.optimizer_impl, gpus=self.gpus, software=self.software,
+                              memory_format=self.memory_format)
 
 
 def precision_of(published: str, gpu: str) -> str | None:
@@ -196,6 +204,25 @@ def memory_format_of(row: dict) -> str:
     return "channels-last"
 
 
+def optimizer_impl_of(table: str, model: str, precision: str) -> str:
+    """How a published row's optimizer ran (:mod:`gpurig.perf.optimizer`): apex's FusedAdam for BERT in mixed
+    precision, its source's own optimizer (:data:`OWN_OPTIMIZER`), else torch.optim's default in the row's container:
+    foreach from PyTorch 2.0 (Lambda's v2 table, NGC 24.xx), one tensor at a time before it (every other table).
+
+    >>> optimizer_impl_of("Lambda v2 raw table (NGC pytorch:24.xx); ...", "ssd300", "fp16")
+    'foreach'
+    >>> optimizer_impl_of("Lambda v2 raw table (NGC pytorch:24.xx); ...", "bert-base", "tf32")
+    'for-loop'
+    >>> optimizer_impl_of("Lambda v1 table (NGC pytorch:22.09-py3/22.10-py3); ...", "bert-base", "fp16")
+    'fused'
+    """
+    if model == "bert-base" and precision in MIXED:
+        return "fused"
+    if model in OWN_OPTIMIZER:
+        return OWN_OPTIMIZER[model]
+    return "foreach" if table.startswith("Lambda v2") else "for-loop"
+
+
 def load_cases(path: Path = DATA) -> list[Case]:
     """The rows gpurig can predict: a preset model, a catalog GPU, a published batch, one node."""
     out = []
@@ -219,7 +246,8 @@ def load_cases(path: Path = DATA) -> list[Case]:
                 continue
             out.append(Case(model[0], gpu, int(row["gpus"]), precision, int(float(row["batch_per_gpu"])),
                             int(row["seq_len"]) if row["seq_len"] else None, published, model[1],
-                            row["table"], software_of(row["table"], gpu), memory_format_of(row)))
+                            row["table"], software_of(row["table"], gpu), memory_format_of(row),
+                            optimizer_impl_of(row["table"], model[0], precision)))
     return out
 
 
@@ -235,16 +263,17 @@ def predicted(case: Case, efficiency: GpuEfficiency, gpus: int | None = None) ->
     """Samples per second ``gpurig predict`` gives ``case`` on ``gpus`` GPUs (default: the case's) with
     ``efficiency``: the same arithmetic as :func:`gpurig.predict.predict`, with the model described once."""
     return _throughput(case.model, case.gpu, gpus or case.gpus, case.precision, case.batch, case.tokens,
-                       case.optimizer, case.software, efficiency, case.memory_format)
+                       case.optimizer, case.software, efficiency, case.memory_format, case.optimizer_impl)
 
 
 @lru_cache(maxsize=1 << 14)
 def _throughput(model: str, gpu: str, n: int, precision: str, batch: int, tokens: int | None, optimizer: str,
-                software: str, efficiency: GpuEfficiency, memory_format: str = "contiguous") -> float:
+                software: str, efficiency: GpuEfficiency, memory_format: str = "contiguous",
+                optimizer_impl: str = "fused") -> float:
     # several sources publish the same configuration: each is priced once per set of constants
     request = PredictRequest(model=model, cluster=f"1 node x {n} {gpu}", batch=batch, tokens=tokens,
-                             precision=precision, optimizer=optimizer, gpus=n, software=software,
-                             memory_format=memory_format)
+                             precision=precision, optimizer=optimizer, optimizer_impl=optimizer_impl, gpus=n,
+                             software=software, memory_format=memory_format)
     spec, layers = _prepared(model, batch, tokens)
     saved, machine.GPU_EFFICIENCY = machine.GPU_EFFICIENCY, efficiency
     try:

@@ -65,6 +65,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--optimizer", default="momentum",
                    help="the update each step runs over the parameters: sgd, momentum (default, SGD with momentum), "
                         "adam or lamb")
+    p.add_argument("--optimizer-impl", default=None,
+                   help="how it runs on a GPU, as torch.optim's foreach / fused arguments: foreach (one kernel per "
+                        "operator over many tensors; the default with --software current), fused (one kernel for "
+                        "the whole update), for-loop (one tensor at a time: foreach=False, the default before "
+                        "PyTorch 2.0, hand-written optimizers; the host's launches can cost more than the GPU's work)")
     p.add_argument("--shard", default="none",
                    help="ZeRO, as gpurig train --shard: none (default), optimizer (the optimizer state split over the "
                         "GPUs) or gradients (the gradients too); priced as a reduce-scatter under backward and an "
@@ -95,7 +100,8 @@ def request_from(args):
                           tokens=args.tokens, sample=args.sample, parallel=args.parallel,
                           compression=args.compression, precision=args.precision, engine=args.engine,
                           gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency,
-                          optimizer=args.optimizer, shard=args.shard, pinned=not args.pageable,
+                          optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, shard=args.shard,
+                          pinned=not args.pageable,
                           prefetch=not args.no_prefetch, software=args.software,
                           memory_format=args.memory_format)
 

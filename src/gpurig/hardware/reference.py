@@ -11,11 +11,13 @@ from functools import lru_cache
 
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.machine import LATENCY_S, LINK_EFFICIENCY, gpu_device
+from gpurig.perf.optimizer import default_implementation
 from gpurig.perf.step import DataParallelSetup, layer_costs, predict_step
 from gpurig.perf.transfer import pcie_bytes_per_s
 
 GUIDE_STEP = ("resnet152", 32)     # the guide's forward + backward example
 CONVNET = ("alexnet", 128)         # a data-parallel convolutional net of the posts' time, per-GPU batch
+OPTIMIZER_IMPL = default_implementation("current")   # as predict runs its default optimizer on a GPU
 
 
 @lru_cache(maxsize=8)
@@ -32,7 +34,8 @@ def compute_seconds(gpu, model: str = GUIDE_STEP[0], batch: int = GUIDE_STEP[1],
     >>> compute_seconds(catalog.gpu("2080ti")) > compute_seconds(catalog.gpu("V100"))
     True
     """
-    return predict_step(list(_layers(model, batch)), gpu_device(gpu, precision), DataParallelSetup()).compute_s
+    return predict_step(list(_layers(model, batch)), gpu_device(gpu, precision),
+                       DataParallelSetup(optimizer_impl=OPTIMIZER_IMPL)).compute_s
 
 
 def gpu_pcie_link(gen: str, lanes: int, pcie: Link | None = None) -> Link:
@@ -53,7 +56,7 @@ def data_parallel_seconds(gpu, gpus: int, link: Link, model: str = CONVNET[0], b
     True
     """
     topology = Topology(1, gpus, link, link)
-    setup = DataParallelSetup(ranks=gpus, topology=topology, algorithm="ring")
+    setup = DataParallelSetup(ranks=gpus, topology=topology, algorithm="ring", optimizer_impl=OPTIMIZER_IMPL)
     return predict_step(list(_layers(model, batch)), gpu_device(gpu), setup).step_s
 
 

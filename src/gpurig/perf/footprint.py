@@ -55,7 +55,8 @@ from gpurig.perf.compute import DTYPE_BYTES
 # Optimizer state per parameter, in FP32 values (SGD keeps nothing, momentum one buffer, Adam/LAMB two moments).
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "lamb": 2}
 # What the optimizer's step makes on top, per parameter, in FP32 values: PyTorch's foreach Adam (CUDA's default)
-# computes √v for every parameter at once before adding the update to the weights; SGD works in place.
+# computes √v for every parameter at once before adding the update to the weights; SGD works in place. One tensor
+# at a time (for-loop) it is the largest tensor's; a fused kernel keeps it in registers (:func:`optimizer_working`).
 OPTIMIZER_WORKING = {"sgd": 0, "momentum": 0, "adam": 1, "lamb": 1}
 # Activations that overwrite their input (nn.ReLU(inplace=True) in every torchvision convolutional net).
 IN_PLACE = {"ReLU", "ReLU6", "LeakyReLU", "Hardtanh"}
@@ -86,8 +87,26 @@ def library_workspaces(gpu) -> int:
     return 2 * CUBLAS_WORKSPACE.get(gpu.architecture, CUBLAS_WORKSPACE_BEFORE_HOPPER)
 
 
+def optimizer_working(spec, optimizer: str, implementation: str, shards: int = 1) -> int:
+    """Bytes the optimizer's step makes on top of its state (:data:`OPTIMIZER_WORKING`) for ``spec``'s trainable
+    tensors run as ``implementation`` (:mod:`gpurig.perf.optimizer`), each rank updating 1/``shards`` of them.
+
+    >>> from gpurig.models import model_spec
+    >>> bert = model_spec("bert-base", batch=8, tokens=128)
+    >>> [round(optimizer_working(bert, "adam", i) / 2**20) for i in ("foreach", "for-loop", "fused")]
+    [418, 89, 0]
+    """
+    if implementation == "fused":
+        return 0
+    if implementation == "for-loop" and shards == 1:
+        values = max((math.prod(shape) for layer in spec.layers for _, shape in layer.trainable_shapes), default=0)
+    else:   # foreach, and ZeRO's flat share: every value at once
+        values = math.ceil(spec.trainable_parameters / shards)
+    return values * DTYPE_BYTES * OPTIMIZER_WORKING[optimizer]
+
+
 def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "none",
-                traced: dict | None = None, workspaces: int = 0) -> dict[str, int]:
+                traced: dict | None = None, workspaces: int = 0, implementation: str = "foreach") -> dict[str, int]:
     """Bytes one rank holds at the peak of a training step of ``spec`` (a described model at its batch), by kind.
 
     ``shard``: ``"optimizer"``, each of the ``ranks`` keeps its share of the optimizer state (ZeRO stage 1,
@@ -97,7 +116,7 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
     the parts are what is held at the step's peak: at backward's, or at the optimizer's step when that holds
     more (every gradient and the optimizer's working copy, ``optimizer_working``). Without, every activation,
     gradient and copy is added up. ``workspaces``: libraries' workspaces held for the step
-    (:func:`library_workspaces`).
+    (:func:`library_workspaces`). ``implementation``: how the optimizer runs (:func:`optimizer_working`).
 
     >>> from gpurig.models import model_spec
     >>> bert = step_memory(model_spec("bert-base", batch=32, tokens=128), "adam", mixed=True, ranks=8)
@@ -112,12 +131,12 @@ def step_memory(spec, optimizer: str, mixed: bool, ranks: int, shard: str = "non
     >>> round(sum(traced.values()) / sum(step_memory(bert8, "momentum", False, 1).values()), 2)   # backward frees
     0.8
     """
-    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced, workspaces)
+    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced, workspaces, implementation)
     return {**held, **max(backward, optimizer_step, key=lambda parts: sum(parts.values()))}
 
 
 def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: dict | None,
-           workspaces: int = 0) -> tuple[dict, dict, dict]:
+           workspaces: int = 0, implementation: str = "foreach") -> tuple[dict, dict, dict]:
     """What the whole step holds (weights, optimizer state, buckets, workspaces), and on top of it at backward's
     peak and at the optimizer step's (all zeros when the step was not traced: the summed parts are then backward's)."""
     params = spec.trainable_parameters   # what has a gradient and optimizer state; frozen weights have neither
@@ -136,7 +155,7 @@ def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: di
                     "activations": traced["activations"], "output_and_loss": traced["output_and_loss"],
                     "backward_working": traced["backward_working"], "optimizer_working": 0}
         optimizer_step = {**dict.fromkeys(backward, 0), "gradients": round(gradients * share),
-                          "optimizer_working": math.ceil(params / shards) * DTYPE_BYTES * OPTIMIZER_WORKING[optimizer]}
+                          "optimizer_working": optimizer_working(spec, optimizer, implementation, shards)}
         return held, backward, optimizer_step
     if mixed and spec.mixed_saved_bytes:
         activations = spec.mixed_saved_bytes + spec.mixed_largest_saved_bytes
@@ -161,7 +180,8 @@ def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: di
 
 
 def largest_fitting_batch(spec, optimizer: str, mixed: bool, ranks: int, memory_gb: float,
-                          shard: str = "none", traced: dict | None = None, workspaces: int = 0) -> int:
+                          shard: str = "none", traced: dict | None = None, workspaces: int = 0,
+                          implementation: str = "foreach") -> int:
     """The largest per-GPU batch of ``spec``'s model whose step fits ``memory_gb``: backward's peak grows with
     each sample (by the traced growth, or by the activations' and output's share), the optimizer step's does not.
 
@@ -171,7 +191,7 @@ def largest_fitting_batch(spec, optimizer: str, mixed: bool, ranks: int, memory_
     ...                       traced=step_peak("bert-base", 8, tokens=128))
     280
     """
-    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced, workspaces)
+    held, backward, optimizer_step = _peaks(spec, optimizer, mixed, ranks, shard, traced, workspaces, implementation)
     if sum(held.values()) + sum(optimizer_step.values()) > usable_bytes(memory_gb):
         return 0
     now = sum(held.values()) + sum(backward.values())

@@ -46,14 +46,14 @@ class GpuEfficiency:
     # a dense 3×3 stride-1 convolution on CUDA cores, where cuDNN's Winograd kernels cut its FLOPs by up to 2.25x,
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
-    memory: float = 0.6927          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.1949        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
-    flops_per_value: float = 227.9  # vector-unit operations per value transcendentals and random numbers move
-    cache: float = 1.063            # memory-bound work on the share of its tensors the last cache holds, against memory
+    memory: float = 0.7273          # of peak memory bandwidth, on streaming kernels (norms, activations)
+    unhidden: float = 0.2451        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    flops_per_value: float = 231.3  # vector-unit operations per value transcendentals and random numbers move
+    cache: float = 1.147            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
     # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
     # each read and written once more in forward, their gradients twice that in backward)
-    transposes: float = 0.7471
+    transposes: float = 0.8237
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -63,14 +63,14 @@ class GpuEfficiency:
     # Fitted only where the rows hold two GPUs of an architecture (the one B200 takes Hopper's: :data:`PRICED_AS`).
     # Turing's rows are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.02), ("Hopper", 0.4733), ("Turing", 0.8606),
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 0.986), ("Hopper", 0.497), ("Turing", 0.8479),
                                                    ("Volta", 1.046))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
     software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.7885),
                                                            (("pytorch-1.4", "mixed"), 0.746),
-                                                           (("pytorch-1.7", "fp32"), 0.8705),
+                                                           (("pytorch-1.7", "fp32"), 0.8836),
                                                            (("pytorch-1.7", "mixed"), 0.9852))
 
     # A board's power for its SMs: below ``watts_per_unit`` watts of TDP per SM it cannot hold its rated clock

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpurig.perf import optimizer as optimizer_cost
 from gpurig.perf import overlap
 from gpurig.perf.collectives import Topology, allreduce_seconds, ring_seconds
-from gpurig.perf.compute import DTYPE_BYTES, memory_seconds
-from gpurig.perf.step import OPTIMIZER_BYTES, Device, LayerCost, StepPrediction, layer_seconds, straggler_seconds
+from gpurig.perf.compute import DTYPE_BYTES
+from gpurig.perf.step import (OPS_PER_MEASURED_LAYER, Device, LayerCost, StepPrediction, layer_seconds,
+                              straggler_seconds)
 
 MODES = ("model", "hybrid")
 
@@ -69,13 +71,15 @@ def split_layer(layer: LayerCost, how: str, ranks: int) -> LayerCost:
 
 def predict_split_step(whole: list[LayerCost], per_rank: list[LayerCost], plan: dict[int, str],
                        widths: dict[int, tuple[int, int]], device: Device, topology: Topology, mode: str,
-                       global_batch: int, input_is_data: set[int], optimizer: str = "momentum") -> StepPrediction:
+                       global_batch: int, input_is_data: set[int], optimizer: str = "momentum",
+                       optimizer_impl: str = "fused") -> StepPrediction:
     """Predict one step with the layers in ``plan`` (index → "column"/"row") split over ``topology``'s ranks.
 
     ``whole`` describes every layer at the global batch, ``per_rank`` at the
     batch one rank gets in data parallelism; ``widths`` gives each split
     layer's (input, output) features; ``input_is_data`` the column layers fed
-    by the input itself (no input gradient to exchange).
+    by the input itself (no input gradient to exchange); the optimizer runs as ``optimizer_impl``
+    (:mod:`gpurig.perf.optimizer`) over the tensors this rank holds.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -114,7 +118,9 @@ def predict_split_step(whole: list[LayerCost], per_rank: list[LayerCost], plan: 
     per_layer = [layer_seconds(layer, device) for layer in costs]
     forward = sum(f for f, _ in per_layer)
     backward = sum(b for _, b in per_layer)
-    optimizer_s = memory_seconds(params_here * OPTIMIZER_BYTES[optimizer], device.memory_bytes_per_s)
+    sizes = [size for layer in costs for size in layer.gradients() if size]
+    optimizer_s = optimizer_cost.step_seconds(optimizer, optimizer_impl, sizes, device.memory_bytes_per_s,
+                                              device.layer_overhead_s, device.layer_overhead_s / OPS_PER_MEASURED_LAYER)
     exposed = total = 0.0
     if replicated and ranks > 1:
         # one bucket of the replicated gradients, ready when backward has passed the earliest of them

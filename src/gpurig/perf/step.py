@@ -26,15 +26,11 @@ import math
 
 from dataclasses import dataclass, field
 
+from gpurig.perf import optimizer as optimizer_cost
 from gpurig.perf import overlap
 from gpurig.perf.collectives import Topology, allreduce_seconds, best_allreduce
 from gpurig.perf.compute import DTYPE_BYTES, GemmModel, memory_seconds
 
-# Bytes an optimizer moves per parameter per step (float32): read weight, gradient and its state,
-# write weight and state. SGD with momentum: w, g, m read; w, m written. LAMB is Adam's pass plus
-# a second read of the weight and the update for the two norms of its per-layer trust ratio.
-OPTIMIZER_BYTES = {"sgd": 3 * DTYPE_BYTES, "momentum": 5 * DTYPE_BYTES, "adam": 7 * DTYPE_BYTES,
-                   "lamb": 9 * DTYPE_BYTES}
 
 
 @dataclass(frozen=True)
@@ -195,17 +191,22 @@ class Device:
             return self.winograd_gemm
         return self.conv_gemm or self.gemm
 
-    def optimizer_seconds(self, optimizer: str, params: int) -> float:
-        """One ``optimizer`` step over ``params`` values: bench's measurement nearest in size, scaled, or the
-        bytes the update moves at the device's memory rate.
+    def optimizer_seconds(self, optimizer: str, params: int, sizes=None, implementation: str = "fused") -> float:
+        """One ``optimizer`` step over ``params`` values: bench's measurement nearest in size, scaled, or, with
+        none, its kernels' passes over memory and the host's launches for tensors of ``sizes`` values (default:
+        one tensor) run as ``implementation`` (:func:`gpurig.perf.optimizer.step_seconds`).
 
         >>> d = Device("cpu", None, 1e10, optimizer_rows=(("momentum", 1 << 18, 1e-9), ("momentum", 1 << 22, 2e-9)))
         >>> d.optimizer_seconds("momentum", 3_000_000), d.optimizer_seconds("sgd", 1000)
         (0.006, 1.2e-06)
+        >>> gpu = Device("gpu", None, 1e12, layer_overhead_s=90e-6, is_gpu=True)
+        >>> [round(gpu.optimizer_seconds("adam", 10**8, [10**6] * 100, i) * 1e3, 1) for i in ("fused", "for-loop")]
+        [2.8, 7.2]
         """
         rows = [row for row in self.optimizer_rows if row[0] == optimizer]
         if not rows or params <= 0:
-            return memory_seconds(params * OPTIMIZER_BYTES[optimizer], self.memory_bytes_per_s)
+            return optimizer_cost.step_seconds(optimizer, implementation, sizes or [params], self.memory_bytes_per_s,
+                                               self.layer_overhead_s, self.layer_overhead_s / OPS_PER_MEASURED_LAYER)
         nearest = min(rows, key=lambda row: abs(math.log(row[1] / params)))
         return params * nearest[2]
 
@@ -277,6 +278,8 @@ class DataParallelSetup:
     bucket_posted_s: tuple[tuple[float, float], ...] = ()
     bucket_seconds: tuple[float, ...] = ()  # per bucket, its measured averaging time, replacing the models
     optimizer: str = "momentum"
+    # how the optimizer runs on a GPU without a measured step (gpurig.perf.optimizer.IMPLEMENTATIONS)
+    optimizer_impl: str = "fused"
     shard: str = "none"                # ZeRO (gpurig train --shard): the update on 1/N, reduce-scatter + allgather
     input_bytes: float = 0.0           # one rank's batch, as it crosses PCIe
     host_to_device_bytes_per_s: float | None = None
@@ -599,7 +602,12 @@ def predict_step(layers: list[LayerCost], device: Device, setup: DataParallelSet
         forward, backward = max(forward, setup.host_ops[0] * per_op), max(backward, launched)
     params = sum(sum(layer.gradients()) for layer in layers)   # what the optimizer updates and the ranks average
     sharded = setup.shard != "none" and setup.ranks > 1
-    optimizer = device.optimizer_seconds(setup.optimizer, math.ceil(params / setup.ranks) if sharded else params)
+    if sharded:   # each rank updates its share of the flat buffers
+        optimizer = device.optimizer_seconds(setup.optimizer, math.ceil(params / setup.ranks), None,
+                                             setup.optimizer_impl)
+    else:
+        sizes = [size for layer in layers for size in layer.gradients() if size]
+        optimizer = device.optimizer_seconds(setup.optimizer, params, sizes, setup.optimizer_impl)
 
     buckets: list[dict] = []
     comm_total = exposed = codec = 0.0

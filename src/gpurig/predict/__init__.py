@@ -27,7 +27,8 @@ from gpurig.predict.advice import advice
 from gpurig.predict.configuration import step_at
 from gpurig.predict.hardware import Hardware, load_hardware
 from gpurig.predict.memory import fit_advice, memory
-from gpurig.predict.request import DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check, uses_profile
+from gpurig.predict.request import (DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, PredictRequest, check, optimizer_impl,
+                                    uses_profile)
 
 
 def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> str:
@@ -88,6 +89,8 @@ def predict(request: PredictRequest) -> dict:
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
         "shard": request.shard, "software": request.software, "memory_format": request.memory_format,
+        "optimizer": request.optimizer,
+        "optimizer_impl": optimizer_impl(request) if hardware.gpu is not None else None,   # a profile: as bench ran it
         "precision_note": _precision_note(hardware.gpu, request, any(layer.batch_norm for layer in layers)),
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck(),

@@ -1,5 +1,5 @@
 """What would make a predicted step faster, each item itself predicted: the batch, compression, the parallelism,
-a faster network or PCIe, faster kernels (TF32, mixed precision, channels-last)."""
+a faster network or PCIe, faster kernels (TF32, mixed precision, channels-last, a fused optimizer)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpurig.perf.step import StepPrediction, layer_costs
 from gpurig.predict.configuration import step_at
 from gpurig.predict.hardware import Hardware, load_hardware
 from gpurig.predict.memory import memory
-from gpurig.predict.request import PARALLEL, PARALLEL_WHY, PredictRequest
+from gpurig.predict.request import PARALLEL, PARALLEL_WHY, PredictRequest, optimizer_impl
 
 # forward and backward at least this close to the host's launches: the step is the host's
 HOST_BOUND = 0.98
@@ -91,6 +91,13 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
             continue
         if gain(predicted) > CHOICE_WORTH:
             items.append({"what": what, "why": why, "samples_per_s_gain": gain(predicted)})
+    implementation = optimizer_impl(request, hardware.gpu is not None)
+    if hardware.gpu is not None and implementation != "fused":
+        predicted = step_at(spec, layers, replace(request, optimizer_impl="fused"), hardware, ranks)
+        if gain(predicted) > CHOICE_WORTH:
+            items.append({"what": "--optimizer-impl fused", "why": f"torch.optim's fused=True: one kernel for the "
+                          f"whole update, where {implementation} takes {1000 * step.optimizer_s:.1f} ms a step "
+                          f"(docs/predict.md)", "samples_per_s_gain": gain(predicted)})
     if hardware.host_to_device_bytes_per_s and step.data_s > 0.05 * step.step_s:
         items.append({"what": "pinned memory and asynchronous loading", "why": f"{1000 * step.data_s:.1f} ms of "
                       "each step move the batch to the GPU", "samples_per_s_gain": None})

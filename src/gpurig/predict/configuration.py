@@ -12,7 +12,7 @@ from gpurig.perf.collectives import Topology
 from gpurig.perf.step import (DataParallelSetup, Device, LayerCost, StepPrediction, input_seconds, layer_costs,
                               predict_step, transfer_seconds)
 from gpurig.predict.hardware import Hardware
-from gpurig.predict.request import PredictRequest
+from gpurig.predict.request import PredictRequest, optimizer_impl
 
 def bucket_of_tensors(spec, cap_mb: float, first_mb: float = 1.0) -> tuple[int, ...]:
     """Each trainable parameter tensor's bucket, as gpurig's DataParallel (and DDP) would fill them (a frozen
@@ -102,7 +102,8 @@ def data_parallel_step(spec, layers: list[LayerCost], device: Device, topology: 
     setup = DataParallelSetup(
         ranks=ranks, topology=topology, algorithm=request.algorithm, bucket_of_tensor=bucket_of,
         bucket_payload_bytes=tuple(payload), bucket_codec_s=tuple(codec_s),
-        collectives_per_bucket=collectives, optimizer=request.optimizer, shard=request.shard,
+        collectives_per_bucket=collectives, optimizer=request.optimizer,
+        optimizer_impl=optimizer_impl(request, device.is_gpu), shard=request.shard,
         compute_slowdown=hardware.compute_slowdown, posted_s=hardware.posted_s, bucket_seconds=chain or (),
         bucket_posted_s=posted or (),
         input_bytes=input_bytes if device.is_gpu else 0.0,
@@ -173,7 +174,8 @@ def split_step(spec, request: PredictRequest, device: Device, topology: Topology
         raise UsageError(f"{spec.name} has no pair of fully connected layers to split: use --parallel data")
     whole = model_spec(request.model, batch=spec.batch * ranks, tokens=request.tokens, sample=request.sample)
     step = predict_split_step(layer_costs(whole), layer_costs(spec), plan, widths, device, topology,
-                              request.parallel, spec.batch * ranks, fed_by_data, request.optimizer)
+                              request.parallel, spec.batch * ranks, fed_by_data, request.optimizer,
+                              optimizer_impl(request, device.is_gpu))
     if device.is_gpu and hardware is not None and hardware.host_to_device_bytes_per_s:
         # the model mode feeds every rank the whole batch, the hybrid mode its share
         samples = spec.batch * ranks if request.parallel == "model" else spec.batch

@@ -9,7 +9,7 @@ from gpurig.perf.footprint import (OPTIMIZER_STATES, largest_fitting_batch, libr
                                    usable_bytes)
 from gpurig.perf.precision import MIXED
 from gpurig.predict.hardware import Hardware
-from gpurig.predict.request import PredictRequest
+from gpurig.predict.request import PredictRequest, optimizer_impl
 
 
 def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dict:
@@ -26,8 +26,9 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
         spec = model_spec(request.model, batch=spec.batch, tokens=request.tokens, sample=request.sample, mixed=True)
     data_ranks = ranks if request.parallel == "data" else 1
     workspaces = library_workspaces(hardware.gpu)
+    implementation = optimizer_impl(request)
     parts = step_memory(spec, request.optimizer, mixed, data_ranks, shard=request.shard, traced=traced,
-                        workspaces=workspaces)
+                        workspaces=workspaces, implementation=implementation)
     total = sum(parts.values())
     gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
@@ -35,7 +36,8 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     if gpu_gb:
         out.update(usable_gb=round(usable_bytes(gpu_gb) / 2**30, 2), fits=total <= usable_bytes(gpu_gb),
                    largest_batch=largest_fitting_batch(spec, request.optimizer, mixed, data_ranks, gpu_gb,
-                                                       shard=request.shard, traced=traced, workspaces=workspaces))
+                                                       shard=request.shard, traced=traced, workspaces=workspaces,
+                                                       implementation=implementation))
     return out
 
 

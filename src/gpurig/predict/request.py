@@ -8,7 +8,9 @@ from gpurig.errors import UsageError
 from gpurig.perf.precision import check as check_precision
 from gpurig.perf.precision import check_memory_format
 from gpurig.perf.software import check as check_software
-from gpurig.perf.step import OPTIMIZER_BYTES
+from gpurig.perf.optimizer import FUSED_PASSES as OPTIMIZERS
+from gpurig.perf.optimizer import check as check_optimizer_impl
+from gpurig.perf.optimizer import default_implementation
 
 PARALLEL = ("data", "model", "hybrid")
 PARALLEL_WHY = {
@@ -38,12 +40,28 @@ class PredictRequest:
     algorithm: str = "best"
     bucket_mb: float | None = None
     optimizer: str = "momentum"
+    # how the optimizer runs (gpurig.perf.optimizer): fused, foreach, for-loop; None: torch.optim's default
+    optimizer_impl: str | None = None
     shard: str = "none"              # ZeRO: none, optimizer (stage 1), gradients (stage 2)
     prefetch: bool = True
     pinned: bool = True
     network_efficiency: float | None = None  # of the network's data rate; default by kind (docs/predict.md)
     software: str = "current"        # the framework release that runs it (gpurig.perf.software)
     memory_format: str = "contiguous"  # convolutions' activation layout (gpurig.perf.precision.MEMORY_FORMATS)
+
+
+def optimizer_impl(request: PredictRequest, gpu: bool = True) -> str:
+    """How the request's optimizer runs: as asked, else torch.optim's default for its software on a GPU
+    (:func:`gpurig.perf.optimizer.default_implementation`), and one tensor at a time on CPU ranks.
+
+    >>> optimizer_impl(PredictRequest(model="mlp")), optimizer_impl(PredictRequest(model="mlp", software="pytorch-1.7"))
+    ('foreach', 'for-loop')
+    >>> optimizer_impl(PredictRequest(model="mlp"), gpu=False), optimizer_impl(PredictRequest(model="mlp", optimizer_impl="fused"))
+    ('for-loop', 'fused')
+    """
+    if request.optimizer_impl is not None:
+        return request.optimizer_impl
+    return default_implementation(request.software) if gpu else "for-loop"
 
 
 MAX_BATCH = 10 ** 9  # per GPU: far past any GPU's memory (predict says what fits), short of integer overflow
@@ -80,8 +98,10 @@ def check(request: PredictRequest) -> None:
     check_precision(request.precision)
     check_software(request.software)
     check_memory_format(request.memory_format)
-    if request.optimizer not in OPTIMIZER_BYTES:
-        raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZER_BYTES)}, got {request.optimizer!r}")
+    if request.optimizer not in OPTIMIZERS:
+        raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {request.optimizer!r}")
+    if request.optimizer_impl is not None:
+        check_optimizer_impl(request.optimizer_impl)
     if request.parallel not in PARALLEL:
         raise UsageError(f"--parallel must be one of {', '.join(PARALLEL)}, got {request.parallel!r}")
     try:
