@@ -71,6 +71,7 @@ def main(argv=None) -> dict:
         "sgd": torch.optim.SGD(params, lr=1e-3, foreach=False).step,
         "momentum": torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False).step,
         "adam": torch.optim.Adam(params, lr=1e-3, foreach=False).step,
+        "adamw": torch.optim.AdamW(params, lr=1e-3, foreach=False).step,
     }
     states = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
     steps["lamb"] = lambda: lamb_step(params, states)

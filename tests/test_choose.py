@@ -172,6 +172,8 @@ def test_cloud_rent_and_break_even():
     (["--candidates", "GTX 980", "--hours", "inf"], "--hours must be positive"),
     (["--candidates", "GTX 980", "--max-gpus", "0"], "--max-gpus must be 1 to 64"),
     (["--candidates", "GTX 980", "--prices", "PRICES"], "date 'June'"),
+    (["--candidates", "GTX 980", "--optimizer", "adagrad"], "--optimizer must be one of"),
+    (["--candidates", "GTX 980", "--optimizer-impl", "apex"], "unknown optimizer implementation 'apex'"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path):
     prices = tmp_path / "prices.csv"

@@ -616,6 +616,11 @@ def test_an_optimizer_run_one_tensor_at_a_time_pays_the_hosts_launches_and_a_fus
                                       optimizer="adam", optimizer_impl=impl))["memory"]["parts_gb"]["optimizer_working"]
 
     assert working_gb("fused") == 0 < working_gb("for-loop") < working_gb("foreach") == round(params * 4 / 2**30, 3)
+    # AdamW: Adam's states and passes, and one more pass to decay the weights
+    adamw = predict(PredictRequest(model="bert-large", cluster="1 x A100 SXM4 80GB", batch=8, tokens=128,
+                                   precision="bf16", optimizer="adamw"))
+    assert adamw["step"]["optimizer_ms"] == pytest.approx(foreach["step"]["optimizer_ms"] * 20 / 18)
+    assert adamw["memory"]["parts_gb"]["optimizer"] == foreach["memory"]["parts_gb"]["optimizer"]
 
 
 def test_an_unknown_optimizer_implementation_is_one_line_with_the_choices():

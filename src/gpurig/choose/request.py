@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpurig.errors import UsageError
+from gpurig.perf.optimizer import FUSED_PASSES as OPTIMIZERS
+from gpurig.perf.optimizer import check as check_optimizer_impl
 from gpurig.predict.request import check_batch
 
 OBJECTIVES = ("cost", "time", "energy")
@@ -22,6 +24,7 @@ class ChooseRequest:
     tokens: int | None = None
     precision: str = "fp32"
     optimizer: str = "momentum"
+    optimizer_impl: str | None = None    # fused, foreach, for-loop (predict's default when None)
     budget: float | None = None          # USD, for the whole build (or the rent, with cloud)
     gpus: int | None = None              # exactly this many of each candidate
     max_gpus: int | None = None          # 1, 2, 4, … up to this many of each candidate
@@ -52,6 +55,10 @@ def check(request: ChooseRequest) -> None:
     if request.objective not in OBJECTIVES:
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {request.objective!r}")
     check_batch(request.batch)
+    if request.optimizer not in OPTIMIZERS:
+        raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {request.optimizer!r}")
+    if request.optimizer_impl is not None:
+        check_optimizer_impl(request.optimizer_impl)
     if request.gpus is not None and request.max_gpus is not None:
         raise UsageError("give --gpus N or --max-gpus N, not both")
     for flag, value in (("--gpus", request.gpus), ("--max-gpus", request.max_gpus)):

@@ -40,7 +40,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (predict's default: 64)")
     p.add_argument("--tokens", type=int, default=None, help="sequence length for token models")
     p.add_argument("--precision", default="fp32", help="fp32 (default), tf32, fp16, bf16 or fp8, as predict takes it")
-    p.add_argument("--optimizer", default="momentum", help="sgd, momentum (default), adam or lamb")
+    p.add_argument("--optimizer", default="momentum", help="sgd, momentum (default), adam, adamw or lamb")
+    p.add_argument("--optimizer-impl", default=None,
+                   help="how it runs, as in gpurig predict: foreach (default), fused or for-loop")
     what = p.add_argument_group("what to compare")
     what.add_argument("--candidates", default=None, metavar="GPUS",
                       help='catalog GPUs, comma-separated: "RTX 4090, A100 PCIe 80 GB" (default: the newest '
@@ -83,7 +85,7 @@ def request_from(args):
     if args.candidates is not None and not parse_candidates(args.candidates):
         raise UsageError(f"--candidates {args.candidates!r} names no GPU: e.g. --candidates \"RTX 4090, RTX 5090\"")
     return ChooseRequest(model=args.model, batch=args.batch, tokens=args.tokens, precision=args.precision,
-                         optimizer=args.optimizer, budget=args.budget, gpus=args.gpus, max_gpus=args.max_gpus,
+                         optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, budget=args.budget, gpus=args.gpus, max_gpus=args.max_gpus,
                          hours=args.hours, epochs=args.epochs, dataset_size=args.dataset_size,
                          candidates=parse_candidates(args.candidates or ""), clusters=tuple(args.cluster),
                          cloud=args.cloud, objective=args.objective, price_per_kwh=args.price_per_kwh,

@@ -64,7 +64,7 @@ def add_parser(subparsers) -> None:
                         "transposes around cuDNN's NHWC tensor-core kernels")
     p.add_argument("--optimizer", default="momentum",
                    help="the update each step runs over the parameters: sgd, momentum (default, SGD with momentum), "
-                        "adam or lamb")
+                        "adam, adamw (decoupled weight decay) or lamb")
     p.add_argument("--optimizer-impl", default=None,
                    help="how it runs on a GPU, as torch.optim's foreach / fused arguments: foreach (one kernel per "
                         "operator over many tensors; the default with --software current), fused (one kernel for "

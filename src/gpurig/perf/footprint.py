@@ -53,11 +53,11 @@ import math
 from gpurig.perf.compute import DTYPE_BYTES
 
 # Optimizer state per parameter, in FP32 values (SGD keeps nothing, momentum one buffer, Adam/LAMB two moments).
-OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "lamb": 2}
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2, "lamb": 2}
 # What the optimizer's step makes on top, per parameter, in FP32 values: PyTorch's foreach Adam (CUDA's default)
 # computes √v for every parameter at once before adding the update to the weights; SGD works in place. One tensor
 # at a time (for-loop) it is the largest tensor's; a fused kernel keeps it in registers (:func:`optimizer_working`).
-OPTIMIZER_WORKING = {"sgd": 0, "momentum": 0, "adam": 1, "lamb": 1}
+OPTIMIZER_WORKING = {"sgd": 0, "momentum": 0, "adam": 1, "adamw": 1, "lamb": 1}
 # Activations that overwrite their input (nn.ReLU(inplace=True) in every torchvision convolutional net).
 IN_PLACE = {"ReLU", "ReLU6", "LeakyReLU", "Hardtanh"}
 # What the allocator cannot hand to tensors: fragmentation between differently sized blocks, and the CUDA

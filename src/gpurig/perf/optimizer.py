@@ -33,19 +33,21 @@ IMPLEMENTATIONS = {
 
 # FP32 values moved per parameter value. Fused: weight, gradient and states read, weight and states written
 # (SGD 3, momentum 5, Adam 7; LAMB reads the weight and the update once more for its two norms).
-FUSED_PASSES = {"sgd": 3, "momentum": 5, "adam": 7, "lamb": 9}
+FUSED_PASSES = {"sgd": 3, "momentum": 5, "adam": 7, "adamw": 7, "lamb": 9}
 # Operator by operator, each reading its inputs and writing its output (torch.optim's single-tensor SGD and Adam,
 # the LAMB of benchmarks/optimizer_host.py):
 # - momentum: buf.mul_ 2, buf.add_(grad) 3, weight.add_(buf) 3;
 # - Adam: m.lerp_ 3, v.mul_ 2, v.addcmul_ 3, sqrt 2, division by the bias correction 2, add eps 2, weight.addcdiv_ 4;
+#   AdamW decays the weight first (weight.mul_ 2);
 # - LAMB: Adam's moments 8, the update m / (√v + eps) 7, its weight decay 3, the two norms 2, scaling it 2, weight 3.
-UNFUSED_PASSES = {"sgd": 3, "momentum": 8, "adam": 18, "lamb": 25}
+UNFUSED_PASSES = {"sgd": 3, "momentum": 8, "adam": 18, "adamw": 20, "lamb": 25}
 # Kernels per tensor list (foreach) or per tensor (for-loop), counted as above.
-KERNELS = {"sgd": 1, "momentum": 3, "adam": 7, "lamb": 15}
+KERNELS = {"sgd": 1, "momentum": 3, "adam": 7, "adamw": 8, "lamb": 15}
 # For-loop: the host's time per tensor against one layer's forward and backward (``layer_overhead_s``), on tensors of
-# 16 values in one process (measured, not fitted: ``benchmarks/optimizer_host.py``, torch 2.13, 0.067 / 0.22-0.23 /
-# 0.72-0.80 / 1.20-1.44 in six runs). Adam's loop also does per-tensor Python (its step count, bias corrections).
-FOR_LOOP_HOST_SHARE = {"sgd": 0.07, "momentum": 0.22, "adam": 0.75, "lamb": 1.3}
+# 16 values in one process (measured, not fitted: ``benchmarks/optimizer_host.py``, torch 2.13, SGD 0.067, momentum
+# 0.22-0.23, Adam 0.72-0.80, LAMB 1.20-1.44 in six runs, AdamW 0.78-0.85 in three). Adam's loop also does per-tensor
+# Python (its step count, bias corrections).
+FOR_LOOP_HOST_SHARE = {"sgd": 0.07, "momentum": 0.22, "adam": 0.75, "adamw": 0.82, "lamb": 1.3}
 # A multi-tensor launch covers at most this many tensors or values (PyTorch's MultiTensorApply.cuh: lists of
 # depth 3 hold 48 tensors; 320 blocks of 65,536 values), so a large model's foreach operator takes several.
 TENSORS_PER_LAUNCH = 48

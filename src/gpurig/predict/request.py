@@ -88,10 +88,10 @@ def check(request: PredictRequest) -> None:
     Traceback (most recent call last):
     ...
     gpurig.errors.UsageError: --batch must be at least 1 per GPU, got 0
-    >>> check(PredictRequest(model="mlp", optimizer="adamw"))
+    >>> check(PredictRequest(model="mlp", optimizer="adagrad"))
     Traceback (most recent call last):
     ...
-    gpurig.errors.UsageError: --optimizer must be one of sgd, momentum, adam, lamb, got 'adamw'
+    gpurig.errors.UsageError: --optimizer must be one of sgd, momentum, adam, adamw, lamb, got 'adagrad'
     """
     from gpurig.parallel.compression import parse_method
 
