@@ -623,6 +623,15 @@ def test_an_optimizer_run_one_tensor_at_a_time_pays_the_hosts_launches_and_a_fus
     assert adamw["memory"]["parts_gb"]["optimizer"] == foreach["memory"]["parts_gb"]["optimizer"]
 
 
+def test_a_measured_profile_refuses_an_optimizer_implementation_for_an_optimizer_bench_timed(tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"schema": "gpurig-profile/1", "device": "cpu", "compute": {"1": {"optimizers": '
+                       '[{"optimizer": "momentum", "values": 262144, "seconds_per_value": 1e-9}]}}}')
+    code, _, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", profile, "--optimizer-impl", "fused"])
+    assert code == 2 and "--optimizer-impl fused: the profile prices momentum as bench timed it" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_an_unknown_optimizer_implementation_is_one_line_with_the_choices():
     code, out, err = run_cli(["predict", "--model", "bert-base", "--cluster", "1 x A100", "--optimizer-impl", "apex"])
     assert code == 2 and out == ""

@@ -32,7 +32,6 @@ from gpurig.perf.collectives import Topology, allreduce_seconds, best_allreduce
 from gpurig.perf.compute import DTYPE_BYTES, GemmModel, memory_seconds
 
 
-
 @dataclass(frozen=True)
 class LayerCost:
     """What one layer costs a rank per step: its parameter tensors, its GEMMs, other memory traffic.

@@ -62,6 +62,12 @@ def load_hardware(request: PredictRequest) -> Hardware:
         if request.software != "current":
             raise UsageError(f"--software {request.software}: a measured profile is timed on the software it ran; "
                              "predict from catalog parts, such as --cluster '1 x A100'")
+        timed = {row["optimizer"] for runs in (profile.get("compute") or {}).values()
+                 for row in runs.get("optimizers", [])}
+        if request.optimizer_impl is not None and request.optimizer in timed:
+            raise UsageError(f"--optimizer-impl {request.optimizer_impl}: the profile prices {request.optimizer} as "
+                             "bench timed it (torch.optim's default there); leave it out, or predict from catalog "
+                             "parts, such as --cluster '1 x A100'")
 
     if spec is not None and any(node.gpu is not None and node.gpus for node in spec.nodes):
         return _spec_hardware(spec, profile, request)
