@@ -329,8 +329,9 @@ def test_posting_a_bucket_under_backward_costs_what_bench_measured(quick_compute
     assert early_counts[0] == 1 < early_counts[1]
 
 
-@pytest.mark.parametrize("beta", [1e-10, 1e-8])   # the chain shorter than backward's rest, then longer
-def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(quick_compute, tmp_path, beta):
+@pytest.mark.parametrize("chain_over_lead", [0.5, 3.0])   # the chain shorter than backward's rest, then longer
+def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(quick_compute, tmp_path,
+                                                                                  chain_over_lead):
     """bench measured what posting a compressed bucket under computation costs it (the chain's work on the
     communication thread, beside backward on the same cores) as a line in the gradient's bytes: the CNN's
     first bucket, begun while backward still runs, costs backward that line's fixed part (the hand-offs) and
@@ -338,7 +339,14 @@ def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(
     cost and of that share of its codec's arithmetic (the measurement holds it); the last bucket, begun as
     backward ends, keeps its codec and costs no posting."""
     posting = (3e-3, 2e-9)
-    paths = {kind: chain_profile(tmp_path / f"{kind}.json", quick_compute, "int8", 2e-4, beta, posted=1e-3,
+    # the chain's length against backward's rest after the first bucket (which this machine's compute sets):
+    # half of it, then three times it
+    probe = predict(PredictRequest(model="mnist-cnn", cluster=str(chain_profile(
+        tmp_path / "probe.json", quick_compute, "int8", 1e-6, 1e-14, posted=1e-3, link=(5e-6, 1e-11))),
+        gpus=2, batch=32, compression="int8"))["buckets"][0]
+    alpha = 0.1 * probe["lead_s"]
+    beta = (chain_over_lead * probe["lead_s"] - alpha) / (4 * probe["values"])
+    paths = {kind: chain_profile(tmp_path / f"{kind}.json", quick_compute, "int8", alpha, beta, posted=1e-3,
                                  link=(5e-6, 1e-11), posting=posting if kind == "measured" else None)
              for kind in ("plain", "measured")}
     steps = {kind: predict(PredictRequest(model="mnist-cnn", cluster=str(path), gpus=2, batch=32,
@@ -347,7 +355,7 @@ def test_posting_a_compressed_bucket_under_backward_costs_bench_s_measured_line(
     first, last = plain["buckets"]
     assert first["lead_s"] > 1e-4 and last["lead_s"] < 1e-12 and first["codec_s"] > 0 and last["codec_s"] > 0
     share = min(1.0, first["lead_s"] / (first["seconds"] + first["codec_s"]))
-    assert (share == 1.0) == (beta == 1e-10)
+    assert (share == 1.0) == (chain_over_lead < 1)
     assert [b["codec_s"] for b in measured["buckets"]] == pytest.approx([(1 - share) * first["codec_s"],
                                                                          last["codec_s"]])
     cost = posting[0] + share * posting[1] * 4 * first["values"]
