@@ -153,6 +153,8 @@ def show(result: dict) -> None:
                   f"{result['batch_per_gpu']} samples per GPU, on {result['gpus']} GPU(s) in {result['nodes']} "
                   f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
                   f"{result['precision']}, compression {result['compression']}"
+                  + (f", {result['optimizer']}" if result.get("optimizer") else "")
+                  + (f" ({result['optimizer_impl']})" if result.get("optimizer_impl") else "")
                   + (f", --shard {result['shard']}" if result.get("shard", "none") != "none" else "")
                   + (f", on {result['software']}" if result.get("software", "current") != "current" else "")
                   + (f", {result['memory_format']}" if result.get("memory_format", "contiguous") != "contiguous"
