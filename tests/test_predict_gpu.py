@@ -634,3 +634,15 @@ def test_an_unknown_optimizer_implementation_is_one_line_with_the_choices():
     assert code == 2 and out == ""
     assert err.strip() == ("gpurig: error: unknown optimizer implementation 'apex'; "
                            "choose one of: fused, foreach, for-loop")
+
+
+def test_a_step_whose_peak_is_the_optimizers_is_advised_a_fused_optimizer_when_it_does_not_fit():
+    """BERT-large with Adam at a tiny batch on a 6 GB RTX 2060: the optimizer's step is the peak, and foreach
+    Adam's working copy of every parameter (1.25 GiB) is what does not fit; a fused Adam makes none."""
+    result = predict(PredictRequest(model="bert-large", cluster="1 x RTX 2060", batch=1, tokens=16, optimizer="adam"))
+    assert not result["memory"]["fits"] and result["memory"]["parts_gb"]["optimizer_working"] > 1
+    [fused] = [item for item in result["advice"] if item["what"] == "--optimizer-impl fused"]
+    assert fused["fits"]
+    again = predict(PredictRequest(model="bert-large", cluster="1 x RTX 2060", batch=1, tokens=16, optimizer="adam",
+                                   optimizer_impl="fused"))
+    assert again["memory"]["fits"] and f"{again['memory']['total_gb']:.1f} GiB" in fused["why"]

@@ -101,8 +101,15 @@ def predict(request: PredictRequest) -> dict:
         "memory": memory(spec, request, hardware, top),
     }
     result["utilization"] = expected_utilization(spec, request, hardware, top, final.step_s)
-    result["advice"] = fit_advice(spec, request, hardware, top, result["memory"]) + \
-        advice(spec, layers, request, hardware, top, final, result["memory"].get("largest_batch"))
+    fitting = fit_advice(spec, request, hardware, top, result["memory"])
+    faster = advice(spec, layers, request, hardware, top, final, result["memory"].get("largest_batch"))
+    for item in fitting:   # a change that both fits and speeds up is one item, with its gain
+        same = [other for other in faster if other["what"].split(" (")[0] == item["what"].split(" (")[0]
+                and (other["samples_per_s_gain"] or 0) > 1]
+        if same:
+            item["samples_per_s_gain"] = same[0]["samples_per_s_gain"]
+            faster.remove(same[0])
+    result["advice"] = fitting + faster
     return result
 
 

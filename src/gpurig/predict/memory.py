@@ -64,6 +64,13 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
         items.append({"what": f"--precision {sixteen} (mixed precision)", "why": f"16-bit activations: "
                       f"{mixed['total_gb']:.1f} GiB, largest batch {mixed['largest_batch']}",
                       "samples_per_s_gain": None, "fits": mixed["fits"]})
+    if hardware.gpu is not None and optimizer_impl(request) != "fused" and needed["parts_gb"].get("optimizer_working"):
+        # the peak is the optimizer's step, and part of it the working copy a fused kernel does not make
+        fused = memory(spec, replace(request, optimizer_impl="fused"), hardware, ranks)
+        items.append({"what": "--optimizer-impl fused", "why": f"the step's peak is the optimizer's: its "
+                      f"{needed['parts_gb']['optimizer_working']:.1f} GiB working copy is none in a fused kernel; "
+                      f"{fused['total_gb']:.1f} GiB, largest batch {fused['largest_batch']}",
+                      "samples_per_s_gain": None, "fits": fused["fits"]})
     if ranks > 1 and request.parallel == "data" and request.shard != "gradients":
         for shard, what in (("optimizer", "optimizer state"), ("gradients", "optimizer state and gradients")):
             if shard == request.shard or (shard == "optimizer" and not OPTIMIZER_STATES[request.optimizer]):
