@@ -91,7 +91,7 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
             continue
         if gain(predicted) > CHOICE_WORTH:
             items.append({"what": what, "why": why, "samples_per_s_gain": gain(predicted)})
-    implementation = optimizer_impl(request, hardware.gpu is not None)
+    implementation = optimizer_impl(request)
     if hardware.gpu is not None and implementation != "fused":
         predicted = step_at(spec, layers, replace(request, optimizer_impl="fused"), hardware, ranks)
         if gain(predicted) > CHOICE_WORTH:
