@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpurig.errors import UsageError
-from gpurig.perf.optimizer import FUSED_PASSES as OPTIMIZERS
-from gpurig.perf.optimizer import check as check_optimizer_impl
+from gpurig.perf.optimizer import check_optimizer
 from gpurig.predict.request import check_batch
 
 OBJECTIVES = ("cost", "time", "energy")
@@ -55,10 +54,7 @@ def check(request: ChooseRequest) -> None:
     if request.objective not in OBJECTIVES:
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {request.objective!r}")
     check_batch(request.batch)
-    if request.optimizer not in OPTIMIZERS:
-        raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {request.optimizer!r}")
-    if request.optimizer_impl is not None:
-        check_optimizer_impl(request.optimizer_impl)
+    check_optimizer(request.optimizer, request.optimizer_impl)
     if request.gpus is not None and request.max_gpus is not None:
         raise UsageError("give --gpus N or --max-gpus N, not both")
     for flag, value in (("--gpus", request.gpus), ("--max-gpus", request.max_gpus)):

@@ -64,6 +64,21 @@ def default_implementation(software: str) -> str:
     return "foreach" if software == "current" else "for-loop"
 
 
+def check_optimizer(optimizer: str, implementation: str | None = None) -> None:
+    """Refuse, in one line, an optimizer gpurig does not price or an implementation it does not know (None: the
+    default, :func:`default_implementation`).
+
+    >>> check_optimizer("adagrad")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --optimizer must be one of sgd, momentum, adam, adamw, lamb, got 'adagrad'
+    """
+    if optimizer not in FUSED_PASSES:
+        raise UsageError(f"--optimizer must be one of {', '.join(FUSED_PASSES)}, got {optimizer!r}")
+    if implementation is not None:
+        check(implementation)
+
+
 def check(implementation: str) -> str:
     """``implementation`` if gpurig prices it; one line with the choices otherwise.
 

@@ -8,8 +8,7 @@ from gpurig.errors import UsageError
 from gpurig.perf.precision import check as check_precision
 from gpurig.perf.precision import check_memory_format
 from gpurig.perf.software import check as check_software
-from gpurig.perf.optimizer import FUSED_PASSES as OPTIMIZERS
-from gpurig.perf.optimizer import check as check_optimizer_impl
+from gpurig.perf.optimizer import check_optimizer
 from gpurig.perf.optimizer import default_implementation
 
 PARALLEL = ("data", "model", "hybrid")
@@ -98,10 +97,7 @@ def check(request: PredictRequest) -> None:
     check_precision(request.precision)
     check_software(request.software)
     check_memory_format(request.memory_format)
-    if request.optimizer not in OPTIMIZERS:
-        raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {request.optimizer!r}")
-    if request.optimizer_impl is not None:
-        check_optimizer_impl(request.optimizer_impl)
+    check_optimizer(request.optimizer, request.optimizer_impl)
     if request.parallel not in PARALLEL:
         raise UsageError(f"--parallel must be one of {', '.join(PARALLEL)}, got {request.parallel!r}")
     try:
