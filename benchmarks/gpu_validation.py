@@ -148,7 +148,7 @@ def predicted(name: str, batch: int, precision: str, channels_last: bool, gpu: s
     """gpurig predict's step (ms) and memory (GB) for one GPU, or the one-line reason it refuses."""
     try:
         r = predict(PredictRequest(model=name, cluster=f"1 node x 1 {gpu}", batch=batch, precision=precision,
-                                   profile=profile, sample=sample,
+                                   profile=profile, sample=sample, optimizer="momentum",   # as measure() steps
                                    memory_format="channels-last" if channels_last else "contiguous"))
     except UsageError as e:
         return {"error": str(e)}

@@ -415,3 +415,10 @@ def test_each_operators_backward_moves_what_its_kernels_move():
     assert softmax.forward_bytes == 2 * tensor and softmax.backward_bytes == 3 * tensor
     # layer norm: the input's gradient (3 passes), then the weight's and bias's reductions (2)
     assert layer_norm.backward_bytes == pytest.approx(2.5 * layer_norm.forward_bytes, abs=1)
+
+
+def test_every_preset_names_an_optimizer_predict_prices_and_says_where_it_comes_from():
+    from gpurig.models import OPTIMIZER_SOURCES, PRESETS
+    from gpurig.perf.optimizer import FUSED_PASSES
+
+    assert {p.optimizer for p in PRESETS.values()} == set(OPTIMIZER_SOURCES) <= set(FUSED_PASSES)

@@ -3,6 +3,7 @@ tables, and the published-results benchmark predicting exactly what ``gpurig pre
 
 import csv
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -646,3 +647,23 @@ def test_a_step_whose_peak_is_the_optimizers_is_advised_a_fused_optimizer_when_i
     again = predict(PredictRequest(model="bert-large", cluster="1 x RTX 2060", batch=1, tokens=16, optimizer="adam",
                                    optimizer_impl="fused"))
     assert again["memory"]["fits"] and f"{again['memory']['total_gb']:.1f} GiB" in fused["why"]
+
+
+@pytest.mark.parametrize("model, usual", [("bert-large", "adamw"), ("gpt2", "adamw"), ("transformer-xl-base", "lamb"),
+                                          ("resnet50", "momentum"), ("gpurig.models:cnn", "momentum")])
+def test_without_optimizer_a_model_is_priced_with_the_one_it_is_usually_trained_with(model, usual):
+    """No --optimizer: BERT and GPT-2 with AdamW (two states a parameter), CNNs and the user's own model with SGD
+    and momentum (one); the same numbers as naming it, in predict and in choose."""
+    args = ["--model", model, "--batch", "8", "--json"] + (["--sample", "784"] if ":" in model else [])
+    code, out, _ = run_cli(["predict", *args, "--cluster", "1 x A100 SXM4 80GB"])
+    named_code, named, _ = run_cli(["predict", *args, "--cluster", "1 x A100 SXM4 80GB", "--optimizer", usual])
+    assert code == named_code == 0
+    result, named = json.loads(out), json.loads(named)
+    assert result["optimizer"] == usual and result["step"] == named["step"] and result["memory"] == named["memory"]
+    states = {"momentum": 1, "adamw": 2, "lamb": 2}[usual]
+    assert result["memory"]["parts_gb"]["optimizer"] == pytest.approx(
+        states * 4 * result["trainable_parameters"] / 2**30, abs=1e-3)   # printed to the MB
+    if ":" not in model:
+        chosen = json.loads(run_cli(["choose", "--model", model, "--batch", "8", "--candidates", "A100 SXM4 80GB",
+                                     "--gpus", "1", "--json"])[1])
+        assert chosen["optimizer"] == usual

@@ -22,7 +22,7 @@ class ChooseRequest:
     batch: int | None = None             # per GPU (predict's default when None)
     tokens: int | None = None
     precision: str = "fp32"
-    optimizer: str = "momentum"
+    optimizer: str | None = None         # None: the one the model is trained with (as predict)
     optimizer_impl: str | None = None    # fused, foreach, for-loop (predict's default when None)
     budget: float | None = None          # USD, for the whole build (or the rent, with cloud)
     gpus: int | None = None              # exactly this many of each candidate
@@ -37,6 +37,13 @@ class ChooseRequest:
     price_per_kwh: float = DEFAULT_PRICE_PER_KWH
     prices: tuple[str, ...] = ()         # --price "NAME=USD" (or "NAME=USD/h" for a cloud GPU-hour)
     prices_file: str | None = None
+
+    def __post_init__(self):
+        """No optimizer named: the model's usual one (:func:`gpurig.models.default_optimizer`)."""
+        if self.optimizer is None:
+            from gpurig.models import default_optimizer
+
+            object.__setattr__(self, "optimizer", default_optimizer(self.model))
 
 
 def check(request: ChooseRequest) -> None:

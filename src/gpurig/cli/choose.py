@@ -40,7 +40,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (predict's default: 64)")
     p.add_argument("--tokens", type=int, default=None, help="sequence length for token models")
     p.add_argument("--precision", default="fp32", help="fp32 (default), tf32, fp16, bf16 or fp8, as predict takes it")
-    p.add_argument("--optimizer", default="momentum", help="sgd, momentum (default), adam, adamw or lamb")
+    p.add_argument("--optimizer", default=None,
+                   help="sgd, momentum, adam, adamw or lamb (default: the model's usual one, as in gpurig predict)")
     p.add_argument("--optimizer-impl", default=None,
                    help="how it runs, as in gpurig predict: foreach (default), fused or for-loop")
     what = p.add_argument_group("what to compare")

@@ -62,9 +62,11 @@ def add_parser(subparsers) -> None:
                    help="convolutions' activation layout: contiguous (default: PyTorch's NCHW) or channels-last "
                         "(model.to(memory_format=torch.channels_last)); under fp16/bf16 NCHW convolutions pay "
                         "transposes around cuDNN's NHWC tensor-core kernels")
-    p.add_argument("--optimizer", default="momentum",
-                   help="the update each step runs over the parameters: sgd, momentum (default, SGD with momentum), "
-                        "adam, adamw (decoupled weight decay) or lamb")
+    p.add_argument("--optimizer", default=None,
+                   help="the update each step runs over the parameters: sgd, momentum (SGD with momentum), adam, "
+                        "adamw (decoupled weight decay) or lamb; default: what the model is usually trained with "
+                        "(adamw for BERT and GPT-2, lamb / adam for Transformer-XL base / large, momentum for the "
+                        "rest and for module:factory models)")
     p.add_argument("--optimizer-impl", default=None,
                    help="how it runs on a GPU, as torch.optim's foreach / fused arguments: foreach (one kernel per "
                         "operator over many tensors; the default with --software current), fused (one kernel for "

@@ -65,6 +65,7 @@ class Preset:
     tokens: bool = False
     max_tokens: int | None = None
     min_batch: int = 1     # batch norm over 1×1 maps needs two samples to train (SSD300's last block)
+    optimizer: str = "momentum"  # what its source trains it with: predict's default --optimizer (OPTIMIZER_SOURCES)
 
     def build(self) -> nn.Module:
         """The model on the meta device: shapes only, no memory.
@@ -114,18 +115,29 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            "count", aliases="ssd;ssd300-resnet50", min_batch=2),
     Preset("bert-base", text.bert_base, (128,), "128 token ids", 109_482_240, 22.53,
            "parameters with the pooler: Hugging Face bert-base-uncased; FLOPs: " + TRANSFORMER_FLOPS,
-           aliases="bert-base-uncased;bert", tokens=True, max_tokens=text.BERT_POSITIONS),
+           aliases="bert-base-uncased;bert", tokens=True, max_tokens=text.BERT_POSITIONS, optimizer="adamw"),
     Preset("bert-large", text.bert_large, (128,), "128 token ids", 335_141_888, 79.27,
            "parameters with the pooler: Hugging Face bert-large-uncased; FLOPs: " + TRANSFORMER_FLOPS,
-           aliases="bert-large-uncased", tokens=True, max_tokens=text.BERT_POSITIONS),
+           aliases="bert-large-uncased", tokens=True, max_tokens=text.BERT_POSITIONS, optimizer="adamw"),
     Preset("gpt2", text.gpt2, (1024,), "1024 token ids", 124_439_808, 291.90,
            "parameters with tied embeddings: Hugging Face gpt2; FLOPs: " + TRANSFORMER_FLOPS,
-           aliases="gpt2-124m;gpt-2 small;gpt2-small", tokens=True, max_tokens=text.GPT2_CONTEXT),
+           aliases="gpt2-124m;gpt-2 small;gpt2-small", tokens=True, max_tokens=text.GPT2_CONTEXT, optimizer="adamw"),
     Preset("transformer-xl-base", transformer_xl.transformer_xl_base, (192,), "192 token ids (and a memory as long)",
-           191_948_759, None, TRANSFORMER_XL, aliases="transformer-xl;txl-base", tokens=True, max_tokens=4096),
+           191_948_759, None, TRANSFORMER_XL, aliases="transformer-xl;txl-base", tokens=True, max_tokens=4096,
+           optimizer="lamb"),
     Preset("transformer-xl-large", transformer_xl.transformer_xl_large, (384,), "384 token ids (and a memory as long)",
-           519_963_095, None, TRANSFORMER_XL, aliases="txl-large", tokens=True, max_tokens=4096),
+           519_963_095, None, TRANSFORMER_XL, aliases="txl-large", tokens=True, max_tokens=4096, optimizer="adam"),
 )}
+
+# Where each preset's default optimizer comes from (Preset.optimizer): how people train that network.
+OPTIMIZER_SOURCES = {
+    "momentum": "SGD with momentum: the source's MNIST networks, torchvision's and NVIDIA DeepLearningExamples' "
+                "image-classification and SSD recipes; also any module:factory model",
+    "adamw": "BERT and GPT-2: Hugging Face Trainer's default (AdamW), nanoGPT's, NVIDIA's BERT fine-tuning (BertAdam: "
+             "Adam with decoupled weight decay)",
+    "lamb": "Transformer-XL base: NVIDIA DeepLearningExamples' JIT LAMB",
+    "adam": "Transformer-XL large: NVIDIA DeepLearningExamples' Adam",
+}
 
 _LOOKUP = Lookup(list(PRESETS.values()), "model")
 
@@ -143,6 +155,21 @@ def preset(name: str) -> Preset:
     except SpecError:
         hint = _LOOKUP.closest_hint(name) or f"; built-in: {', '.join(PRESETS)}"
         raise SpecError(f"unknown model {name!r}{hint} (or give module:factory)") from None
+
+
+def default_optimizer(model: str) -> str:
+    """The optimizer ``model`` is usually trained with (:data:`OPTIMIZER_SOURCES`): a preset's, and SGD with
+    momentum for a ``module:factory`` model or a name gpurig does not know (refused later, where it is described).
+
+    >>> default_optimizer("BERT-large"), default_optimizer("resnet50"), default_optimizer("my_models:net")
+    ('adamw', 'momentum', 'momentum')
+    """
+    if ":" in model:
+        return "momentum"
+    try:
+        return _LOOKUP.find(model).optimizer
+    except SpecError:
+        return "momentum"
 
 
 def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample: str | None = None,

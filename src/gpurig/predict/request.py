@@ -38,7 +38,7 @@ class PredictRequest:
     gpus: int | None = None          # predict up to this many (default: the whole cluster)
     algorithm: str = "best"
     bucket_mb: float | None = None
-    optimizer: str = "momentum"
+    optimizer: str | None = None     # None: the one the model is trained with (gpurig.models.default_optimizer)
     # how the optimizer runs (gpurig.perf.optimizer): fused, foreach, for-loop; None: torch.optim's default
     optimizer_impl: str | None = None
     shard: str = "none"              # ZeRO: none, optimizer (stage 1), gradients (stage 2)
@@ -47,6 +47,17 @@ class PredictRequest:
     network_efficiency: float | None = None  # of the network's data rate; default by kind (docs/predict.md)
     software: str = "current"        # the framework release that runs it (gpurig.perf.software)
     memory_format: str = "contiguous"  # convolutions' activation layout (gpurig.perf.precision.MEMORY_FORMATS)
+
+    def __post_init__(self):
+        """No optimizer named: the model's usual one.
+
+        >>> PredictRequest(model="bert-base").optimizer, PredictRequest(model="resnet50").optimizer
+        ('adamw', 'momentum')
+        """
+        if self.optimizer is None:
+            from gpurig.models import default_optimizer   # the model registry imports torch: only when needed
+
+            object.__setattr__(self, "optimizer", default_optimizer(self.model))
 
 
 def optimizer_impl(request: PredictRequest, gpu: bool = True) -> str:
