@@ -78,8 +78,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--epochs", type=int, default=5, help="train until this epoch (default 5)")
     p.add_argument("--global-batch", type=int, default=128,
                    help="samples per step over all ranks (default 128, the source's: 64 per rank on 2)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--optimizer", default="momentum",
+                   help="torch.optim's update: momentum (default: SGD with momentum, the source's), sgd, adam or "
+                        "adamw (the names gpurig predict prices)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default 0.05 for sgd and momentum, torch's 0.001 for adam and adamw)")
+    p.add_argument("--momentum", type=float, default=None, help="SGD's momentum, with --optimizer momentum (default 0.9)")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="weight decay (default torch's: 0, and 0.01 for adamw)")
     p.add_argument("--seed", type=int, default=0, help="seed for initial weights and data order")
     p.add_argument("--bucket-mb", type=float, default=None,
                    help="gradient bucket size in MB (default 25; 4 when gradients are compressed)")
@@ -138,7 +144,8 @@ def _config(args):
     from gpurig.train import TrainConfig
 
     return TrainConfig(model=args.model, data=args.data, epochs=args.epochs, global_batch=args.global_batch,
-                       lr=args.lr, momentum=args.momentum, seed=args.seed, nprocs=args.nprocs,
+                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
+                       weight_decay=args.weight_decay, seed=args.seed, nprocs=args.nprocs,
                        engine=args.engine, hosts=args.hosts, mpi_args=args.mpi_args, bucket_mb=args.bucket_mb,
                        compression=(args.compression if args.compression is not None  # '' is refused, not the default
                                     else "auto" if args.shard == "none" else "none"),

@@ -187,14 +187,15 @@ def split_of(step: StepPrediction) -> dict:
 
 
 def predicted_split(model: str, profile_path: str, ranks: int, per_rank_batch: int, compression: str,
-                    parallel: str, engine: str, shard: str = "none") -> dict:
+                    parallel: str, engine: str, shard: str = "none", optimizer: str = "momentum") -> dict:
     """What ``gpurig train`` prints next to its measured split: the predicted step for the same configuration.
 
     >>> predicted_split("mlp", "runs/train/profile.json", 2, 64, "int8", "data", "mpi")["step_ms"]   # doctest: +SKIP
     36.2
     """
     request = PredictRequest(model=f"mnist-{model}", cluster=profile_path, batch=per_rank_batch, gpus=ranks,
-                             compression=compression, parallel=parallel, engine=engine, shard=shard)
+                             compression=compression, parallel=parallel, engine=engine, shard=shard,
+                             optimizer=optimizer)
     return predict(request)["step"]
 
 

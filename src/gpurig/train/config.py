@@ -26,8 +26,10 @@ class TrainConfig:
     data: str = "mnist"
     epochs: int = 5
     global_batch: int = 128
-    lr: float = 0.05
-    momentum: float = 0.9
+    optimizer: str = "momentum"      # torch.optim's (gpurig.train.optimizer.OPTIMIZERS)
+    lr: float | None = None          # None: the optimizer's default (0.05 for SGD, the source's; torch's for Adam)
+    momentum: float | None = None    # SGD's (0.9 with --optimizer momentum)
+    weight_decay: float | None = None
     seed: int = 0
     nprocs: int | None = None
     engine: str = "mpi"
@@ -52,6 +54,16 @@ class TrainConfig:
     stall_timeout: float | None = None
     max_restarts: int = 0
     events: str | None = None
+
+    def optimizer_settings(self) -> dict:
+        """The optimizer's arguments, defaults filled in.
+
+        >>> TrainConfig().optimizer_settings(), TrainConfig(optimizer="adam").optimizer_settings()["lr"]
+        ({'lr': 0.05, 'momentum': 0.9, 'weight_decay': 0.0}, 0.001)
+        """
+        from gpurig.train.optimizer import settings
+
+        return settings(self.optimizer, self.lr, self.momentum, self.weight_decay)
 
     def feedback_path(self, rank: int, position: checkpoints.Position) -> Path:
         """Where a rank keeps its error-feedback residuals at ``position`` (they differ per rank)."""
@@ -85,10 +97,13 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     if config.global_batch < nprocs:
         raise UsageError(f"--global-batch {config.global_batch} over {nprocs} ranks leaves "
                          f"{nprocs - max(config.global_batch, 0)} rank(s) with no samples: use at least {nprocs}")
-    if not 0 < config.lr < math.inf:
+    if config.lr is not None and not 0 < config.lr < math.inf:
         raise UsageError(f"--lr must be a positive number, got {config.lr}")
-    if not 0 <= config.momentum < 1:
+    if config.momentum is not None and not 0 <= config.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), got {config.momentum}")
+    if config.weight_decay is not None and not 0 <= config.weight_decay < math.inf:
+        raise UsageError(f"--weight-decay must be a number ≥ 0, got {config.weight_decay}")
+    config.optimizer_settings()   # a known optimizer, and no flag it would ignore
     from gpurig.parallel import auto
     from gpurig.parallel.compression import parse_method
 
@@ -130,8 +145,9 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     _validate_step(config, nprocs)
 
 
-def resume_problem(state: dict, path, model: str) -> str | None:
-    """Why the checkpoint ``state`` (read from ``path``) cannot resume a run of ``model``, or None when it can.
+def resume_problem(state: dict, path, model: str, optimizer: str = "momentum") -> str | None:
+    """Why the checkpoint ``state`` (read from ``path``) cannot resume a run of ``model`` stepped by ``optimizer``,
+    or None when it can (a checkpoint that names no optimizer is from before ``--optimizer``: SGD with momentum).
 
     >>> resume_problem({"format": checkpoints.CHECKPOINT_FORMAT, "model_name": "mlp"}, "ck/checkpoint-epoch2.pt", "cnn")
     'ck/checkpoint-epoch2.pt was written by a run of --model mlp, not cnn: resume with --model mlp, or use another --checkpoint-dir'
@@ -141,6 +157,10 @@ def resume_problem(state: dict, path, model: str) -> str | None:
     if state.get("model_name") != model:
         return (f"{path} was written by a run of --model {state.get('model_name')}, not {model}: resume with "
                 f"--model {state.get('model_name')}, or use another --checkpoint-dir")
+    saved = state.get("optimizer_name", "momentum")
+    if saved != optimizer:
+        return (f"{path} holds the state of --optimizer {saved}, not {optimizer}: resume with --optimizer {saved}, "
+                "or use another --checkpoint-dir")
     return None
 
 
@@ -156,7 +176,7 @@ def _validate_resume(config: TrainConfig) -> None:
         state, path, _ = checkpoints.load_newest(config.checkpoint_dir)
     except checkpoints.CheckpointError as error:
         raise UsageError(f"--resume: {error}") from None
-    problem = resume_problem(state, path, config.model)
+    problem = resume_problem(state, path, config.model, config.optimizer)
     if problem:
         raise UsageError(f"--resume: {problem}")
 

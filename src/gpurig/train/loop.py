@@ -30,6 +30,7 @@ from gpurig.train import data as datasets
 from gpurig.train.config import TrainConfig, after_restart
 from gpurig.train.faults import Injector
 from gpurig.parallel.timeline import Timeline
+from gpurig.train.optimizer import build as build_optimizer
 from gpurig.train.metrics import EventLog, MetricsLog, StepSplit, split_across_ranks, step_metrics, waiting_fraction
 from gpurig.train.predicted import calibrate, prediction
 from gpurig.train.sources import build_model
@@ -72,8 +73,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     # The DataParallel that averages gradients (all of them, or a hybrid model's replicated part), if any.
     dp = wrapped if isinstance(wrapped, DataParallel) else wrapped.data_parallel
     trainable = [p for p in wrapped.parameters() if p.requires_grad]  # frozen weights stay as they are
-    optimizer = torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum)
-    if config.shard != "none":  # ZeRO: this rank's 1/N of the momentum; state_dict() gathers it whole
+    optimizer = build_optimizer(trainable, config.optimizer, config.optimizer_settings())
+    if config.shard != "none":  # ZeRO: this rank's 1/N of the optimizer's state; state_dict() gathers it whole
         optimizer = ZeroRedundancyOptimizer(optimizer, dp)
     mixed = MixedPrecision(config.precision, comm, nonfinite=config.on_nonfinite,
                            check_finite=config.parallel != "data")  # split layers: no DataParallel guards them
@@ -81,8 +82,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         optimizer.load_state_dict(state["optimizer"] if dp is wrapped
                                   else wrapped.local_optimizer_state(optimizer, state["optimizer"]))
         mixed.load_state_dict(state.get("scaler", {}))
-        for group in optimizer.param_groups:  # the momentum buffers carry over; --lr and --momentum are this run's
-            group.update(lr=config.lr, momentum=config.momentum)
+        for group in optimizer.param_groups:  # the state (momentum, Adam's moments) carries over; the flags are this run's
+            group.update(config.optimizer_settings())
     keeps_feedback = dp is not None and dp.compresses
     if config.resume and keeps_feedback:
         if state.get("ranks", comm.size) == comm.size and state.get("parallel", "data") == config.parallel:
@@ -119,7 +120,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         model_state, optimizer_state = whole_state(wrapped, optimizer)
         if comm.rank == 0:  # the last --keep-checkpoints stay (older residuals go with them)
             checkpoints.save_checkpoint(config.checkpoint_dir, position, {
-                "format": checkpoints.CHECKPOINT_FORMAT, "model_name": config.model, "epoch": position.epochs,
+                "format": checkpoints.CHECKPOINT_FORMAT, "model_name": config.model, "optimizer_name": config.optimizer,
+                "epoch": position.epochs,
                 "step": position.step, "ranks": comm.size, "parallel": config.parallel, "model": model_state,
                 "optimizer": optimizer_state, "history": history, "scaler": mixed.state_dict(), **extra,
             }, keep=config.keep_checkpoints)
@@ -211,6 +213,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         "per_rank_batch": config.global_batch // (1 if config.parallel == "model" else comm.size),
         "parameter_bytes_whole": whole_bytes,
         "parameter_bytes_per_rank": bytes_per_rank(comm, parameter_bytes(wrapped)),
+        "optimizer": config.optimizer,
         "optimizer_state_bytes_per_rank": bytes_per_rank(comm, optimizer_state_bytes(optimizer)),
         "epochs": history, "test_accuracy": history[-1]["test_accuracy"] if history else None,
         "checkpoint": str(checkpoints.checkpoint_path(config.checkpoint_dir, newest)),
@@ -269,7 +272,7 @@ class Diverged(Exception):
         """
         where = f"the gradient of {self.error.parameter!r} holds {self.error.kind}" if self.error.parameter \
             else str(self.error)
-        tries = [f"a lower --lr (this run: {self.config.lr:g})"]
+        tries = [f"a lower --lr (this run: {self.config.optimizer_settings()['lr']:g})"]
         if self.config.precision != "fp32":
             tries.append("--precision fp32")
         tries.append("--on-nonfinite skip")

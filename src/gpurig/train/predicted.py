@@ -51,10 +51,10 @@ def prediction(config: TrainConfig, comm, profile_path: str, dp, sample_shape: t
             sample = "x".join(str(n) for n in sample_shape)
             split = predict(PredictRequest(model=config.model, cluster=profile_path, batch=per_rank, gpus=comm.size,
                                            compression=method, parallel=config.parallel, engine=engine,
-                                           sample=sample, shard=config.shard))["step"]
+                                           sample=sample, shard=config.shard, optimizer=config.optimizer))["step"]
         else:
             split = predicted_split(config.model, profile_path, comm.size, per_rank, method, config.parallel,
-                                    engine, shard=config.shard)
+                                    engine, shard=config.shard, optimizer=config.optimizer)
     except Exception as error:  # a prediction must never cost the user the run
         return {"error": str(error).splitlines()[0]}
     return {**{k: round(v, 3) for k, v in split.items()}, "compression": method, "profile": profile_path}

@@ -1,0 +1,69 @@
+"""``gpurig train --optimizer``: torch.optim's Adam(W) on real ranks equals plain torch on the whole global batch,
+its state resumes, and what it cannot take is one line."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import gpurig, run_cli
+from gpurig.parallel import shard
+from gpurig.train import data as datasets
+from gpurig.train.checkpoints import epoch_path, load
+from gpurig.train.sources import build_model
+
+
+def test_adamw_on_two_ranks_resumes_to_plain_torch_on_the_whole_batch(tmp_path):
+    """2 ranks train an epoch with AdamW and write its moments; 2 ranks resume for a second epoch and reach the
+    weights and moments of torch.optim.AdamW resuming the same checkpoint in one process on the whole global
+    batches (1e-5)."""
+    common = ["-n", 2, "--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.05", "--compression", "none",
+              "--no-predict", "--json", "--global-batch", 480, "--checkpoint-dir", tmp_path]
+    done = gpurig("train", "--epochs", 1, *common, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["optimizer"] == "adamw"
+    saved = load(epoch_path(tmp_path, 1))
+    assert saved["optimizer_name"] == "adamw"
+    assert saved["optimizer"]["param_groups"][0]["weight_decay"] == 0.05
+    done = gpurig("train", "--epochs", 2, "--resume", *common, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed = load(epoch_path(tmp_path, 2))
+
+    model = build_model("mlp")
+    model.load_state_dict(saved["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.002, weight_decay=0.05)
+    opt.load_state_dict(saved["optimizer"])
+    mnist = datasets.load("mnist")
+    batches = shard((mnist.x_train, mnist.y_train), global_batch=480, comm=SimpleNamespace(rank=0, size=1), seed=0,
+                    split=False)  # the order every rank of the run drew, whole
+    batches.set_epoch(1)
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    for name, weight in model.state_dict().items():
+        assert torch.allclose(resumed["model"][name], weight, rtol=1e-5, atol=1e-6), name
+    for i, state in opt.state_dict()["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(resumed["optimizer"]["state"][i][key], state[key], rtol=1e-5, atol=1e-7), (i, key)
+
+    code, out, err = run_cli(["train", "-n", "2", "--resume", "--epochs", "3", "--checkpoint-dir", tmp_path])
+    assert code == 2 and out.strip() == "" and err.strip() == (
+        f"gpurig: error: --resume: {epoch_path(tmp_path, 2)} holds the state of --optimizer adamw, not momentum: "
+        "resume with --optimizer adamw, or use another --checkpoint-dir")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--optimizer", "lamb"], "--optimizer lamb: torch.optim has no LAMB (gpurig predict prices it); train with "
+                              "sgd, momentum, adam or adamw"),
+    (["--optimizer", "adagrad"], "--optimizer must be one of sgd, momentum, adam, adamw, got 'adagrad'"),
+    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum is SGD's: use --optimizer momentum, or leave it out "
+                                                   "with --optimizer adam"),
+    (["--weight-decay", "-1"], "--weight-decay must be a number ≥ 0, got -1.0"),
+])
+def test_an_optimizer_train_cannot_run_is_one_line_and_exit_2(args, message, tmp_path):
+    code, out, err = run_cli(["train", *args, "--checkpoint-dir", tmp_path / "none"])
+    assert code == 2 and out.strip() == "" and err.strip() == f"gpurig: error: {message}"
