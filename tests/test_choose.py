@@ -170,7 +170,7 @@ def test_cloud_rent_and_break_even():
     (["--cluster", "runs/bench/profile.json"], "cannot be bought"),
     (["--candidates", ", "], "names no GPU"),
     (["--candidates", "GTX 980", "--hours", "inf"], "--hours must be positive"),
-    (["--candidates", "GTX 980", "--max-gpus", "0"], "--max-gpus must be 1 to 64"),
+    (["--candidates", "GTX 980", "--max-gpus", "0"], "--max-gpus must be 1 to 8: a candidate is one machine"),
     (["--candidates", "GTX 980", "--prices", "PRICES"], "date 'June'"),
     (["--candidates", "GTX 980", "--optimizer", "adagrad"], "--optimizer must be one of"),
     (["--candidates", "GTX 980", "--optimizer-impl", "apex"], "unknown optimizer implementation 'apex'"),

@@ -84,9 +84,48 @@ def test_a_long_step_is_a_stall_not_a_failure():
                                 f"{HOST} has not reached it (it is after allreduce #2 (step, 16 B)"), stalls
 
 
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_stall_shutdown_ends_a_job_whose_rank_sleeps_between_collectives(engine):
+    """A rank stuck in its own code (sleeping here) while the other waits in a collective: reported after
+    --stall-timeout, the job ended after --stall-shutdown, naming the rank."""
+    start = time.time()
+    done = gpurig("run", "-n", 2, "--engine", engine, "--stall-timeout", 2, "--stall-shutdown", 4, "--",
+                  sys.executable, "-c", SLOW, 3600, timeout=120)
+    assert done.returncode != 0 and time.time() - start < 60, done.stderr[-3000:]
+    said = " ".join(done.stderr.split())
+    assert f"rank 1 on host {HOST} has not reached it" in said and "ended after 4 s (--stall-shutdown)" in said, \
+        said[-3000:]
+
+
 def test_failure_detection_can_be_turned_off():
     env = {"GPURIG_FAILURE_TIMEOUT": "0", "GPURIG_STALL_TIMEOUT": "0"}
     done = gpurig("run", "-n", 2, "--engine", "torch", "--", sys.executable, "-c",
                   "import gpurig, threading; gpurig.init(); print(sorted(t.name for t in threading.enumerate()))",
                   timeout=60, env=env)
     assert done.returncode == 0 and "gpurig-watch" not in done.stdout, done.stdout + done.stderr
+
+
+RAISES = """
+import sys, torch, gpurig
+comm = gpurig.init()
+for i in range(3):
+    comm.allreduce(torch.ones(4), name="step")
+if comm.rank == 1:
+    raise ValueError("a bug in step 4")
+comm.allreduce(torch.ones(4), name="step")
+"""
+
+
+@pytest.mark.parametrize("engine", ["mpi", "torch"])
+def test_a_rank_that_raises_is_named_with_its_exception_not_as_finished(engine, tmp_path):
+    """Rank 1 raises between collectives while rank 0 waits in the next one: rank 0's watch says what rank 1
+    raised (the launcher's last line names the rank); it did not "finish its program"."""
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    done = gpurig("run", "-n", 2, "--engine", engine, "--failure-timeout", TIMEOUT_S, "--", sys.executable, script,
+                  timeout=120)
+    assert done.returncode != 0
+    said = " ".join(done.stderr.split())
+    assert f"rank 1 on host {HOST} raised ValueError: a bug in step 4 after collective #3" in said, said[-3000:]
+    assert "finished its program" not in said
+    assert done.stderr.strip().splitlines()[-1].startswith(f"gpurig run: rank 1 on host {HOST} exited with code 1")

@@ -263,6 +263,31 @@ SWEEP = [
     (["choose", "--model", "mnist-mlp", "--plot", "."], "--plot .: is a directory"),
     (["choose", "--model", "mnist-mlp", "--plot", "c"], "--plot c: no ending to name the format"),
     (["bench", "--parts", "disk", "--dir", "nodir"], "--dir nodir: no such directory"),
+    # session 49's sweep: an empty profile written over the saved one, a traceback from tc, hosts taken as "here"
+    (["bench", "--parts", ""], "--parts names no part"),
+    (["bench", "--parts", "comm", "--engine", ""], "--engine names no engine to measure communication over"),
+    (["bench", "--parts", "comm", "--repeat", "2"], "--repeat takes the compute and gemm parts again"),
+    (["bench", "--parts", "gemm", "--quick", "--plot", "/proc/x"], "--plot /proc/x: cannot make the directory"),
+    (["emulate", "--rate", "0bit", "--", "true"], "--rate '0bit': want at least 1kbit"),
+    (["run", "--hosts", "", "--", "true"], "--hosts '': want HOST:SLOTS,... (leave it out to run here)"),
+    (["train", "--hosts", ""], "--hosts '': want HOST:SLOTS,... (leave it out to run here)"),
+    # the same sweep on predict and choose: numbers for hardware not asked about, flags taken and ignored
+    (["predict", "--model", "resnet50", "--cluster", "2 nodes x 4 RTX 3090"],
+     "--cluster: 2 machines and no network between them: name it"),
+    (["predict", "--model", "torch.nn:ReLU", "--sample", "784", "--cluster", "2 x RTX 3090"],
+     "--model torch.nn:ReLU has no weights to train"),
+    (["predict", "--model", "resnet50", "--cluster", "1 x H100", "--software", "pytorch-1.4", "--precision", "fp8"],
+     "--precision fp8 needs a later PyTorch than --software pytorch-1.4, which runs fp32, fp16"),
+    (["predict", "--model", "resnet50", "--cluster", "1 x H100", "--shard", "optimizer"],
+     "on 1 GPU there is nothing to split it over"),
+    (["predict", "--model", "resnet50", "--cluster", "1 x H100", "--algorithm", "ring"], "on 1 GPU there is none"),
+    (["predict", "--model", "resnet50", "--cluster", "2 x H100", "--compression", "powersgd:"],
+     "the PowerSGD rank after ':' must be a positive integer"),
+    (["choose", "--model", "resnet50", "--cluster", "4 x RTX 3090", "--gpus", "8"],
+     "--gpus counts the candidate GPUs, and --cluster gives whole clusters"),
+    (["choose", "--model", "resnet50", "--candidates", "RTX 4090", "--price", "RTX 4090=1/h"],
+     "a rate per GPU-hour is what renting costs: add --cloud"),
+    (["choose", "--model", "resnet50", "--gpus", "64"], "--gpus must be 1 to 8: a candidate is one machine"),
 ]
 
 

@@ -667,3 +667,18 @@ def test_without_optimizer_a_model_is_priced_with_the_one_it_is_usually_trained_
         chosen = json.loads(run_cli(["choose", "--model", model, "--batch", "8", "--candidates", "A100 SXM4 80GB",
                                      "--gpus", "1", "--json"])[1])
         assert chosen["optimizer"] == usual
+
+
+def test_a_profile_of_another_gpu_does_not_calibrate_the_clusters(tmp_path):
+    """The H100's bench profile (docs/gpu) calibrates an H100 cluster, and is refused, in one line, for RTX 3090s:
+    its measurements would have priced the 3090s 32 % faster than the catalog does."""
+    stored = json.loads((BENCHMARKS.parent / "docs/gpu/h100-2026-11-26/gpu_validation-profile.json").read_text())["profile"]
+    profile = tmp_path / "h100.json"
+    profile.write_text(json.dumps(stored))
+    code, out, err = run_cli(["predict", "--model", "resnet50", "--cluster", "4 x RTX 3090", "--profile", profile])
+    assert code == 2 and out == "" and err.strip() == (
+        f"gpurig: error: --profile {profile}: measured on NVIDIA H100 80GB HBM3, not the cluster's GeForce RTX 3090: "
+        "a profile calibrates the GPU it measured (leave --profile out to price the catalog's)")
+    code, out, _ = run_cli(["predict", "--model", "resnet50", "--cluster", "4 x H100 SXM5 80 GB", "--profile", profile,
+                            "--json"])
+    assert code == 0 and json.loads(out)["calibration"] == "catalog + profile"

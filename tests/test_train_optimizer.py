@@ -67,3 +67,20 @@ def test_adamw_on_two_ranks_resumes_to_plain_torch_on_the_whole_batch(tmp_path):
 def test_an_optimizer_train_cannot_run_is_one_line_and_exit_2(args, message, tmp_path):
     code, out, err = run_cli(["train", *args, "--checkpoint-dir", tmp_path / "none"])
     assert code == 2 and out.strip() == "" and err.strip() == f"gpurig: error: {message}"
+
+
+def test_resume_keeps_the_checkpoints_settings_and_starts_compressing_without_residuals(tmp_path):
+    """A run that did not compress (here --compression none) leaves no error-feedback residuals: a resumed run that
+    compresses starts them from zero, and says so; --lr left out on --resume is the checkpoint's, not the default."""
+    common = ["-n", 2, "--optimizer", "adam", "--no-predict", "--global-batch", 480, "--checkpoint-dir", tmp_path]
+    done = gpurig("train", "--epochs", 1, "--lr", "0.01", "--compression", "none", *common, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = gpurig("train", "--epochs", 2, "--resume", "--compression", "int8", *common, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "did not compress gradients: compression's error-feedback residuals start from zero" in " ".join(
+        (done.stdout + done.stderr).split())
+    resumed = load(epoch_path(tmp_path, 2))
+    assert resumed["feedback"] and resumed["optimizer"]["param_groups"][0]["lr"] == 0.01
+    done = gpurig("train", "--epochs", 3, "--resume", "--lr", "0.002", "--compression", "int8", *common, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert load(epoch_path(tmp_path, 3))["optimizer"]["param_groups"][0]["lr"] == 0.002

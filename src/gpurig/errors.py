@@ -93,9 +93,10 @@ class RankFailed(Exception):
         return f"{who} {how}" + (f" {self.during}" if self.during else "")
 
 
-def check_directory(path: str, flag: str, shown: str | None = None) -> None:
+def check_directory(path: str, flag: str, shown: str | None = None, make: bool = False) -> None:
     """A directory ``flag`` will write into: it exists or can be made (its nearest existing parent is a writable
-    directory), and is not a file. ``shown``: the path the message names (default ``path``).
+    directory), and is not a file. ``shown``: the path the message names (default ``path``). ``make``: make it now
+    (where a writable-looking parent still refuses, as /proc does root).
 
     >>> check_directory("/dev/null/runs", "--checkpoint-dir")
     Traceback (most recent call last):
@@ -110,6 +111,11 @@ def check_directory(path: str, flag: str, shown: str | None = None) -> None:
         raise UsageError(f"{flag} {shown or path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK):
         raise UsageError(f"{flag} {shown or path}: {existing} is not writable")
+    if make:
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"{flag} {shown or path}: cannot make the directory ({error.strerror or error})") from None
 
 
 def check_writable(path: str, flag: str, make_directory: bool = False) -> None:

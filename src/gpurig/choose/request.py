@@ -12,6 +12,7 @@ OBJECTIVES = ("cost", "time", "energy")
 DEFAULT_HOURS = 336.0          # the hardware guide's two weeks of training
 DEFAULT_PRICE_PER_KWH = 0.20   # the hardware guide's electricity price (it says €; gpurig prices in USD)
 DEFAULT_MAX_GPUS = 4           # the guide: a board usually takes 4 GPUs at most
+MAX_GPUS_IN_A_BOX = 8          # the most any one machine takes (a DGX / HGX board)
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class ChooseRequest:
     model: str
     batch: int | None = None             # per GPU (predict's default when None)
     tokens: int | None = None
+    sample: str | None = None            # a module:factory model's input of one sample (as predict)
     precision: str = "fp32"
     optimizer: str | None = None         # None: the one the model is trained with (as predict)
     optimizer_impl: str | None = None    # fused, foreach, for-loop (predict's default when None)
@@ -65,8 +67,16 @@ def check(request: ChooseRequest) -> None:
     if request.gpus is not None and request.max_gpus is not None:
         raise UsageError("give --gpus N or --max-gpus N, not both")
     for flag, value in (("--gpus", request.gpus), ("--max-gpus", request.max_gpus)):
-        if value is not None and not 1 <= value <= 64:
-            raise UsageError(f"{flag} must be 1 to 64, got {value}")
+        if value is not None and not 1 <= value <= MAX_GPUS_IN_A_BOX:
+            raise UsageError(f"{flag} must be 1 to {MAX_GPUS_IN_A_BOX}: a candidate is one machine (give --cluster "
+                             f"'2 nodes x 8 ..., InfiniBand HDR' for several), got {value}")
+        if value is not None and request.clusters and not request.candidates:
+            raise UsageError(f"{flag} counts the candidate GPUs, and --cluster gives whole clusters: add "
+                             "--candidates, or leave it out")
+    cloud_rates = [price for price in request.prices if price.strip().endswith("/h")]
+    if cloud_rates and not request.cloud:
+        raise UsageError(f"--price {cloud_rates[0]}: a rate per GPU-hour is what renting costs: add --cloud, or "
+                         "give the price to buy it (NAME=USD)")
     if request.hours is not None and (request.epochs is not None or request.dataset_size is not None):
         raise UsageError("give --hours H or --epochs E --dataset-size S, not both")
     if (request.epochs is None) != (request.dataset_size is None):

@@ -66,7 +66,7 @@ def predict_request(o: Option, request: ChooseRequest) -> PredictRequest:
     '2 x RTX 4090'
     """
     return PredictRequest(model=request.model, cluster=o.cluster, batch=request.batch, tokens=request.tokens,
-                          precision=request.precision, optimizer=request.optimizer,
+                          sample=request.sample, precision=request.precision, optimizer=request.optimizer,
                           optimizer_impl=request.optimizer_impl)
 
 

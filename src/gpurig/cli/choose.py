@@ -39,6 +39,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", required=True, help="a built-in model (as gpurig predict takes it) or module:factory")
     p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (predict's default: 64)")
     p.add_argument("--tokens", type=int, default=None, help="sequence length for token models")
+    p.add_argument("--sample", default=None,
+                   help="one sample's input for a module:factory model, as predict takes it: 3x224x224, 128:int64")
     p.add_argument("--precision", default="fp32", help="fp32 (default), tf32, fp16, bf16 or fp8, as predict takes it")
     p.add_argument("--optimizer", default=None,
                    help="sgd, momentum, adam, adamw or lamb (default: the model's usual one, as in gpurig predict)")
@@ -85,7 +87,7 @@ def request_from(args):
 
     if args.candidates is not None and not parse_candidates(args.candidates):
         raise UsageError(f"--candidates {args.candidates!r} names no GPU: e.g. --candidates \"RTX 4090, RTX 5090\"")
-    return ChooseRequest(model=args.model, batch=args.batch, tokens=args.tokens, precision=args.precision,
+    return ChooseRequest(model=args.model, batch=args.batch, tokens=args.tokens, sample=args.sample, precision=args.precision,
                          optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, budget=args.budget, gpus=args.gpus, max_gpus=args.max_gpus,
                          hours=args.hours, epochs=args.epochs, dataset_size=args.dataset_size,
                          candidates=parse_candidates(args.candidates or ""), clusters=tuple(args.cluster),

@@ -50,7 +50,7 @@ def plot_formats() -> list[str]:
 
 
 def add_reliability_flags(p) -> None:
-    """``--iface``, ``--failure-timeout``, ``--stall-timeout`` (``gpurig run`` and ``gpurig train``)."""
+    """``--iface``, ``--failure-timeout``, ``--stall-timeout``, ``--stall-shutdown`` (``gpurig run`` and ``gpurig train``)."""
     p.add_argument("--iface", default=None, metavar="NAME",
                    help="network interface the job's sockets use: Gloo (GLOO_SOCKET_IFNAME), NCCL (NCCL_SOCKET_IFNAME), "
                         "Open MPI, the rendezvous and side channel (default: loopback when every rank runs here)")
@@ -59,6 +59,10 @@ def add_reliability_flags(p) -> None:
     p.add_argument("--stall-timeout", default=None, metavar="S",
                    help="report ranks waiting at a collective that others have not reached after S seconds "
                         "(default 60; 0: off)")
+    p.add_argument("--stall-shutdown", default=None, metavar="S",
+                   help="end the job, naming the ranks that have not reached the collective, once the others have "
+                        "waited S seconds there (default 0: only report, since a rank may be in a long computation "
+                        "and a stuck one can still be inspected, e.g. with py-spy)")
 
 
 def add_restart_flags(p) -> None:
@@ -79,7 +83,8 @@ def reliability_env(args) -> dict:
 
     return job_environment(**{field: None if getattr(args, field) is None else seconds(getattr(args, field), flag)
                               for flag, field in (("--failure-timeout", "failure_timeout"),
-                                                  ("--stall-timeout", "stall_timeout"))})
+                                                  ("--stall-timeout", "stall_timeout"),
+                                                  ("--stall-shutdown", "stall_shutdown"))})
 
 
 def command_after_dashes(words: list[str], example: str) -> list[str]:

@@ -156,7 +156,8 @@ def _config(args):
                        precision=args.precision, accumulate=args.accumulate, logdir=args.logdir, timeline=args.timeline,
                        max_restarts=args.max_restarts,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),
-                       stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"))
+                       stall_timeout=_seconds(args.stall_timeout, "--stall-timeout"),
+                       stall_shutdown=_seconds(args.stall_shutdown, "--stall-shutdown"))
 
 
 def _seconds(text, flag):
@@ -223,18 +224,31 @@ class _TrainView:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.console = Console()
-        if not self.console.is_terminal and "COLUMNS" not in os.environ:
-            self.console = Console(width=WIDE_COLUMNS)  # a log or a pipe: rich's 80 columns would cut the table's numbers
+        from gpurig.launch.env import in_launched_job
+        from gpurig.launch.output import COLUMNS_VARIABLE
+
+        # Started as a rank (gpurig run / emulate, mpirun): lines only, as wide as the terminal the launcher's
+        # output reaches (a spinner or a bar would be redrawn through the launcher's pipes into the user's log).
+        as_rank = in_launched_job()
+        if as_rank:
+            columns = int(os.environ.get(COLUMNS_VARIABLE) or 0)
+            self.console = Console(width=columns or WIDE_COLUMNS, force_terminal=False)
+        else:
+            self.console = Console()
+            if not self.console.is_terminal and "COLUMNS" not in os.environ:
+                self.console = Console(width=WIDE_COLUMNS)  # a log or a pipe: 80 columns would cut the table's numbers
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
-                                 console=self.console, transient=True)
+                                 console=self.console, transient=True, disable=as_rank)
         self.task = None
         self.start: dict = {}
         # Until rank 0 says it has started (seconds: the configuration checked, PyTorch loaded in every rank, the
         # data read), a spinner says what is happening; a log or a pipe gets nothing from it.
-        self.waiting = self.console.status("gpurig train: checking the configuration, starting the ranks")
-        self.waiting.start()
+        self.waiting = None
+        if not as_rank:
+            self.waiting = self.console.status("gpurig train: checking the configuration, starting the ranks")
+            self.waiting.start()
+        self.started = False
 
     def _stop_waiting(self) -> None:
         if self.waiting is not None:
@@ -260,6 +274,7 @@ class _TrainView:
                 f"{event['global_batch']} ({per_rank} per rank), epochs {event['first_epoch'] + 1}..{event['epochs']}\n"
                 f"parameters held per rank: {held} MB (whole model {event['parameter_bytes_whole'] / 2**20:.1f} MB)")
             self.progress.start()
+            self.started = True
             total = event["steps_per_epoch"] * (event["epochs"] - event["first_epoch"])
             self.task = self.progress.add_task("training", total=total, loss="-")
         elif kind == "step" and self.task is not None:
@@ -285,7 +300,8 @@ class _TrainView:
 
     def close(self) -> None:
         self._stop_waiting()
-        self.progress.stop()
+        if self.started:   # a bar never started would still print its empty line
+            self.progress.stop()
 
     def summary(self, done: dict) -> None:
         from rich.table import Table

@@ -164,6 +164,11 @@ class Watch:
         for thread in self._threads:
             thread.join(timeout=2 * self.beat + 1)
         self._threads = []
+        raised = getattr(sys, "last_value", None)   # set when the program ends by an exception it did not catch
+        if raised is not None and self._failure is None:   # the others say so, not that this rank "finished"
+            what = str(raised).strip().splitlines()[0] if str(raised).strip() else ""
+            self._failure = (f"rank {self.rank} on host {self.host} raised {type(raised).__name__}"
+                             f"{': ' + what if what else ''} after collective #{self.guard.progress.seq}")
         try:
             self._publish(finished=True)
             self._store.set(f"done/{self.rank}", "1")
@@ -322,7 +327,7 @@ class Watch:
         if 0 < shutdown <= waited:
             culprit, beat = laggards[0] if laggards else (self.rank, beats[self.rank])
             self._fail(RankFailed(culprit, beat.host if beat else None, None, "stalled the job",
-                                  f"({line}); ended after GPURIG_STALL_SHUTDOWN={shutdown:g} s"))
+                                  f"({line}); ended after {shutdown:g} s (--stall-shutdown)"))
             return True
         if me.seq not in self._stalls_reported and (not waiting or waiting[0] == self.rank):
             self._stalls_reported.add(me.seq)

@@ -48,11 +48,18 @@ def parse_rate(text: str) -> int:
 
     >>> parse_rate("1gbit"), parse_rate("100mbit")
     (1000000000, 100000000)
+    >>> parse_rate("0bit")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --rate '0bit': want at least 1kbit
     """
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?)bit", text.strip().lower())
     if not match:
         raise UsageError(f"--rate {text!r}: use a tc rate such as 1gbit, 10gbit or 100mbit")
-    return int(float(match.group(1)) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[match.group(2)])
+    bits = int(float(match.group(1)) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[match.group(2)])
+    if bits < 10**3:   # tc's token bucket needs a rate; below a kbit/s no collective would finish
+        raise UsageError(f"--rate {text!r}: want at least 1kbit")
+    return bits
 
 
 def tbf(rate: str) -> list[str]:

@@ -10,6 +10,21 @@ from gpurig.errors import UsageError
 _HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
+def check_hosts(text: str | None) -> None:
+    """``--hosts`` as given: left out (None: run here), or machines :func:`parse_hosts` reads; one line otherwise.
+
+    >>> check_hosts("")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --hosts '': want HOST:SLOTS,... (leave it out to run here)
+    """
+    if text is None:
+        return
+    if not text.strip():
+        raise UsageError("--hosts '': want HOST:SLOTS,... (leave it out to run here)")
+    parse_hosts(text)
+
+
 def parse_hosts(text: str) -> list[tuple[str, int]]:
     """``"a:4,b:4"`` → ``[("a", 4), ("b", 4)]``; a host without ``:slots`` has one slot.
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpurig.errors import UsageError
-from gpurig.launch.hosts import parse_hosts
+from gpurig.launch.hosts import check_hosts, parse_hosts
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's
 _HOSTFILE_LINE = re.compile(r"([A-Za-z0-9_.\-]+)(?:\s+slots\s*=\s*(\S+))?")
@@ -104,6 +104,7 @@ def layout_from_flags(engine: str, nprocs: int | None = None, hosts: str | None 
     _positive(node_rank, "--node-rank", least=0)
     if master_port is not None and not 0 < master_port < 65536:
         raise UsageError(f"--master-port must be a TCP port from 1 to 65535, got {master_port}")
+    check_hosts(hosts)
     if hosts and hostfile:
         raise UsageError("--hosts (-H) and --hostfile both name the machines: give one")
     if hostfile:

@@ -10,6 +10,8 @@ file as written. Without either, a rank's output reaches the terminal untouched.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +20,9 @@ from gpurig.launch.env import restart_count
 
 TAG_VARIABLE = "GPURIG_TAG_OUTPUT"
 LOG_DIR_VARIABLE = "GPURIG_LOG_DIR"
+# The columns of the terminal the job's output reaches, or 0 for a file or a pipe: a rank's own stdout is a pipe
+# or (Open MPI's) a pseudo-terminal whatever the user's is, so it cannot tell by looking.
+COLUMNS_VARIABLE = "GPURIG_TERMINAL_COLUMNS"
 _CHUNK = 65536
 
 
@@ -29,6 +34,7 @@ def output_env(env: dict, log_dir: str | None, tag: bool) -> dict:
     ('1', True)
     """
     env = dict(env)
+    env[COLUMNS_VARIABLE] = str(shutil.get_terminal_size().columns if sys.stdout.isatty() else 0)
     if tag:
         env[TAG_VARIABLE] = "1"
     if log_dir is not None:

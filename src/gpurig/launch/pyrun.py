@@ -117,6 +117,9 @@ def main(argv: list[str]) -> None:
         _failed(1)
         error = error.with_traceback(_user_frames(error.__traceback__))
         sys.excepthook(type(error), error, error.__traceback__)
+        # as the interpreter does for an exception nobody caught: the communicator's exit then tells the other
+        # ranks this one raised, not that it finished (gpurig.comm.watch)
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
         sys.exit(1)
     _succeed()
 

@@ -81,6 +81,13 @@ def validate(config: BenchConfig) -> None:
     for part in config.parts:
         if part not in PARTS:
             raise UsageError(f"unknown part {part!r}: choose from {', '.join(PARTS)}")
+    if not config.parts:
+        raise UsageError(f"--parts names no part: choose from {', '.join(PARTS)}")
+    if not config.engines and ("comm" in config.parts or "p2p" in config.parts):
+        raise UsageError(f"--engine names no engine to measure communication over: choose from {', '.join(ENGINES)}")
+    if config.repeat != 1 and not {"compute", "gemm"} & set(config.parts):
+        raise UsageError(f"--repeat takes the compute and gemm parts again, and --parts {','.join(config.parts)} "
+                         "has neither")
     if not 4 <= config.min_bytes <= config.max_bytes:
         raise UsageError(f"message sizes must satisfy 4 <= min <= max, got {config.min_bytes}..{config.max_bytes}")
     if config.directory is not None:

@@ -41,7 +41,7 @@ def parse_method(name: str) -> tuple[str, int | None]:
     (('int8', None), ('powersgd', 4), ('powersgd', 2))
     """
     if name == POWERSGD or name.startswith(POWERSGD + ":"):
-        rank_text = name.partition(":")[2] or str(powersgd.DEFAULT_RANK)
+        rank_text = name.partition(":")[2] if ":" in name else str(powersgd.DEFAULT_RANK)
         if not rank_text.isdigit() or int(rank_text) < 1:
             raise ValueError(f"compression {name!r}: the PowerSGD rank after ':' must be a positive integer")
         return POWERSGD, int(rank_text)

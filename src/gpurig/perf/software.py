@@ -25,10 +25,23 @@ RELEASES = {
     "pytorch-1.4": "PyTorch 1.4 (NGC 20.01): apex AMP, CUDA 10.2, cuDNN 7.6 (Lambda's first pre-Ampere runs)",
 }
 DEFAULT = "current"
+# The --precision values each older release can run: TF32 needs CUDA 11 (PyTorch 1.7), bf16 autocast PyTorch 1.10,
+# fp8 Transformer Engine (2022); "current" runs them all.
+PRECISIONS = {"pytorch-1.7": ("fp32", "tf32", "fp16"), "pytorch-1.4": ("fp32", "fp16")}
 
 
-def check(name: str) -> str:
-    """``name`` if it is a release gpurig prices; one line with the choices otherwise."""
+def check(name: str, precision: str | None = None) -> str:
+    """``name`` if it is a release gpurig prices (and it runs ``precision``); one line with the choices otherwise.
+
+    >>> check("pytorch-1.7", "bf16")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --precision bf16 needs a later PyTorch than --software pytorch-1.7, which runs fp32, tf32, fp16
+    """
     if name not in RELEASES:
         raise UsageError(f"unknown software {name!r}; choose one of: {', '.join(RELEASES)}")
+    runs = PRECISIONS.get(name)
+    if precision is not None and runs is not None and precision not in runs:
+        raise UsageError(f"--precision {precision} needs a later PyTorch than --software {name}, which runs "
+                         f"{', '.join(runs)}")
     return name

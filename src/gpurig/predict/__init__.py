@@ -72,8 +72,15 @@ def predict(request: PredictRequest) -> dict:
         where = "on 1 GPU" if top == 1 else "with --parallel model"
         raise UsageError(f"--compression {request.compression}: gradients are compressed when GPUs average them, "
                          f"and {where} none are")
+    if top == 1 and request.shard != "none":
+        raise UsageError(f"--shard {request.shard}: the state is split over the GPUs that average gradients, and on "
+                         "1 GPU there is nothing to split it over")
+    if top == 1 and request.algorithm != "best":
+        raise UsageError(f"--algorithm {request.algorithm}: an allreduce's algorithm, and on 1 GPU there is none")
     batch = request.batch or DEFAULT_BATCH.get(request.model, 64)
     spec = model_spec(request.model, batch=batch, tokens=request.tokens, sample=request.sample)
+    if not spec.trainable_parameters:   # torch's backward() would refuse it, and DDP the module
+        raise UsageError(f"--model {request.model} has no weights to train (no parameter that requires grad)")
     layers = layer_costs(spec)
 
     counts = sorted({1, *[2**i for i in range(1, 20) if 2**i < top], top})

@@ -44,14 +44,15 @@ def advice(spec, layers, request: PredictRequest, hardware: Hardware, ranks: int
                       "why": f"{rule}; the global batch becomes {better * ranks} (from {spec.batch * ranks}): "
                              "the optimisation changes with it (learning rate, epochs to converge)",
                       "samples_per_s_gain": gain(predicted, better)})
-    if ranks > 1 and step.bottleneck() == "communication":
+    if ranks > 1 and step.comm_s > 0:   # any communication left unhidden (listed only where predicted faster)
+        waits = f"{1000 * step.comm_s:.1f} ms of each step wait for gradients"
         for method in ("fp16", "int8", "powersgd"):
             if method == request.compression:
                 continue
             predicted = step_at(spec, layers, replace(request, compression=method), hardware, ranks)
-            items.append({"what": f"--compression {method}", "why": "the network is the bottleneck: "
-                          f"{1000 * step.comm_s:.1f} ms of each step wait for gradients",
-                          "samples_per_s_gain": gain(predicted)})
+            items.append({"what": f"--compression {method}",
+                          "why": f"the network is the bottleneck: {waits}" if step.bottleneck() == "communication"
+                          else waits, "samples_per_s_gain": gain(predicted)})
         topology = hardware.topology_for(ranks)
         faster = replace(hardware, topology_for=lambda n, _h=hardware: _faster_network(_h.topology_for(n), 10))
         predicted = step_at(spec, layers, request, faster, ranks)

@@ -141,6 +141,21 @@ def _catalog_device(profile: dict, request: PredictRequest):
     return _catalog_model(gpu, request)
 
 
+def _check_same_gpu(profile: dict, machines: list, where: str) -> None:
+    """Refuse a profile measured on another GPU than the cluster's: bench's numbers calibrate the GPU they timed."""
+    from gpurig.spec import catalog
+    from gpurig.spec.fields import SpecError
+
+    try:
+        measured = catalog.gpu(profile["device"]).name
+    except SpecError:
+        measured = None
+    wanted = sorted({node.gpu.name for node in machines})
+    if measured is None or wanted != [measured]:
+        raise UsageError(f"--profile {where}: measured on {profile['device']}, not the cluster's {' and '.join(wanted)}: "
+                         "a profile calibrates the GPU it measured (leave --profile out to price the catalog's)")
+
+
 def _catalog_model(gpu, request: PredictRequest):
     """The catalog's model of ``gpu`` as ``request`` runs it: its precision, software release and memory format."""
     return machine.gpu_device(gpu, request.precision, software=request.software, memory_format=request.memory_format)
@@ -158,6 +173,10 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     measured = profile is not None and profile.get("device") not in (None, "cpu")
     if measured:
         check_measured(profile, request.profile or request.cluster, "compute")
+        _check_same_gpu(profile, machines, request.profile or request.cluster)
+    if spec.network is None and len(machines) > 1:   # priced over PCIe it would beat any real network
+        raise UsageError(f"--cluster: {len(machines)} machines and no network between them: name it, e.g. "
+                         "'..., 10 GbE' or '..., InfiniBand HDR' (network = ... in a spec file)")
 
     def device_of(gpu, ranks):
         catalog = _catalog_model(gpu, request)

@@ -106,7 +106,7 @@ def check(request: PredictRequest) -> None:
     from gpurig.parallel.compression import parse_method
 
     check_precision(request.precision)
-    check_software(request.software)
+    check_software(request.software, request.precision)
     check_memory_format(request.memory_format)
     check_optimizer(request.optimizer, request.optimizer_impl)
     if request.parallel not in PARALLEL:

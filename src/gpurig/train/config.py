@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from gpurig.errors import UsageError, check_directory, check_writable
+from gpurig.launch.hosts import check_hosts
 from gpurig.train import checkpoints
 
 ENGINES = ("mpi", "torch")
@@ -52,6 +53,7 @@ class TrainConfig:
     iface: str | None = None
     failure_timeout: float | None = None
     stall_timeout: float | None = None
+    stall_shutdown: float | None = None
     max_restarts: int = 0
     events: str | None = None
 
@@ -64,6 +66,15 @@ class TrainConfig:
         from gpurig.train.optimizer import settings
 
         return settings(self.optimizer, self.lr, self.momentum, self.weight_decay)
+
+    def optimizer_flags(self) -> dict:
+        """The optimizer's arguments this run was given (what ``--resume`` changes in the checkpoint's).
+
+        >>> TrainConfig(lr=0.01).optimizer_flags(), TrainConfig().optimizer_flags()
+        ({'lr': 0.01}, {})
+        """
+        given = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+        return {key: value for key, value in given.items() if value is not None}
 
     def feedback_path(self, rank: int, position: checkpoints.Position) -> Path:
         """Where a rank keeps its error-feedback residuals at ``position`` (they differ per rank)."""
@@ -90,6 +101,7 @@ def validate(config: TrainConfig, nprocs: int) -> None:
                          "or your own as module:loader")
     if config.engine not in ENGINES:
         raise UsageError(f"unknown engine {config.engine!r}; choose one of: {', '.join(ENGINES)}")
+    check_hosts(config.hosts)
     if nprocs < 1:
         raise UsageError(f"-n must be at least 1, got {nprocs}")
     if config.epochs < 1:
@@ -145,22 +157,31 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     _validate_step(config, nprocs)
 
 
-def resume_problem(state: dict, path, model: str, optimizer: str = "momentum") -> str | None:
-    """Why the checkpoint ``state`` (read from ``path``) cannot resume a run of ``model`` stepped by ``optimizer``,
-    or None when it can (a checkpoint that names no optimizer is from before ``--optimizer``: SGD with momentum).
+def resume_problem(state: dict, path, config: TrainConfig) -> str | None:
+    """Why the checkpoint ``state`` (read from ``path``) cannot resume the run ``config``, or None when it can: another
+    model, another optimizer (a checkpoint that names none is from before ``--optimizer``: SGD with momentum), or,
+    mid-epoch, another global batch or seed (the epoch's remaining samples would not be the ones left).
 
-    >>> resume_problem({"format": checkpoints.CHECKPOINT_FORMAT, "model_name": "mlp"}, "ck/checkpoint-epoch2.pt", "cnn")
+    >>> state = {"format": checkpoints.CHECKPOINT_FORMAT, "model_name": "mlp"}
+    >>> resume_problem(state, "ck/checkpoint-epoch2.pt", TrainConfig(model="cnn"))
     'ck/checkpoint-epoch2.pt was written by a run of --model mlp, not cnn: resume with --model mlp, or use another --checkpoint-dir'
+    >>> resume_problem({**state, "step": 30, "global_batch": 120}, "ck/checkpoint-epoch1-step30.pt", TrainConfig())
+    "ck/checkpoint-epoch1-step30.pt is 30 steps into an epoch at --global-batch 120: resume with --global-batch 120 (or from an epoch's end)"
     """
     if state.get("format") != checkpoints.CHECKPOINT_FORMAT:
         return f"{path} is not a checkpoint of gpurig train (format {state.get('format')!r})"
-    if state.get("model_name") != model:
-        return (f"{path} was written by a run of --model {state.get('model_name')}, not {model}: resume with "
+    if state.get("model_name") != config.model:
+        return (f"{path} was written by a run of --model {state.get('model_name')}, not {config.model}: resume with "
                 f"--model {state.get('model_name')}, or use another --checkpoint-dir")
     saved = state.get("optimizer_name", "momentum")
-    if saved != optimizer:
-        return (f"{path} holds the state of --optimizer {saved}, not {optimizer}: resume with --optimizer {saved}, "
-                "or use another --checkpoint-dir")
+    if saved != config.optimizer:
+        return (f"{path} holds the state of --optimizer {saved}, not {config.optimizer}: resume with --optimizer "
+                f"{saved}, or use another --checkpoint-dir")
+    step = state.get("step", 0)
+    for flag, key in (("--global-batch", "global_batch"), ("--seed", "seed")):
+        if step and state.get(key, getattr(config, key)) != getattr(config, key):
+            return (f"{path} is {step} steps into an epoch at {flag} {state[key]}: resume with {flag} {state[key]} "
+                    "(or from an epoch's end)")
     return None
 
 
@@ -176,7 +197,7 @@ def _validate_resume(config: TrainConfig) -> None:
         state, path, _ = checkpoints.load_newest(config.checkpoint_dir)
     except checkpoints.CheckpointError as error:
         raise UsageError(f"--resume: {error}") from None
-    problem = resume_problem(state, path, config.model, config.optimizer)
+    problem = resume_problem(state, path, config)
     if problem:
         raise UsageError(f"--resume: {problem}")
 
@@ -330,7 +351,8 @@ def _validate_reliability(config: TrainConfig) -> None:
         raise UsageError(f"--checkpoint-every must be at least 1 step, got {config.checkpoint_every}")
     if config.on_nonfinite not in ACTIONS:
         raise UsageError(f"--on-nonfinite must be one of {', '.join(ACTIONS)}, got {config.on_nonfinite!r}")
-    for value, flag in ((config.failure_timeout, "--failure-timeout"), (config.stall_timeout, "--stall-timeout")):
+    for value, flag in ((config.failure_timeout, "--failure-timeout"), (config.stall_timeout, "--stall-timeout"),
+                        (config.stall_shutdown, "--stall-shutdown")):
         if value is not None:
             seconds(str(value), flag)
     if config.iface is not None:

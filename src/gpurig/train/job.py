@@ -48,7 +48,7 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
         from gpurig.train.loop import run_rank, warnings_from_rank_zero
 
         warnings_from_rank_zero(rank_from_env())
-        event = run_rank(config)
+        event = run_rank(config, on_event)
         if event.get("event") == "done":  # the launcher restarted the job this many times (gpurig's, torchrun's)
             event["restarts"] = restart_count()
         code = event.get("code", 0)
@@ -88,7 +88,8 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
                    "resumes_at": str(position) if newest else None,
                    "lost_steps": max(last_step(again.checkpoint_dir) - resumed_at, 0)})
 
-        env = job_environment(failure_timeout=config.failure_timeout, stall_timeout=config.stall_timeout)
+        env = job_environment(failure_timeout=config.failure_timeout, stall_timeout=config.stall_timeout,
+                              stall_shutdown=config.stall_shutdown)
         env[PARKS_ITSELF_VARIABLE] = "1"  # a standby rank waits in the loop, its data loaded (launch.standby.park)
         env[STARTED_VARIABLE] = str(since)
         with following(events_path, relay):

@@ -42,8 +42,9 @@ from gpurig.train.state import (CannotResume, bytes_per_rank, resume_state, weig
 WARMUP_STEPS = 1  # the run's first steps, trained but not timed in their epoch's step time and split
 
 
-def train_on_this_rank(config: TrainConfig) -> dict:
-    """The training loop every rank runs; returns the run's summary (the ``done`` event).
+def train_on_this_rank(config: TrainConfig, on_event=None) -> dict:
+    """The training loop every rank runs; returns the run's summary (the ``done`` event). ``on_event``: called with
+    rank 0's progress events as it emits them (a rank started by a launcher shows them itself).
 
     >>> summary = train_on_this_rank(TrainConfig(epochs=1))   # one rank, no launcher  # doctest: +SKIP
     >>> summary["test_accuracy"] > 0.8                         # doctest: +SKIP
@@ -53,7 +54,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
     standby.park()  # a standby rank of a job that may restart waits here: imports done, data loaded
     config = after_restart(config)  # started again: from the newest checkpoint
     comm = comm_mod.init(config.engine)
-    events = EventLog(config.events, enabled=comm.rank == 0)
+    events = EventLog(config.events, enabled=comm.rank == 0, listener=on_event)
     torch.manual_seed(config.seed)
     model = build_model(config.model).to(comm.device)
     start, history, carried_loss = checkpoints.Position(0), [], 0.0
@@ -82,11 +83,17 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         optimizer.load_state_dict(state["optimizer"] if dp is wrapped
                                   else wrapped.local_optimizer_state(optimizer, state["optimizer"]))
         mixed.load_state_dict(state.get("scaler", {}))
-        for group in optimizer.param_groups:  # the state (momentum, Adam's moments) carries over; the flags are this run's
-            group.update(config.optimizer_settings())
+        for group in optimizer.param_groups:  # the state and the checkpoint's settings carry over, but for the flags given
+            group.update(config.optimizer_flags())
     keeps_feedback = dp is not None and dp.compresses
     if config.resume and keeps_feedback:
-        if state.get("ranks", comm.size) == comm.size and state.get("parallel", "data") == config.parallel:
+        # a checkpoint from before "feedback" was recorded: its residuals are there if this rank's file is
+        saved_feedback = state.get("feedback", config.feedback_path(comm.rank, start).exists())
+        if not saved_feedback:
+            if comm.rank == 0:
+                say("gpurig: the checkpoint's run did not compress gradients: compression's error-feedback residuals "
+                    "start from zero")
+        elif state.get("ranks", comm.size) == comm.size and state.get("parallel", "data") == config.parallel:
             dp.load_compression_state_dict(checkpoints.load(config.feedback_path(comm.rank, start)))
         elif comm.rank == 0:  # residuals are per rank and per bucket layout: elsewhere error feedback starts afresh
             say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
@@ -121,6 +128,7 @@ def train_on_this_rank(config: TrainConfig) -> dict:
         if comm.rank == 0:  # the last --keep-checkpoints stay (older residuals go with them)
             checkpoints.save_checkpoint(config.checkpoint_dir, position, {
                 "format": checkpoints.CHECKPOINT_FORMAT, "model_name": config.model, "optimizer_name": config.optimizer,
+                "feedback": keeps_feedback, "global_batch": config.global_batch, "seed": config.seed,
                 "epoch": position.epochs,
                 "step": position.step, "ranks": comm.size, "parallel": config.parallel, "model": model_state,
                 "optimizer": optimizer_state, "history": history, "scaler": mixed.state_dict(), **extra,
@@ -147,7 +155,8 @@ def train_on_this_rank(config: TrainConfig) -> dict:
             try:
                 outcome = train_step(wrapped, dp, optimizer, x, y, config.accumulate, mixed, recorder)
             except NonFiniteGradientError as error:  # raised on every rank at the same step
-                raise Diverged(epoch * len(batches) + steps + 1, epoch + 1, error, config) from None
+                raise Diverged(epoch * len(batches) + steps + 1, epoch + 1, error, config,
+                               lr=optimizer.param_groups[0]["lr"]) from None
             loss = outcome.loss
             loss_sum += loss
             steps += 1
@@ -257,9 +266,11 @@ def _codec(dp, config: TrainConfig) -> str:
 class Diverged(Exception):
     """Every rank stops at the same step: the averaged gradients (or fp16's even unscaled) hold NaN or Inf."""
 
-    def __init__(self, step: int, epoch: int, error: NonFiniteGradientError, config: TrainConfig):
+    def __init__(self, step: int, epoch: int, error: NonFiniteGradientError, config: TrainConfig,
+                 lr: float | None = None):
         super().__init__(step, epoch, error)
         self.step, self.epoch, self.error, self.config = step, epoch, error, config
+        self.lr = config.optimizer_settings()["lr"] if lr is None else lr
         newest = checkpoints.saved(config.checkpoint_dir)
         self.kept = checkpoints.checkpoint_path(config.checkpoint_dir, newest[0]).name if newest else None
 
@@ -272,7 +283,7 @@ class Diverged(Exception):
         """
         where = f"the gradient of {self.error.parameter!r} holds {self.error.kind}" if self.error.parameter \
             else str(self.error)
-        tries = [f"a lower --lr (this run: {self.config.optimizer_settings()['lr']:g})"]
+        tries = [f"a lower --lr (this run: {self.lr:g})"]
         if self.config.precision != "fp32":
             tries.append("--precision fp32")
         tries.append("--on-nonfinite skip")
@@ -281,7 +292,7 @@ class Diverged(Exception):
                 f"Try {', '.join(tries[:-1])}, or {tries[-1]}")
 
 
-def run_rank(config: TrainConfig) -> dict:
+def run_rank(config: TrainConfig, on_event=None) -> dict:
     """:func:`train_on_this_rank`, with the stops every rank agrees on turned into rank 0's ``error`` event instead
     of a traceback on each rank: :class:`Diverged` (exit code 1) and :class:`~gpurig.train.state.CannotResume`
     (exit code 2: the user's checkpoint directory). Returns the ``done`` or ``error`` event.
@@ -290,7 +301,7 @@ def run_rank(config: TrainConfig) -> dict:
     "training diverged at step 2 (epoch 1): the gradient of '1.weight' holds NaN; ..."
     """
     try:
-        return {"event": "done", **train_on_this_rank(config)}
+        return {"event": "done", **train_on_this_rank(config, on_event)}
     except (Diverged, CannotResume) as stop:
         event = {"event": "error", "code": 1 if isinstance(stop, Diverged) else 2, "message": str(stop)}
         EventLog(config.events, enabled=comm_mod.current().rank == 0).emit("error", code=event["code"],

@@ -18,20 +18,25 @@ import torch
 class EventLog:
     """Rank 0's progress as JSON lines (a file the launcher follows), or nothing on other ranks."""
 
-    def __init__(self, path: str | None, enabled: bool):
+    def __init__(self, path: str | None, enabled: bool, listener=None):
         self._file = open(path, "a") if (path and enabled) else None
+        # a rank started by a launcher shows its own progress: the events go to its view in this process
+        self._listener = listener if enabled else None
         self._last_step = 0.0
 
     def emit(self, kind: str, **fields) -> None:
-        if self._file is None:
+        if self._file is None and self._listener is None:
             return
         if kind == "step":
             now = time.monotonic()
             if now - self._last_step < 0.1 and not fields.get("last"):
                 return
             self._last_step = now
-        self._file.write(json.dumps({"event": kind, **fields}) + "\n")
-        self._file.flush()
+        if self._file is not None:
+            self._file.write(json.dumps({"event": kind, **fields}) + "\n")
+            self._file.flush()
+        if self._listener is not None:
+            self._listener({"event": kind, **fields})
 
 
 @dataclass

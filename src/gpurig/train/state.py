@@ -94,7 +94,7 @@ def resume_state(config: TrainConfig, comm) -> dict:
     """
     try:
         state, path, problems = checkpoints.load_newest(config.checkpoint_dir)
-        problem = resume_problem(state, path, config.model, config.optimizer)
+        problem = resume_problem(state, path, config)
     except checkpoints.CheckpointError as error:
         state, path, problems, problem = {}, None, [], str(error)
     found = comm.allgather(torch.tensor([[problem is None, state.get("epoch", 0), state.get("step", 0)]],
