@@ -2,8 +2,8 @@
 
 from conftest import assert_all_ok, run_cases
 
-# 5 dtypes x 4 sizes x 6 collectives + 5 x 3 async forms + 14 single cases (see workers/collectives.py)
-CASES = 5 * 4 * 6 + 5 * 3 + 14
+# 5 dtypes x 4 sizes x 6 collectives + 5 x 3 async forms + 15 single cases (see workers/collectives.py)
+CASES = 5 * 4 * 6 + 5 * 3 + 15
 
 
 def test_collectives_on_three_ranks(engine, tmp_path):

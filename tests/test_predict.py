@@ -432,3 +432,13 @@ def test_a_transformers_model_parallel_plan_splits_each_blocks_mlp_and_exchanges
     comm = [predict(PredictRequest(model="bert-base", cluster="4 x A100", parallel="model", batch=32,
                                    tokens=tokens))["step"]["comm_total_ms"] for tokens in (128, 256)]
     assert 1.8 < comm[1] / comm[0] < 2.2, comm
+
+
+def test_model_parallelism_holds_a_share_of_the_split_layers_per_gpu():
+    """AlexNet's split dense layers hold 94 % of its weights: on 4 GPUs each holds a quarter of them, and so of
+    their gradients and momentum, with what that leaves for a larger batch."""
+    data = predict(PredictRequest(model="alexnet", cluster="4 x RTX 3090"))["memory"]
+    split = predict(PredictRequest(model="alexnet", cluster="4 x RTX 3090", parallel="model"))["memory"]
+    for part in ("weights", "gradients", "optimizer"):
+        assert split["parts_gb"][part] < 0.35 * data["parts_gb"][part], part
+    assert split["total_gb"] < data["total_gb"]

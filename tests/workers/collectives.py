@@ -238,6 +238,19 @@ def _():
         mpi_engine.ALLREDUCE_PIECE_BYTES = saved
 
 
+@case("a_job_on_the_communication_thread_runs_a_known_allreduce_before_submit_says_it_is_queued")
+def _():
+    # submit() queues a job, then notes it (_last): a job started in between, whose blocking allreduce took the
+    # short path of a signature seen before, waited on the lock its own thread held (bench hung so under load)
+    t = torch.ones(5)
+    comm.allreduce(t, op="sum", name="seen before")   # the short path knows it now
+
+    def job():
+        comm._worker._last = None                      # as in the window between queue.put and _last = future
+        return comm.allreduce(torch.ones(5), op="sum", name="seen before")
+    assert torch.equal(comm.run_async(job).wait(timeout=30), torch.full((5,), float(P)))
+
+
 @case("allgather_bytes")
 def _():
     got = comm.allgather_bytes(b"x" * R)

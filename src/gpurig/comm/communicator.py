@@ -404,8 +404,11 @@ class Communicator:
             signature = self._fast_allreduce.get(key)
         except (AttributeError, TypeError):  # not a tensor (or an unhashable name): the full path says why
             signature = None
+        # A job on the communication thread (run_async: PowerSGD's second allreduce) already holds the lock: the
+        # full path runs it there. ``_last`` alone does not tell: submit() queues a job before it sets ``_last``, so
+        # the thread could start the job, see no job queued, and wait on its own lock (a hang, seen under load).
         if (signature is None or tensor.__class__ is not torch.Tensor or tensor.is_cuda
-                or not tensor.is_contiguous() or self._worker._last is not None):
+                or not tensor.is_contiguous() or self._worker._last is not None or self._worker.on_worker_thread()):
             return self._allreduce(tensor, op, blocking=True, name=name)
         with self._lock:
             self._guarded(signature, tensor.nbytes, lambda: self.engine.allreduce_sum(tensor))

@@ -29,16 +29,48 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     implementation = optimizer_impl(request)
     parts = step_memory(spec, request.optimizer, mixed, data_ranks, shard=request.shard, traced=traced,
                         workspaces=workspaces, implementation=implementation)
+    saved = _not_held_when_split(spec, request, ranks, mixed, parts)
     total = sum(parts.values())
     gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
            "gpu_gb": gpu_gb}
     if gpu_gb:
         out.update(usable_gb=round(usable_bytes(gpu_gb) / 2**30, 2), fits=total <= usable_bytes(gpu_gb),
-                   largest_batch=largest_fitting_batch(spec, request.optimizer, mixed, data_ranks, gpu_gb,
-                                                       shard=request.shard, traced=traced, workspaces=workspaces,
+                   # what the split layers leave out is the same at any batch: as much more room for the rest
+                   largest_batch=largest_fitting_batch(spec, request.optimizer, mixed, data_ranks,
+                                                       gpu_gb + saved / 2**30, shard=request.shard, traced=traced, workspaces=workspaces,
                                                        implementation=implementation))
     return out
+
+
+def _not_held_when_split(spec, request: PredictRequest, ranks: int, mixed: bool, parts: dict) -> int:
+    """Model or hybrid parallelism: each GPU holds 1/``ranks`` of the split layers' weights, gradients, optimizer
+    state and AMP copies. Takes that out of ``parts`` (in place); returns the bytes taken out.
+
+    >>> from gpurig.models import model_spec
+    >>> spec = model_spec("alexnet", batch=32)
+    >>> parts = {"weights": 4 * spec.parameters, "gradients": 4 * spec.parameters, "optimizer": 4 * spec.parameters}
+    >>> saved = _not_held_when_split(spec, PredictRequest(model="alexnet", parallel="model"), 4, False, parts)
+    >>> round(parts["weights"] / (4 * spec.parameters), 2)        # AlexNet's dense layers hold 94 % of it
+    0.3
+    """
+    if request.parallel == "data" or ranks < 2:
+        return 0
+    from gpurig.perf.footprint import DTYPE_BYTES
+    from gpurig.predict.configuration import split_plan
+
+    plan, _, _ = split_plan(request, spec)
+    split = sum(spec.layers[i].parameters for i in plan)
+    gone = split - split // ranks
+    per_parameter = {"weights": DTYPE_BYTES, "gradients": DTYPE_BYTES,
+                     "optimizer": DTYPE_BYTES * OPTIMIZER_STATES[request.optimizer], "amp_copies": 2 if mixed else 0}
+    saved = 0
+    for part, size in per_parameter.items():
+        if part in parts:
+            cut = min(parts[part], gone * size)
+            parts[part] -= cut
+            saved += cut
+    return saved
 
 
 def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, needed: dict) -> list[dict]:
