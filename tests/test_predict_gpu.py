@@ -682,3 +682,13 @@ def test_a_profile_of_another_gpu_does_not_calibrate_the_clusters(tmp_path):
     code, out, _ = run_cli(["predict", "--model", "resnet50", "--cluster", "4 x H100 SXM5 80 GB", "--profile", profile,
                             "--json"])
     assert code == 0 and json.loads(out)["calibration"] == "catalog + profile"
+
+
+def test_a_gpu_profile_as_the_cluster_says_whether_the_step_fits_its_gpu(tmp_path):
+    """The H100's profile as --cluster: GPT-2 at 64 × 1024 needs more than its 80 GB, said as for a catalog GPU."""
+    stored = json.loads((BENCHMARKS.parent / "docs/gpu/h100-2026-11-26/gpu_validation-profile.json").read_text())["profile"]
+    profile = tmp_path / "h100.json"
+    profile.write_text(json.dumps(stored))
+    result = predict(PredictRequest(model="gpt2", cluster=str(profile)))
+    assert result["memory"]["gpu_gb"] == 80 and result["memory"]["fits"] is False
+    assert result["memory"]["largest_batch"] < 64 and result["hardware"].startswith("NVIDIA H100 80GB HBM3")

@@ -35,6 +35,8 @@ class Hardware:
                                     # smallest of a cluster of several models
     # ranks -> a Device per GPU model those ranks use, when they are several: the slowest sets the step
     devices_in_use: object = None
+    # a profile's GPU, found in the catalog by the name bench recorded: its memory, for "will it fit"
+    device_memory_gb: float | None = None
 
 
 def load_hardware(request: PredictRequest) -> Hardware:
@@ -102,13 +104,14 @@ def load_hardware(request: PredictRequest) -> Hardware:
                                                if "posted_alpha_s" in fit else None)
                       for name, fit in comm["engines"][engine].items()
                       if name.startswith("compressed:") and fit.get("beta_s_per_byte", 0) > 0}
-    catalog = _catalog_device(profile, request)
-    return Hardware(f"{profile.get('cpu') or profile.get('device')} ({profile.get('host', 'this machine')})",
+    catalog, gpu = _catalog_device(profile, request), _profile_gpu(profile)
+    measured_on = profile.get("device") if gpu is not None else profile.get("cpu") or profile.get("device")
+    return Hardware(f"{measured_on} ({profile.get('host', 'this machine')})",
                     ranks, per_node,
                     lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine),
                                                                  catalog),
                     lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile", slowdown,
-                    posted, compressed)
+                    posted, compressed, device_memory_gb=gpu.memory_gb if gpu is not None else None)
 
 
 def check_measured(measurements: dict, where: str, key: str, part: str | None = None) -> None:
@@ -126,8 +129,15 @@ def check_measured(measurements: dict, where: str, key: str, part: str | None = 
 
 
 def _catalog_device(profile: dict, request: PredictRequest):
-    """The catalog's model of the GPU a profile measured, found by the name bench recorded ("NVIDIA H100 80GB
-    HBM3"); None for a CPU's profile or a GPU the catalog lacks (then bench's GEMMs price every product)."""
+    """The catalog's model of the GPU a profile measured (:func:`_profile_gpu`); None for a CPU's profile or a
+    GPU the catalog lacks (then bench's GEMMs price every product)."""
+    gpu = _profile_gpu(profile)
+    return None if gpu is None else _catalog_model(gpu, request)
+
+
+def _profile_gpu(profile: dict):
+    """The catalog's GPU a profile measured, found by the name bench recorded ("NVIDIA H100 80GB HBM3"); None for
+    a CPU's profile or a GPU the catalog lacks."""
     from gpurig.spec import catalog
     from gpurig.spec.fields import SpecError
 
@@ -135,21 +145,15 @@ def _catalog_device(profile: dict, request: PredictRequest):
     if not name or name == "cpu":
         return None
     try:
-        gpu = catalog.gpu(name)
+        return catalog.gpu(name)
     except SpecError:
         return None
-    return _catalog_model(gpu, request)
 
 
 def _check_same_gpu(profile: dict, machines: list, where: str) -> None:
     """Refuse a profile measured on another GPU than the cluster's: bench's numbers calibrate the GPU they timed."""
-    from gpurig.spec import catalog
-    from gpurig.spec.fields import SpecError
-
-    try:
-        measured = catalog.gpu(profile["device"]).name
-    except SpecError:
-        measured = None
+    found = _profile_gpu(profile)
+    measured = found.name if found is not None else None
     wanted = sorted({node.gpu.name for node in machines})
     if measured is None or wanted != [measured]:
         raise UsageError(f"--profile {where}: measured on {profile['device']}, not the cluster's {' and '.join(wanted)}: "

@@ -31,7 +31,7 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
                         workspaces=workspaces, implementation=implementation)
     saved = _not_held_when_split(spec, request, ranks, mixed, parts)
     total = sum(parts.values())
-    gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else None
+    gpu_gb = hardware.gpu.memory_gb if hardware.gpu is not None else hardware.device_memory_gb
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
            "gpu_gb": gpu_gb}
     if gpu_gb:
