@@ -435,7 +435,7 @@ def test_a_transformers_model_parallel_plan_splits_each_blocks_mlp_and_exchanges
 
 
 def test_model_parallelism_holds_a_share_of_the_split_layers_per_gpu():
-    """AlexNet's split dense layers hold 94 % of its weights: on 4 GPUs each holds a quarter of them, and so of
+    """AlexNet's split pair of dense layers holds 89 % of its weights: on 4 GPUs each holds a quarter of them, and of
     their gradients and momentum, with what that leaves for a larger batch."""
     data = predict(PredictRequest(model="alexnet", cluster="4 x RTX 3090"))["memory"]
     split = predict(PredictRequest(model="alexnet", cluster="4 x RTX 3090", parallel="model"))["memory"]
