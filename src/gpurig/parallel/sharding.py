@@ -49,13 +49,13 @@ def tile_advice(per_rank: int) -> str | None:
     >>> tile_advice(64) is None
     True
     >>> tile_advice(16)
-    'per-rank batch 16 is below 64: each GPU gets too little work per step (the source: 128 over 8 GPUs wastes them)'
+    'per-rank batch 16 is below 64: each rank gets too little work per step (the source: 128 over 8 GPUs wastes them)'
     """
     if per_rank < 64:
-        return (f"per-rank batch {per_rank} is below 64: each GPU gets too little work per step "
+        return (f"per-rank batch {per_rank} is below 64: each rank gets too little work per step "
                 f"(the source: 128 over 8 GPUs wastes them)")
     if per_rank % 32:
-        return f"per-rank batch {per_rank} is not a multiple of 32: the GPU's matrix tiles run partly empty"
+        return f"per-rank batch {per_rank} is not a multiple of 32: the matrix tiles (a GPU's 64 × 128) run partly empty"
     return None
 
 
