@@ -77,6 +77,33 @@ def run_cli(argv: list) -> tuple[int, str, str]:
 
 # -- training runs that several modules compare with (each is a whole job: start-up costs more than its epochs) ------
 
+def resume_in_one_process(saved: dict, optimizer_class, global_batch: int, epoch: int, **settings):
+    """What ``gpurig train --resume`` of the MLP should reach: plain torch, one process, the checkpoint ``saved``
+    loaded into ``optimizer_class(**settings)``, one epoch of the whole global batches in the order every rank
+    drew. Returns (model, optimizer)."""
+    import torch
+    import torch.nn.functional as F
+    from types import SimpleNamespace
+
+    from gpurig.parallel import shard
+    from gpurig.train import data as datasets
+    from gpurig.train.sources import build_model
+
+    model = build_model("mlp")
+    model.load_state_dict(saved["model"])
+    optimizer = optimizer_class(model.parameters(), **settings)
+    optimizer.load_state_dict(saved["optimizer"])
+    mnist = datasets.load("mnist")
+    batches = shard((mnist.x_train, mnist.y_train), global_batch=global_batch, comm=SimpleNamespace(rank=0, size=1),
+                    seed=0, split=False)
+    batches.set_epoch(epoch)
+    for x, y in batches:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return model, optimizer
+
+
 def train_json(*args, checkpoint_dir, timeout=300) -> dict:
     """``gpurig train ARGS --json`` in a fresh process; its summary."""
     done = gpurig("train", *args, "--json", "--checkpoint-dir", checkpoint_dir, timeout=timeout)

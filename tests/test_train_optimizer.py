@@ -2,17 +2,12 @@
 its state resumes, and what it cannot take is one line."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from conftest import gpurig, run_cli
-from gpurig.parallel import shard
-from gpurig.train import data as datasets
+from conftest import gpurig, resume_in_one_process, run_cli
 from gpurig.train.checkpoints import epoch_path, load
-from gpurig.train.sources import build_model
 
 
 def test_adamw_on_two_ranks_resumes_to_plain_torch_on_the_whole_batch(tmp_path):
@@ -32,18 +27,7 @@ def test_adamw_on_two_ranks_resumes_to_plain_torch_on_the_whole_batch(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = load(epoch_path(tmp_path, 2))
 
-    model = build_model("mlp")
-    model.load_state_dict(saved["model"])
-    opt = torch.optim.AdamW(model.parameters(), lr=0.002, weight_decay=0.05)
-    opt.load_state_dict(saved["optimizer"])
-    mnist = datasets.load("mnist")
-    batches = shard((mnist.x_train, mnist.y_train), global_batch=480, comm=SimpleNamespace(rank=0, size=1), seed=0,
-                    split=False)  # the order every rank of the run drew, whole
-    batches.set_epoch(1)
-    for x, y in batches:
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+    model, opt = resume_in_one_process(saved, torch.optim.AdamW, 480, epoch=1, lr=0.002, weight_decay=0.05)
     for name, weight in model.state_dict().items():
         assert torch.allclose(resumed["model"][name], weight, rtol=1e-5, atol=1e-6), name
     for i, state in opt.state_dict()["state"].items():

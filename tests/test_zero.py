@@ -23,16 +23,11 @@ def test_train_shard_checkpoint_resumes_on_another_rank_count(tmp_path):
     from it sharded (stage 2) and reach the weights and momentum of plain torch resuming it in one process on the
     whole global batches (1e-5)."""
     import json
-    from types import SimpleNamespace
 
     import torch
-    import torch.nn.functional as F
 
-    from conftest import gpurig
-    from gpurig.parallel import shard
-    from gpurig.train import data as datasets
+    from conftest import gpurig, resume_in_one_process
     from gpurig.train.checkpoints import epoch_path, load
-    from gpurig.train.sources import build_model
 
     common = ["--no-predict", "--json", "--global-batch", 480]  # 8 steps an epoch, 240 or 160 samples per rank
     done = gpurig("train", "-n", 2, "--shard", "optimizer", "--epochs", 1, *common, "--checkpoint-dir", tmp_path,
@@ -52,18 +47,7 @@ def test_train_shard_checkpoint_resumes_on_another_rank_count(tmp_path):
     resumed = load(epoch_path(tmp_path, 2))
     assert resumed["ranks"] == 3
 
-    model = build_model("mlp")
-    model.load_state_dict(saved["model"])
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    opt.load_state_dict(saved["optimizer"])
-    mnist = datasets.load("mnist")
-    batches = shard((mnist.x_train, mnist.y_train), global_batch=480, comm=SimpleNamespace(rank=0, size=1), seed=0,
-                    split=False)  # the order every rank of the run drew, whole
-    batches.set_epoch(1)
-    for x, y in batches:
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+    model, opt = resume_in_one_process(saved, torch.optim.SGD, 480, epoch=1, lr=0.05, momentum=0.9)
     for name, weight in model.state_dict().items():
         assert torch.allclose(resumed["model"][name], weight, rtol=1e-5, atol=1e-6), name
     for i, state in opt.state_dict()["state"].items():
