@@ -143,13 +143,67 @@ def _():
             return self.used(self.body(x))
 
     dp = gpurig.DataParallel(TwoHeads(), bucket_cap_mb=0.00001)
-    dp(torch.ones(3, 4) * (R + 1)).sum().backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dp(torch.ones(3, 4) * (R + 1)).sum().backward()
     assert torch.equal(dp.module.unused.weight.grad, torch.zeros(2, 4))
+    said = [str(w.message) for w in caught if "find_unused_parameters=True" in str(w.message)]
+    assert P == 1 or len(said) == 1 and "'unused.weight'" in said[0] and "'unused.bias'" in said[0], said
     assert torch.allclose(dp.module.used.bias.grad, torch.full((2,), 3.0))  # 3 rows on every rank
     # body is linear, so the rank average of 3 * body(x_r) is 3 * body(mean x_r)
     mean_x = sum(r + 1 for r in range(P)) / P * torch.ones(1, 4)
     want = (3 * dp.module.body(mean_x)).detach().expand(2, 4)
     assert torch.allclose(dp.module.used.weight.grad, want, atol=1e-5), (dp.module.used.weight.grad, want)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dp(torch.ones(3, 4)).sum().backward()
+    assert not caught, [str(w.message) for w in caught]  # said once
+
+
+class Experts(torch.nn.Module):
+    """Each sample goes to expert ``a`` or ``b`` by the sign of its first feature; ``c`` is never used. A rank
+    whose samples all go to ``a`` gives ``b`` no gradient at all (it is not called)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.body = torch.nn.Linear(20, 16)
+        self.a, self.b, self.c = torch.nn.Linear(16, 5), torch.nn.Linear(16, 5), torch.nn.Linear(16, 5)
+
+    def forward(self, x):
+        h, to_b = torch.relu(self.body(x)), x[:, 0] < 0
+        out = self.a(h[~to_b])
+        if to_b.any():
+            out = torch.zeros(len(x), 5).index_put((~to_b).nonzero(as_tuple=True), out)
+            out = out.index_put(to_b.nonzero(as_tuple=True), self.b(h[to_b]))
+        return out
+
+
+@case("find_unused_parameters_matches_one_process")
+def _():
+    # b is used only by rank 0's samples, c by none: with momentum and weight decay, torch leaves c alone
+    batches = [(x.clone(), y) for x, y in data(6)]
+    for x, _ in batches:
+        x[:, 0] = x[:, 0].abs()
+        x[1:3, 0] = -1.0  # rank 0's slice
+    make_opt = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)
+    reference = train_reference(Experts(), make_opt, batches)
+    assert reference.c.weight.grad is None
+    untouched = Experts().c.weight
+    dp = train_parallel(Experts(), make_opt, batches, bucket_cap_mb=0.00001, find_unused_parameters=True)
+    assert len(dp.buckets) >= 3
+    assert dp.module.c.weight.grad is None and dp.module.b.weight.grad is not None
+    assert torch.equal(dp.module.c.weight, untouched)
+    assert_same_weights(dp.module, reference)
+    # compressed buckets finish on the communication thread; the used parameters are agreed after them
+    dp = train_parallel(Experts(), make_opt, batches[:2], compression="fp16", find_unused_parameters=True)
+    assert dp.module.c.bias.grad is None and dp.module.b.bias.grad is not None
+    try:
+        gpurig.DataParallel(Experts(), shard="optimizer", find_unused_parameters=True)
+    except ValueError as e:
+        assert "shard" in str(e)
+    else:
+        raise AssertionError("find_unused_parameters with shard was accepted")
 
 
 @case("batchnorm_buffers_follow_rank0")

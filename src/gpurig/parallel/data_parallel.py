@@ -284,6 +284,13 @@ class DataParallel(torch.nn.Module):
     :class:`NonFiniteGradientError` from ``backward()`` naming the parameter;
     ``"skip"`` drops the step's gradients, so the optimizer's ``step()`` leaves
     the weights alone, and sets :attr:`finite` False; ``"ignore"`` does not look.
+
+    A parameter a rank's forward did not use is averaged as zeros from that
+    rank, which is exact while some rank used it. ``find_unused_parameters=True``
+    (DDP's name) also leaves ``grad`` None where no rank used it, as torch does
+    in one process, so momentum and weight decay leave it alone: one small
+    allreduce a step. Left False, such a parameter gets a zero gradient and a
+    warning names it once.
     """
 
     # Where the guard's flag rides in each uncompressed bucket (numerics.copy_flagged: one pass in C on host
@@ -293,7 +300,8 @@ class DataParallel(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, comm: comm_mod.Communicator | None = None,
                  bucket_cap_mb: float | None = None, broadcast_buffers: bool = True,
-                 compression: str = "none", nonfinite: str = "stop", shard: str = "none", timeline=None):
+                 compression: str = "none", nonfinite: str = "stop", shard: str = "none", timeline=None,
+                 find_unused_parameters: bool = False):
         super().__init__()
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
@@ -303,6 +311,10 @@ class DataParallel(torch.nn.Module):
         if self._candidates is None:
             parse_method(compression)  # ValueError naming the choices
         self.shard = zero.check_shard(shard, compression)  # ValueError naming what cannot be sharded
+        if find_unused_parameters and self.shard != "none":
+            raise ValueError("find_unused_parameters=True does not work with shard: a sharded optimizer steps "
+                             "every parameter of its shard")
+        self.find_unused_parameters = find_unused_parameters
         self.compression = compression
         self.auto = self._candidates is not None
         self.auto_choice: dict | None = None
@@ -340,6 +352,11 @@ class DataParallel(torch.nn.Module):
         if self.compresses and any(p.dtype != torch.float32 for p in self._params):
             raise ValueError(f"compression {compression!r} needs float32 parameters")
         self._bucket_cap_mb = bucket_cap_mb
+        # find_unused_parameters: which parameters some rank gave a gradient this step (summed over the ranks)
+        self._used = self._params[0].new_ones(len(self._params), dtype=torch.float32) \
+            if find_unused_parameters and self._params else None
+        self._position = {id(p): i for i, p in enumerate(self._params)}
+        self._no_gradient: list[str] | None = []  # names this rank had no gradient for, until said once
         self._build_buckets()
         # ZeRO: reduce-scatter, this rank's shard of the gradients, parameters allgathered after the step
         self.zero = zero.ShardedBuckets(self.buckets, self.comm, self.shard, self.stats) if self.shard != "none" else None
@@ -427,6 +444,31 @@ class DataParallel(torch.nn.Module):
             self._launch(self.buckets[self._next_bucket])
             self.stats.launched_in_backward += 1
 
+    def _note_no_gradient(self, param: torch.Tensor) -> None:
+        """``param`` reached this step's buckets with no gradient on this rank: note it for
+        ``find_unused_parameters``, or say once what its zeros do when no rank used it."""
+        if self._used is not None:
+            self._used[self._position[id(param)]] = 0.0
+        elif self._no_gradient is not None:
+            self._no_gradient.append(self._names.get(id(param), "?"))
+
+    def _unused_everywhere(self) -> set[int]:
+        """The ids of the parameters no rank gave a gradient this step (``find_unused_parameters`` only); without
+        it, the first step some parameter had none here says so, once."""
+        if self._used is None:
+            if self._no_gradient:
+                names = ", ".join(repr(n) for n in self._no_gradient[:3]) + \
+                    (f" and {len(self._no_gradient) - 3} more" if len(self._no_gradient) > 3 else "")
+                self._no_gradient = None
+                warnings.warn(f"DataParallel: no gradient on rank {self.comm.rank} for {names}: averaged as zeros, "
+                              f"so where no rank used them, momentum and weight decay still move them. "
+                              f"DataParallel(find_unused_parameters=True) leaves their grad None, as torch does, "
+                              f"at one small allreduce a step", UserWarning, stacklevel=3)
+            return set()
+        nobody = {id(self._params[i]) for i in torch.nonzero(self._used == 0).flatten().tolist()}
+        self._used.fill_(1.0)  # the next step marks only what it misses
+        return nobody
+
     @staticmethod
     def _bucket_full(bucket: Bucket) -> bool:
         return bucket.ready == len(bucket.params)
@@ -452,7 +494,8 @@ class DataParallel(torch.nn.Module):
                 order += begun
                 if method != "none":
                     order, pending = order + pending, finished
-            self._announced = (methods, order + pending)
+            used = [Signature.of("allreduce", self._used, "used parameters", "sum")] if self._used is not None else []
+            self._announced = (methods, order + pending + used)
         return self._announced[1]
 
     @property
@@ -479,6 +522,7 @@ class DataParallel(torch.nn.Module):
             for p, piece in zip(bucket.params, bucket.views()[0]):
                 if p.grad is None:
                     piece.zero_()
+                    self._note_no_gradient(p)
                 elif flag is not None:
                     numerics.copy_flagged(p.grad, piece, scale, flag)
                 else:
@@ -586,6 +630,8 @@ class DataParallel(torch.nn.Module):
                         self._record("allreduce", bucket.launched_at, time.perf_counter(), index)
             if last is not None:
                 last.wait()
+            if self._used is not None:  # after every bucket's collectives, on every rank
+                self.comm.allreduce(self._used, op="sum", name="used parameters")
         except BaseException:
             self._in_flight, self._inline_s = None, 0.0  # a failed step leaves nothing half-counted for the next
             raise
@@ -601,10 +647,11 @@ class DataParallel(torch.nn.Module):
             self.timeline.exposed(start, end)
         # The averaged gradients stay in the buckets: each param.grad becomes a view of its
         # bucket (DDP's gradient_as_bucket_view), so there is no copy back and no second copy.
+        unused = self._unused_everywhere()
         for bucket in self.buckets:
             if self.zero is None:
                 for p, grad in zip(bucket.params, bucket.views()[1]):
-                    p.grad = grad
+                    p.grad = None if id(p) in unused else grad
             bucket.ready = 0
             bucket.handle = None
         self._next_bucket, self._checked = 0, False
