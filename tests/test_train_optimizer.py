@@ -11,19 +11,22 @@ from gpurig.train.checkpoints import epoch_path, load
 
 
 def test_adamw_on_two_ranks_resumes_to_plain_torch_on_the_whole_batch(tmp_path):
-    """2 ranks train an epoch with AdamW and write its moments; 2 ranks resume for a second epoch and reach the
-    weights and moments of torch.optim.AdamW resuming the same checkpoint in one process on the whole global
-    batches (1e-5)."""
-    common = ["-n", 2, "--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.05", "--compression", "none",
-              "--no-predict", "--json", "--global-batch", 480, "--checkpoint-dir", tmp_path]
-    done = gpurig("train", "--epochs", 1, *common, timeout=300)
+    """2 ranks train an epoch with AdamW and write its moments; 2 ranks resume for a second epoch with no --lr or
+    --weight-decay (the checkpoint's carry over, not AdamW's defaults) and reach the weights and moments of
+    torch.optim.AdamW resuming the same checkpoint in one process on the whole global batches (1e-5). A third
+    epoch resumed compressing starts its error-feedback residuals from zero, and says so; its --lr replaces the
+    checkpoint's."""
+    common = ["-n", 2, "--optimizer", "adamw", "--no-predict", "--json", "--global-batch", 480,
+              "--checkpoint-dir", tmp_path]
+    done = gpurig("train", "--epochs", 1, "--lr", "0.002", "--weight-decay", "0.05", "--compression", "none", *common,
+                  timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert summary["optimizer"] == "adamw"
     saved = load(epoch_path(tmp_path, 1))
     assert saved["optimizer_name"] == "adamw"
     assert saved["optimizer"]["param_groups"][0]["weight_decay"] == 0.05
-    done = gpurig("train", "--epochs", 2, "--resume", *common, timeout=300)
+    done = gpurig("train", "--epochs", 2, "--resume", "--compression", "none", *common, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = load(epoch_path(tmp_path, 2))
 
@@ -34,9 +37,17 @@ def test_adamw_on_two_ranks_resumes_to_plain_torch_on_the_whole_batch(tmp_path):
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.allclose(resumed["optimizer"]["state"][i][key], state[key], rtol=1e-5, atol=1e-7), (i, key)
 
-    code, out, err = run_cli(["train", "-n", "2", "--resume", "--epochs", "3", "--checkpoint-dir", tmp_path])
+    done = gpurig("train", "--epochs", 3, "--resume", "--lr", "0.003", "--compression", "int8", *common, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "did not compress gradients: compression's error-feedback residuals start from zero" in " ".join(
+        done.stderr.split())
+    third = load(epoch_path(tmp_path, 3))
+    assert third["feedback"] and third["optimizer"]["param_groups"][0]["lr"] == 0.003
+    assert third["optimizer"]["param_groups"][0]["weight_decay"] == 0.05
+
+    code, out, err = run_cli(["train", "-n", "2", "--resume", "--epochs", "4", "--checkpoint-dir", tmp_path])
     assert code == 2 and out.strip() == "" and err.strip() == (
-        f"gpurig: error: --resume: {epoch_path(tmp_path, 2)} holds the state of --optimizer adamw, not momentum: "
+        f"gpurig: error: --resume: {epoch_path(tmp_path, 3)} holds the state of --optimizer adamw, not momentum: "
         "resume with --optimizer adamw, or use another --checkpoint-dir")
 
 
@@ -51,20 +62,3 @@ def test_adamw_on_two_ranks_resumes_to_plain_torch_on_the_whole_batch(tmp_path):
 def test_an_optimizer_train_cannot_run_is_one_line_and_exit_2(args, message, tmp_path):
     code, out, err = run_cli(["train", *args, "--checkpoint-dir", tmp_path / "none"])
     assert code == 2 and out.strip() == "" and err.strip() == f"gpurig: error: {message}"
-
-
-def test_resume_keeps_the_checkpoints_settings_and_starts_compressing_without_residuals(tmp_path):
-    """A run that did not compress (here --compression none) leaves no error-feedback residuals: a resumed run that
-    compresses starts them from zero, and says so; --lr left out on --resume is the checkpoint's, not the default."""
-    common = ["-n", 2, "--optimizer", "adam", "--no-predict", "--global-batch", 480, "--checkpoint-dir", tmp_path]
-    done = gpurig("train", "--epochs", 1, "--lr", "0.01", "--compression", "none", *common, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = gpurig("train", "--epochs", 2, "--resume", "--compression", "int8", *common, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "did not compress gradients: compression's error-feedback residuals start from zero" in " ".join(
-        (done.stdout + done.stderr).split())
-    resumed = load(epoch_path(tmp_path, 2))
-    assert resumed["feedback"] and resumed["optimizer"]["param_groups"][0]["lr"] == 0.01
-    done = gpurig("train", "--epochs", 3, "--resume", "--lr", "0.002", "--compression", "int8", *common, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert load(epoch_path(tmp_path, 3))["optimizer"]["param_groups"][0]["lr"] == 0.002
