@@ -172,13 +172,17 @@ def test_cloud_rent_and_break_even():
     (["--candidates", "GTX 980", "--hours", "inf"], "--hours must be positive"),
     (["--candidates", "GTX 980", "--max-gpus", "0"], "--max-gpus must be 1 to 8: a candidate is one machine"),
     (["--candidates", "GTX 980", "--prices", "PRICES"], "date 'June'"),
+    (["--candidates", "GTX 980", "--prices", "FUTURE"], "(GTX 980): date 2999-01 is after today"),
     (["--candidates", "GTX 980", "--optimizer", "adagrad"], "--optimizer must be one of"),
     (["--candidates", "GTX 980", "--optimizer-impl", "apex"], "unknown optimizer implementation 'apex'"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path):
     prices = tmp_path / "prices.csv"
     prices.write_text("name,usd,date\nGTX 980,100,June\n")
-    code, out, err = run_cli(["choose", "--model", "mnist-mlp", *[prices if a == "PRICES" else a for a in args]])
+    future = tmp_path / "future.csv"
+    future.write_text("name,usd,date\nGTX 980,100,2999-01\n")
+    files = {"PRICES": prices, "FUTURE": future}
+    code, out, err = run_cli(["choose", "--model", "mnist-mlp", *[files.get(a, a) for a in args]])
     assert code == 2 and message in err and "Traceback" not in err + out, err
     assert len(err.strip().splitlines()) == 1
 

@@ -45,6 +45,9 @@ def test_doctor_checks_a_gpu_machine_from_facts():
                       "pairs": [{"gpus": [0, 1], "p2p": True, "topology": "same CPU (host bridge)"}]},
              "mpi": {"present": True, "library": "Open MPI v5", "mpi4py": "4", "cuda_aware": False}}
     rules = {v["rule"]: v for v in doctor(facts)["verdicts"]}
+    no_gpu = {**facts, "nvml": {**facts["nvml"], "gpus": [], "pairs": []}}
+    assert doctor(no_gpu, use_case="kaggle")["skipped"] == [  # said, not taken and then ignored
+        {"rule": "GPU memory", "needs": "a GPU the catalog knows, for --use-case kaggle", "node": None}]
     assert rules["GPU 1 PCIe link"]["verdict"] == "warning" and rules["GPU 0 PCIe link"]["verdict"] == "ok"
     assert rules["GPU 2 heat"]["verdict"] == "warning"
     assert rules["MPI"]["verdict"] == "warning"                       # GPUs but no CUDA-aware MPI

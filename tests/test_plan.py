@@ -168,3 +168,19 @@ def test_the_network_example_of_plans_own_help_is_read():
     assert code in (0, 1), err
     network = next(v for v in json.loads(out)["verdicts"] if v["rule"] == "network")
     assert network["verdict"] == "ok" and "40" in network["number"]
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--gpu", "4x3090", "--network", "10GbE"],
+     "flags: [cluster] network: one machine has no network between its GPUs: give the machines it joins "
+     "([cluster] nodes = 2, --nodes 2), or leave it out"),
+    (["--gpu", "4x3090", "--lanes", "16,16,16,16,16,16"],
+     "flags: [board] lanes: 6 widths for 4 GPUs: give one per GPU, e.g. [16, 8, 8, 8]"),
+    (["--gpu", "4x3090", "--lanes", "16,8"], "flags: [board] lanes: 2 widths for 4 GPUs: give one per GPU, "
+                                              "e.g. [16, 8, 8, 8]"),
+])
+def test_a_part_the_build_cannot_use_is_one_line_not_ignored(args, expected):
+    """A network card on one machine joins nothing, and lane widths must be one per GPU: both were taken and then
+    ignored (or cut to the GPUs)."""
+    code, out, err = run_cli(["plan", *args])
+    assert code == 2 and out == "" and err.strip() == f"gpurig: error: {expected}", err

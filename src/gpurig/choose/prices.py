@@ -101,9 +101,24 @@ def price_book(flags: tuple[str, ...], path: str | None, today: datetime.date | 
     return book
 
 
+def _check_date(date: str, where: str, today: datetime.date) -> None:
+    """A price's date, refused where it is malformed or lies after ``today`` (a period that has begun is fine).
+
+    >>> _check_date("2026-11", "--prices p.csv (RTX 4090)", datetime.date(2026, 11, 25))
+    >>> _check_date("2027-01-05", "--prices p.csv (RTX 4090)", datetime.date(2026, 11, 25))
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --prices p.csv (RTX 4090): date 2027-01-05 is after today (2026-11-25): give the day the price was seen
+    """
+    last = parse_date(date, where)
+    first = {3: last, 2: last.replace(day=1), 1: last.replace(month=1, day=1)}[len(date.strip().split("-"))]
+    if first > today:
+        raise UsageError(f"{where}: date {date} is after today ({today.isoformat()}): give the day the price was seen")
+
+
 def _apply(book: PriceBook, name: str, values: dict, where: str) -> None:
     date = str(values.get("date") or book.today.isoformat())
-    parse_date(date, f"{where} ({name})")
+    _check_date(date, f"{where} ({name})", book.today)
     stale = is_stale(date, book.today)
     source = str(values.get("source") or where)
     part = next((p for p in parts() if p.name.lower() == name.strip().lower()), None)
@@ -120,7 +135,7 @@ def _apply(book: PriceBook, name: str, values: dict, where: str) -> None:
         book.buy_override[gpu.name] = Price(_positive(values["usd"], where, name), date, source, stale)
     if values.get("cloud_usd_per_gpu_hour") is not None:
         cloud_date = str(values.get("cloud_date") or date)
-        parse_date(cloud_date, f"{where} ({name})")
+        _check_date(cloud_date, f"{where} ({name})", book.today)
         book.cloud_override[gpu.name] = Price(_positive(values["cloud_usd_per_gpu_hour"], where, name), cloud_date,
                                               str(values.get("cloud_source") or source),
                                               is_stale(cloud_date, book.today))

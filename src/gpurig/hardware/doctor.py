@@ -224,6 +224,8 @@ def doctor(facts: dict | None = None, use_case: str | None = None, preprocessing
         verdicts += found
     else:
         verdicts += cpu_only_checks(facts)
+        if use_case is not None:  # the use case is held against the GPUs' memory: there is none to hold it to
+            skipped.append(rules.Skipped("GPU memory", f"a GPU the catalog knows, for --use-case {use_case}"))
     worst = max((rules.VERDICTS.index(v.verdict) for v in verdicts if v.verdict != INFO), default=0)
     return {"facts": facts, "verdicts": [dataclasses.asdict(v) for v in verdicts],
             "skipped": [dataclasses.asdict(s) for s in skipped], "overall": rules.VERDICTS[worst]}

@@ -191,8 +191,9 @@ def _lanes(value, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def build_from(data: dict, where: str) -> Build:
-    """A checked :class:`Build` from a parsed build file (or the same structure made from flags)."""
+def build_from(data: dict, where: str, in_cluster: bool = False) -> Build:
+    """A checked :class:`Build` from a parsed build file (or the same structure made from flags); ``in_cluster``: one
+    kind of machine of a cluster (an ``other_nodes`` table), which may be a single machine on the network."""
     unknown_keys(data, _TOP, where)
     groups = data.get("gpus")
     if not isinstance(groups, list) or not groups:
@@ -212,6 +213,10 @@ def build_from(data: dict, where: str) -> Build:
     board_table = _table(data, "board", where)
     board = from_mapping(Board, board_table, f"{where}: [board]", extra=("lanes",),
                          given={"lanes": _lanes(board_table["lanes"], f"{where}: [board]") if "lanes" in board_table else ()})
+    count = sum(g.count for g in gpus)
+    if board.lanes and len(board.lanes) != count:
+        raise SpecError(f"{where}: [board] lanes: {len(board.lanes)} widths for {count} GPUs: give one per GPU, "
+                        f"e.g. {[16] + [8] * (count - 1) if count > 1 else [16]}")
     others = data.get("other_nodes", [])
     if not isinstance(others, list) or not all(isinstance(o, dict) for o in others):
         raise SpecError(f"{where}: other_nodes: expected [[other_nodes]] tables, got {others!r}")
@@ -220,8 +225,11 @@ def build_from(data: dict, where: str) -> Build:
     nodes = cluster.get("nodes", 1)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise SpecError(f"{where}: [cluster]: nodes: expected a whole number ≥ 1, got {nodes!r}")
-    others = [build_from(o, f"{where}: other_nodes[{i}]") for i, o in enumerate(others)]
+    others = [build_from(o, f"{where}: other_nodes[{i}]", in_cluster=True) for i, o in enumerate(others)]
     network = network_from(cluster["network"], f"{where}: [cluster] network") if "network" in cluster else None
+    if network is not None and nodes == 1 and not others and not in_cluster:
+        raise SpecError(f"{where}: [cluster] network: one machine has no network between its GPUs: give the "
+                        f"machines it joins ([cluster] nodes = 2, --nodes 2), or leave it out")
     if others:  # every machine of the cluster has the cluster's network card
         total = nodes + sum(o.nodes for o in others)
         others = [dataclasses.replace(o, network=o.network or network, cluster_nodes=total) for o in others]
