@@ -442,3 +442,8 @@ def test_model_parallelism_holds_a_share_of_the_split_layers_per_gpu():
     for part in ("weights", "gradients", "optimizer"):
         assert split["parts_gb"][part] < 0.35 * data["parts_gb"][part], part
     assert split["total_gb"] < data["total_gb"]
+    assert split["parts_gb"]["buckets"] == 0                  # nothing of the model is averaged across the GPUs
+    # hybrid: the layers left whole (the convolutions, 11 % of the weights) are data-parallel: their gradients
+    # are averaged in buckets, the split layers' are not
+    hybrid = predict(PredictRequest(model="alexnet", cluster="4 x RTX 3090", parallel="hybrid"))["memory"]
+    assert 0.05 * data["parts_gb"]["buckets"] < hybrid["parts_gb"]["buckets"] < 0.15 * data["parts_gb"]["buckets"]

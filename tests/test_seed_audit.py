@@ -286,8 +286,11 @@ def test_the_posts_compare_at_a_fixed_global_batch_and_predict_says_which_scalin
     assert [r["batch_per_gpu"] for r in result["strong_scaling"]] == [128, 64, 32, 16, 8]
     assert all(r["global_batch"] == 128 for r in result["strong_scaling"])
     assert all(r["batch_per_gpu"] == 128 for r in result["scaling"]) and weak[16] > strong[16]
-    assert "global batch of 128 split" in result["strong_scaling_label"]
+    assert "global batch of 128 split" in result["strong_scaling_label"] and "stops" not in result["strong_scaling_label"]
     assert "128 samples per GPU" in result["scaling_label"]
+    few = predict(PredictRequest(model="mnist-mlp", cluster="16 GTX 980, PCIe 3.0 x4", batch=3))
+    assert [r["gpus"] for r in few["strong_scaling"]] == [1, 2]     # 3 samples over 4 GPUs: less than one each
+    assert few["strong_scaling_label"].endswith("; it stops at 2 GPUs: 3 samples give 4 GPUs less than one each")
     # the post's own arithmetic: 0.2666 GB/s over 15 transfers of an 800 × 1200 matrix: 74 syncs/s against 350
     syncs = syncs_per_second(800 * 1200 * 4 / 2**30, 4 / 15)
     assert syncs == pytest.approx(74, abs=1) and 350 / syncs == pytest.approx(4.7, abs=0.1)

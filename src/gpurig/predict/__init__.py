@@ -103,8 +103,10 @@ def predict(request: PredictRequest) -> dict:
         "step": split_of(final), "bottleneck": final.bottleneck(),
         "buckets": final.buckets, "layers": final.layers,
         "scaling": curve, "scaling_label": WEAK_LABEL.format(batch=batch),
-        "strong_scaling": strong_scaling(request, hardware, batch, counts, single),
-        "strong_scaling_label": STRONG_LABEL.format(batch=batch),
+        "strong_scaling": (strong := strong_scaling(request, hardware, batch, counts, single)),
+        "strong_scaling_label": STRONG_LABEL.format(batch=batch) + (
+            f"; it stops at {strong[-1]['gpus']} GPUs: {batch} samples give {counts[len(strong)]} GPUs less than "
+            f"one each" if len(strong) < len(counts) else ""),
         "memory": memory(spec, request, hardware, top),
     }
     result["utilization"] = expected_utilization(spec, request, hardware, top, final.step_s)

@@ -24,7 +24,8 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     traced = step_peak(request.model, spec.batch, tokens=request.tokens, sample=request.sample, mixed=mixed)
     if traced is None and mixed and not spec.mixed_saved_bytes:  # summed instead: with the mixed-precision pass
         spec = model_spec(request.model, batch=spec.batch, tokens=request.tokens, sample=request.sample, mixed=True)
-    data_ranks = ranks if request.parallel == "data" else 1
+    # hybrid: the layers left whole are data-parallel, their gradients averaged in buckets (the split ones' are not)
+    data_ranks = ranks if request.parallel in ("data", "hybrid") else 1
     workspaces = library_workspaces(hardware.gpu)
     implementation = optimizer_impl(request)
     parts = step_memory(spec, request.optimizer, mixed, data_ranks, shard=request.shard, traced=traced,
@@ -45,7 +46,8 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
 
 def _not_held_when_split(spec, request: PredictRequest, ranks: int, mixed: bool, parts: dict) -> int:
     """Model or hybrid parallelism: each GPU holds 1/``ranks`` of the split layers' weights, gradients, optimizer
-    state and AMP copies. Takes that out of ``parts`` (in place); returns the bytes taken out.
+    state and AMP copies, and (hybrid) none of their gradients in the data-parallel buckets. Takes that out of
+    ``parts`` (in place); returns the bytes taken out.
 
     >>> from gpurig.models import model_spec
     >>> spec = model_spec("alexnet", batch=32)
@@ -70,6 +72,10 @@ def _not_held_when_split(spec, request: PredictRequest, ranks: int, mixed: bool,
             cut = min(parts[part], gone * size)
             parts[part] -= cut
             saved += cut
+    if parts.get("buckets"):
+        cut = min(parts["buckets"], split * DTYPE_BYTES)
+        parts["buckets"] -= cut
+        saved += cut
     return saved
 
 
