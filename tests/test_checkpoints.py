@@ -4,6 +4,7 @@ In-process and real files throughout; torch.load itself must still read gpurig's
 """
 
 import hashlib
+import json
 import os
 
 import pytest
@@ -11,8 +12,8 @@ import torch
 
 from conftest import run_cli
 from gpurig.train import TrainConfig
-from gpurig.train.checkpoints import (CHECKPOINT_FORMAT, CheckpointError, damaged, epoch_path, load, load_newest,
-                                      save, save_epoch, saved_epochs, verify)
+from gpurig.train.checkpoints import (CHECKPOINT_FORMAT, CheckpointError, damaged, epoch_path, load, load_newest, lock,
+                                      remove_leftovers, save, save_epoch, saved_epochs, verify)
 from gpurig.train.state import CannotResume, resume_state
 
 STATE = {"epoch": 3, "model": {"w": torch.arange(1000, dtype=torch.float32)}, "history": [{"loss": 0.5}]}
@@ -164,3 +165,41 @@ def test_the_ranks_resume_or_stop_together(tmp_path, theirs, message):
     assert message.format(dir=tmp_path) in str(error.value)
     with pytest.raises(CannotResume, match="was written by a run of --model mlp, not cnn"):  # its own reason first
         resume_state(TrainConfig(model="cnn", resume=True, checkpoint_dir=str(tmp_path)), _Ranks([1, 1, 0]))
+
+
+def test_a_second_run_on_a_checkpoint_directory_in_use_is_one_line_exit_2(tmp_path):
+    """Two runs on one directory: the second would clear the first one's series (a fresh start) or mix its
+    checkpoints in. The directory is held while a job runs; the second is refused before any rank starts."""
+    with lock(tmp_path):
+        code, out, err = run_cli(["train", "--epochs", "1", "--checkpoint-dir", tmp_path])
+    assert code == 2 and out == "" and err.strip() == (
+        f"gpurig: error: --checkpoint-dir {tmp_path} is in use by another gpurig train (process {os.getpid()}): "
+        "give another --checkpoint-dir, or let that run end"), err
+    with lock(tmp_path):  # released when its holder let go
+        pass
+
+
+def test_a_write_a_crash_cut_short_leaves_nothing_behind_once_resumed_or_restarted(tmp_path):
+    save_epoch(tmp_path, 1, {"epoch": 1})
+    torn = [tmp_path / ".checkpoint-epoch2.pt.ab12cd.tmp", tmp_path / ".feedback-rank1-epoch2.pt.x9.tmp",
+            tmp_path / ".latest.q1w2"]
+    for path in torn:
+        path.write_bytes(b"half a checkpoint")
+    assert load_newest(tmp_path)[0]["epoch"] == 1       # never taken for a checkpoint
+    assert sorted(p.name for p in remove_leftovers(tmp_path)) == sorted(p.name for p in torn)
+    assert [p.name for p in tmp_path.iterdir()] and not any(p.exists() for p in torn)
+    assert load_newest(tmp_path)[0]["epoch"] == 1
+
+
+def test_a_metrics_line_a_crash_cut_short_does_not_stop_resume(tmp_path):
+    from gpurig.train.metrics import MetricsLog, last_step
+
+    log = MetricsLog(tmp_path, None, enabled=True, first_epoch=0)
+    for step in (1, 2, 3):
+        log.step(1, step, loss=1.0)
+    log.close()
+    whole = (tmp_path / "metrics.jsonl").read_text()
+    (tmp_path / "metrics.jsonl").write_text(whole + '{"kind": "step", "epoch": 1, "st')   # the failure's append
+    assert last_step(tmp_path) == 3
+    MetricsLog(tmp_path, None, enabled=True, first_epoch=0, first_step=2).close()   # resuming after step 2
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]

@@ -146,6 +146,33 @@ def test_ctrl_c_stops_every_rank(engine, marker, tmp_path):
     assert leftovers(marker) == []
 
 
+def test_sigterm_stops_every_rank_and_is_named(marker, tmp_path):
+    """A scheduler's SIGTERM (or kill) is not a Ctrl-C: the job ends the same way, and says which, with 128 + 15 as
+    a shell reports a process SIGTERM ended (one engine: the launcher's handling is the same for both)."""
+    job = start_job("torch", 2, marker, tmp_path)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=END_S)
+    assert job.returncode == 143 and err.splitlines()[-1] == "gpurig: stopped by SIGTERM", err
+    assert leftovers(marker) == []
+
+
+def test_ctrl_c_stops_gpurig_train_without_a_traceback(tmp_path):
+    """Ctrl-C reaches every rank of ``gpurig train`` at once (the terminal signals the whole group): each rank
+    ends quietly, the finished epochs stay, and the one line is the launcher's."""
+    job = subprocess.Popen([*GPURIG, "train", "--engine", "torch", "-n", "2", "--epochs", "50", "--no-predict",
+                            "--compression", "none", "--checkpoint-dir", str(tmp_path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, preexec_fn=lambda: (interruptible(), os.setpgrp()))
+    deadline = time.monotonic() + START_S
+    while not (tmp_path / "checkpoint-epoch1.pt").exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.1)
+    os.killpg(job.pid, signal.SIGINT)
+    out, err = job.communicate(timeout=END_S)
+    assert job.returncode == 130 and err.splitlines()[-1] == "gpurig: interrupted", err
+    assert "Traceback" not in out + err and "finished its program" not in out + err, err
+    assert (tmp_path / "checkpoint-epoch1.pt").exists()
+
+
 @pytest.mark.skipif(not hasattr(os, "login_tty"), reason="os.login_tty needs Python 3.11")
 @pytest.mark.parametrize("engine", ["mpi", "torch"])
 def test_ctrl_c_at_a_terminal_reaches_each_rank_once(engine, marker, tmp_path):

@@ -45,9 +45,20 @@ def test_adamw_on_two_ranks_resumes_to_plain_torch_on_the_whole_batch(tmp_path):
     assert third["feedback"] and third["optimizer"]["param_groups"][0]["lr"] == 0.003
     assert third["optimizer"]["param_groups"][0]["weight_decay"] == 0.05
 
-    code, out, err = run_cli(["train", "-n", "2", "--resume", "--epochs", "4", "--checkpoint-dir", tmp_path])
+    # residuals the resumed run cannot take (another codec on rank 0, a damaged file on rank 1): every rank starts
+    # error feedback afresh, and each says why
+    feedback = epoch_path(tmp_path, 3, "feedback-rank1")
+    feedback.write_bytes(feedback.read_bytes()[:100])
+    done = gpurig("train", "--epochs", 4, "--resume", "--compression", "fp16", *common, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = " ".join(done.stderr.split())
+    assert ("rank 0: the residuals were saved by compression 'int8', this model sends 'fp16': compression's "
+            "error-feedback residuals start from zero on every rank") in said, said
+    assert f"rank 1: {feedback} has no gpurig checksum line" in said and "Traceback" not in said, said
+
+    code, out, err = run_cli(["train", "-n", "2", "--resume", "--epochs", "5", "--checkpoint-dir", tmp_path])
     assert code == 2 and out.strip() == "" and err.strip() == (
-        f"gpurig: error: --resume: {epoch_path(tmp_path, 3)} holds the state of --optimizer adamw, not momentum: "
+        f"gpurig: error: --resume: {epoch_path(tmp_path, 4)} holds the state of --optimizer adamw, not momentum: "
         "resume with --optimizer adamw, or use another --checkpoint-dir")
 
 

@@ -17,6 +17,19 @@ class UsageError(Exception):
     """
 
 
+class Terminated(KeyboardInterrupt):
+    """The process was told to stop by a signal (SIGTERM, SIGHUP): it stops as Ctrl-C stops it, and the command
+    exits 128 + the signal's number, as a shell reports a process a signal ended.
+
+    >>> Terminated(signal.SIGTERM).exit_code, str(Terminated(signal.SIGTERM))
+    (143, 'stopped by SIGTERM')
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
 def one_line(error: BaseException, limit: int = 300) -> str:
     """An exception raised by someone else's code (a user's model, an import) as "Type: first line of its message".
 

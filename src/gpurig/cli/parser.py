@@ -14,7 +14,7 @@ import sys
 
 from gpurig import __version__
 from gpurig.cli import bench, choose, doctor, emulate, plan, predict, run, train
-from gpurig.errors import UsageError
+from gpurig.errors import Terminated, UsageError
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a mistake on the command line is one UsageError line instead of usage text."""
@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"gpurig: error: {error}", file=sys.stderr)
         return 2
+    except Terminated as stopped:
+        print(f"gpurig: {stopped}", file=sys.stderr)
+        return stopped.exit_code
     except KeyboardInterrupt:
         print("gpurig: interrupted", file=sys.stderr)
         return 130

@@ -19,7 +19,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from gpurig.errors import RankFailed, UsageError
+from gpurig.errors import RankFailed, Terminated, UsageError
 from gpurig.launch.env import MAX_RESTARTS_VARIABLE, RESTART_VARIABLES
 from gpurig.launch.hosts import is_this_host, parse_hosts, resolves
 from gpurig.launch.iface import confine
@@ -386,7 +386,7 @@ def _termination_as_interrupt():
         return
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt
+        raise Terminated(signum)
 
     previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:

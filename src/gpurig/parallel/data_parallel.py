@@ -917,13 +917,27 @@ class DataParallel(torch.nn.Module):
                 "steps": self.stats.steps, "methods": self.methods, "trials": self._trials,
                 "buckets": [b.state.saved() for b in self.buckets]}
 
-    def load_compression_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`compression_state_dict` saved (same compression, buckets and rank count)."""
+    def compression_state_problem(self, state: dict) -> str | None:
+        """Why :meth:`load_compression_state_dict` cannot take ``state`` (another compression, bucket layout or rank
+        count), or None.
+
+        >>> model.compression_state_problem(torch.load("ef-rank0.pt"))   # doctest: +SKIP
+        "the residuals were saved by compression 'auto', this model sends 'int8'"
+        """
         expected = (self.compression, len(self.buckets), self.comm.size)
         found = (state.get("compression"), len(state.get("buckets", [])), state.get("ranks"))
-        if found != expected:
-            raise ValueError(f"compression state for {found[0]} with {found[1]} buckets on {found[2]} ranks "
-                             f"does not fit {expected[0]} with {expected[1]} buckets on {expected[2]} ranks")
+        if found == expected:
+            return None
+        if found[0] != expected[0]:
+            return f"the residuals were saved by compression {found[0]!r}, this model sends {expected[0]!r}"
+        return (f"the residuals were saved for {found[1]} buckets on {found[2]} ranks, this model has {expected[1]} "
+                f"on {expected[2]}")
+
+    def load_compression_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`compression_state_dict` saved (same compression, buckets and rank count)."""
+        problem = self.compression_state_problem(state)
+        if problem is not None:
+            raise ValueError(problem)
         self.auto_choice = state.get("auto_choice")
         self.stats.steps = state.get("steps", 0)
         for bucket, method, saved in zip(self.buckets, state["methods"], state["buckets"]):

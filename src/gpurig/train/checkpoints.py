@@ -275,7 +275,8 @@ def save_epoch(directory: str | os.PathLike, epoch: int, state: dict, keep: int 
 
 
 def clear(directory: str | os.PathLike) -> None:
-    """Remove a series' files (a fresh run starts a new series; positions must grow within one).
+    """Remove a series' files (a fresh run starts a new series; positions must grow within one), and what a write
+    cut short left (:func:`remove_leftovers`).
 
     >>> import tempfile; d = tempfile.mkdtemp(); _ = save_epoch(d, 1, {}); clear(d); saved_epochs(d)
     []
@@ -284,6 +285,68 @@ def clear(directory: str | os.PathLike) -> None:
     for path in [*directory.glob("*-epoch*.pt"), directory / LATEST]:
         if path.name == LATEST or _position(path.name):
             path.unlink(missing_ok=True)
+    remove_leftovers(directory)
+
+
+def remove_leftovers(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of writes a crash cut short (:func:`save` renames a whole file into place, so
+    one is never a checkpoint); return them. Only while no run writes to ``directory`` (:func:`lock`).
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / ".checkpoint-epoch1.pt.x1y2.tmp").write_bytes(b"x")
+    >>> [p.name for p in remove_leftovers(d)]
+    ['.checkpoint-epoch1.pt.x1y2.tmp']
+    """
+    directory = Path(directory)
+    left = [p for p in [*directory.glob(".*-epoch*.pt.*.tmp"), *directory.glob(f".{LATEST}.*")] if p.is_file()]
+    for path in left:
+        path.unlink(missing_ok=True)
+    return left
+
+
+class DirectoryInUse(CheckpointError):
+    """Another run holds the checkpoint directory (:func:`lock`)."""
+
+
+class lock:
+    """Hold ``directory`` for one run while it is open: a second run on the same directory would clear or
+    overwrite the first one's series. An advisory lock (``flock``) on ``.gpurig-lock`` in it, released when the
+    holder exits, however it ends. Raises :class:`DirectoryInUse`, naming the holder's process, when taken.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> with lock(d):
+    ...     lock(d).__enter__()
+    Traceback (most recent call last):
+    ...
+    gpurig.train.checkpoints.DirectoryInUse: ... is in use by another gpurig train (process ...): give another --checkpoint-dir, or let that run end
+    """
+
+    FILE = ".gpurig-lock"
+
+    def __init__(self, directory: str | os.PathLike):
+        self.path = Path(directory) / self.FILE
+        self._fd: int | None = None
+
+    def __enter__(self) -> "lock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DirectoryInUse(f"{self.path.parent} is in use by another gpurig train (process {holder}): give "
+                                 f"another --checkpoint-dir, or let that run end") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
 
 
 def load_newest(directory: str | os.PathLike) -> tuple[dict, Path, list[str]]:

@@ -5,6 +5,7 @@ Each rank runs :func:`gpurig.train.loop.train_on_this_rank` (``python -m gpurig.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -59,7 +60,7 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
         return code, ([event] if comm.current().rank == 0 else [])
     nprocs = config.nprocs if config.nprocs is not None else launch.default_nprocs(config.hosts)
     validate(config, nprocs)
-    with tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
+    with _holding(config.checkpoint_dir), tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
         events_path = Path(run_dir) / "events.jsonl"
         rank_config = dataclasses.replace(config, nprocs=nprocs, events=str(events_path),
                                           checkpoint_dir=str(Path(config.checkpoint_dir).resolve()),
@@ -104,6 +105,17 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             event["restarts"] = len(restarts)
     return code, seen
 
+
+
+@contextlib.contextmanager
+def _holding(directory: str):
+    """The checkpoint directory held for this job (:class:`gpurig.train.checkpoints.lock`); another job on it is
+    one line, before any rank starts."""
+    try:
+        with checkpoints.lock(directory):
+            yield
+    except checkpoints.DirectoryInUse as error:
+        raise UsageError(f"--checkpoint-dir {error}") from None
 
 
 def restart_line(event: dict) -> str:

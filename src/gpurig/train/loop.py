@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import signal
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -36,8 +38,8 @@ from gpurig.train.predicted import calibrate, prediction
 from gpurig.train.sources import build_model
 from gpurig.train.step import train_step
 from gpurig.train.utilization import BENCH_PROFILE, achieved, flops_per_step, peak_flops_per_s
-from gpurig.train.state import (CannotResume, bytes_per_rank, resume_state, weights_digest, whole_model_state,
-                                whole_state, wrap_model)
+from gpurig.train.state import (CannotResume, bytes_per_rank, restore_feedback, resume_state, weights_digest,
+                                whole_model_state, whole_state, wrap_model)
 
 WARMUP_STEPS = 1  # the run's first steps, trained but not timed in their epoch's step time and split
 
@@ -63,6 +65,8 @@ def train_on_this_rank(config: TrainConfig, on_event=None) -> dict:
         model.load_state_dict(state["model"])
         start, history = checkpoints.Position(state["epoch"], state.get("step", 0)), list(state["history"])
         carried_loss = state.get("epoch_loss_sum", 0.0)  # a mid-epoch checkpoint: the epoch's loss so far (ranks' mean)
+        if comm.rank == 0:
+            checkpoints.remove_leftovers(config.checkpoint_dir)  # what a write the failure cut short left
     elif comm.rank == 0:
         checkpoints.clear(config.checkpoint_dir)  # a fresh run starts a new series
     start_epoch = start.epochs
@@ -87,17 +91,7 @@ def train_on_this_rank(config: TrainConfig, on_event=None) -> dict:
             group.update(config.optimizer_flags())
     keeps_feedback = dp is not None and dp.compresses
     if config.resume and keeps_feedback:
-        # a checkpoint from before "feedback" was recorded: its residuals are there if this rank's file is
-        saved_feedback = state.get("feedback", config.feedback_path(comm.rank, start).exists())
-        if not saved_feedback:
-            if comm.rank == 0:
-                say("gpurig: the checkpoint's run did not compress gradients: compression's error-feedback residuals "
-                    "start from zero")
-        elif state.get("ranks", comm.size) == comm.size and state.get("parallel", "data") == config.parallel:
-            dp.load_compression_state_dict(checkpoints.load(config.feedback_path(comm.rank, start)))
-        elif comm.rank == 0:  # residuals are per rank and per bucket layout: elsewhere error feedback starts afresh
-            say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
-                f"this run has {comm.size} ({config.parallel}): compression's error-feedback residuals start from zero")
+        restore_feedback(dp, config, comm, state, start)
     predicting = config.predict and to_train
     if predicting:  # seconds with nothing else to show: say what the job is doing
         events.emit("calibrating", ranks=comm.size, device=comm.device.type)
@@ -326,5 +320,11 @@ def main(argv: list[str]) -> int:
     """
     config = TrainConfig(**json.loads(Path(argv[0]).read_text()))
     warnings_from_rank_zero(rank_from_env())
-    run_rank(config)
+    try:
+        run_rank(config)
+    except KeyboardInterrupt as error:  # Ctrl-C reached every rank: the launcher says it; finished epochs are kept
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's own SIGINT follows the terminal's: shut down
+        # the other ranks' watches say this rank was interrupted, not that it "finished its program"
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
+        return 130
     return 0

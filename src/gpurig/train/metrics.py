@@ -138,8 +138,7 @@ class MetricsLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
         if (first_epoch or first_step) and path.is_file():  # what was logged before the resumed-from checkpoint
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and _before(json.loads(line), first_epoch, first_step)]
+            kept = [line for line, record in _records(path) if _before(record, first_epoch, first_step)]
         path.write_text("".join(line + "\n" for line in kept))
         self._file = open(path, "a")
         if logdir:
@@ -203,11 +202,21 @@ def last_step(directory: str) -> int:
     if not path.is_file():
         return 0
     last = 0
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut short by the failure
-            continue
+    for _, record in _records(path):
         if record.get("kind") == "step":
             last = record.get("step", last)
     return last
+
+
+def _records(path: Path) -> list[tuple[str, dict]]:
+    """Each line of a ``metrics.jsonl`` with its record; a line a failure cut short (or any that is not a JSON
+    object) is left out: the run it came from is resumed, not its log."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append((line, record))
+    return out

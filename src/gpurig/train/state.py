@@ -113,3 +113,36 @@ def resume_state(config: TrainConfig, comm) -> dict:
         if problems:
             say(f"gpurig: resuming from {path}")
     return state
+
+
+def restore_feedback(dp, config: TrainConfig, comm, state: dict, start: checkpoints.Position) -> None:
+    """Load each rank's error-feedback residuals saved with the checkpoint ``state`` at ``start`` into ``dp``, on
+    every rank or on none: residuals are per rank and per bucket layout, and the methods they carry must agree
+    across the ranks. Where the checkpoint's run did not compress, ran on other ranks, compressed otherwise, or a
+    rank's file is missing or damaged, error feedback starts from zero, and the run says why.
+
+    >>> restore_feedback(model, TrainConfig(resume=True), gpurig.init(), state, Position(2))   # doctest: +SKIP
+    """
+    # a checkpoint from before "feedback" was recorded: its residuals are there if this rank's file is
+    if not state.get("feedback", config.feedback_path(comm.rank, start).exists()):
+        if comm.rank == 0:
+            say("gpurig: the checkpoint's run did not compress gradients: compression's error-feedback residuals "
+                "start from zero")
+        return
+    if state.get("ranks", comm.size) != comm.size or state.get("parallel", "data") != config.parallel:
+        if comm.rank == 0:
+            say(f"gpurig: the checkpoint is from {state['ranks']} ranks ({state.get('parallel', 'data')}), "
+                f"this run has {comm.size} ({config.parallel}): compression's error-feedback residuals start from zero")
+        return
+    saved, problem = None, None
+    try:
+        saved = checkpoints.load(config.feedback_path(comm.rank, start))
+        problem = dp.compression_state_problem(saved)
+    except checkpoints.CheckpointError as error:
+        problem = str(error)
+    usable = comm.allgather(torch.tensor([[problem is None]], dtype=torch.int64), name="feedback restored")
+    if bool(usable.all()):
+        dp.load_compression_state_dict(saved)
+    elif problem is not None:  # each rank that cannot says why; all start afresh
+        say(f"gpurig: rank {comm.rank}: {problem}: compression's error-feedback residuals start from zero on every "
+            f"rank")
