@@ -15,7 +15,7 @@ from conftest import assert_all_ok, run_cases, run_cli
 from conftest import gpurig as gpurig_cli
 from gpurig.train.checkpoints import saved_epochs
 
-CASES = 24
+CASES = 25
 
 
 def test_split_layers_and_training_on_three_ranks(engine, tmp_path):

@@ -51,9 +51,12 @@ def test_buckets_never_mix_dtypes():
 
 
 def test_first_difference_names_rank_and_tensor():
-    a = [["param", "w", [2], "torch.float32"], ["param", "b", [2], "torch.float32"]]
+    a = [["param", "w", [2], "torch.float32", True], ["param", "b", [2], "torch.float32", True]]
     assert first_difference([a, a, a]) is None
-    dtype = [["param", "w", [2], "torch.float32"], ["param", "b", [2], "torch.float64"]]
+    frozen = [["param", "w", [2], "torch.float32", False], a[1]]
+    assert first_difference([a, frozen]) == ("param 'w': requires_grad is True on rank 0, False on rank 1 (freeze "
+                                             "the same parameters on every rank)")
+    dtype = [["param", "w", [2], "torch.float32", True], ["param", "b", [2], "torch.float64", True]]
     assert "param 'b': rank 0 has shape [2] torch.float32, rank 2 has shape [2] torch.float64" in \
         first_difference([a, a, dtype])
     assert "only rank 0 has param 'b'" in first_difference([a, a[:1]])

@@ -217,6 +217,10 @@ def _():
     stats = comm.allgather(model[1].running_mean.view(1, -1).clone())
     assert torch.allclose(stats, stats[0].expand_as(stats)) or P == 1
     assert int(model[1].num_batches_tracked) == 11, model[1].num_batches_tracked
+    if R == 0:  # rank 0 alone evaluates under no_grad: nothing to sync, as in DDP (the others would not join)
+        with torch.no_grad():
+            dp.eval()(torch.randn(8, 6))
+    comm.barrier()
 
 
 @case("mismatched_models_name_first_difference")
@@ -229,6 +233,42 @@ def _():
         assert "rank 1 has shape [32, 20]" in str(e), str(e)
     else:
         assert P == 1, "no error for different models"
+
+
+@case("refuses_what_it_cannot_average")
+def _():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    model[R % 2].weight.requires_grad_(False)  # ranks freezing different parameters of the same shape
+    try:
+        gpurig.DataParallel(model)
+    except gpurig.ModelMismatchError as e:
+        assert P > 1 and "param '0.weight': requires_grad is False on rank 0, True on rank 1" in str(e), str(e)
+    else:
+        assert P == 1, "ranks training different parameters were averaged together"
+    for nothing in (torch.nn.ReLU(), torch.nn.Linear(2, 2).requires_grad_(False)):
+        try:
+            gpurig.DataParallel(nothing)
+        except ValueError as e:
+            assert "no parameter that requires a gradient" in str(e), e
+        else:
+            raise AssertionError("a model with nothing to train was wrapped")
+    try:
+        gpurig.DataParallel(torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True)))
+    except ValueError as e:
+        assert "'0' makes sparse gradients" in str(e), e
+    else:
+        raise AssertionError("sparse gradients were accepted")
+    weight = torch.nn.Parameter(torch.ones(2))
+    try:
+        comm.allreduce(weight)
+    except TypeError as e:
+        assert "requires grad" in str(e) and torch.equal(weight.detach(), torch.ones(2)), e
+    else:
+        raise AssertionError("an allreduce into a tensor that requires grad was begun")
+    with torch.no_grad():
+        comm.allreduce(weight, op="sum")   # as an optimizer would: allowed
+    assert torch.equal(weight.detach(), torch.full((2,), float(P)))
 
 
 @case("mismatched_layer_names")
@@ -302,6 +342,33 @@ def _():
         parts = [b[0] for b in gpurig.shard(loader)]
     glued = comm.allgather(torch.cat(parts))
     assert sorted(glued.tolist()) == [float(i) for i in range(100)]  # every sample once, the short last batch too
+
+
+@case("shard_batches_samples_and_dicts_as_it_does_tensors")
+def _():
+    xs, ys = torch.arange(GLOBAL * 3 * 2.0).view(-1, 2), torch.arange(GLOBAL * 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = list(gpurig.shard((xs, ys), global_batch=GLOBAL, seed=5))
+        pairs = list(gpurig.shard([(x, y) for x, y in zip(xs, ys)], global_batch=GLOBAL, seed=5))
+        named = list(gpurig.shard({"x": xs, "y": ys}, global_batch=GLOBAL, seed=5))
+    assert len(pairs) == len(named) == len(plain) == 3
+    for (x, y), (px, py), d in zip(plain, pairs, named):
+        assert torch.equal(x, px) and torch.equal(y, py) and torch.equal(x, d["x"]) and torch.equal(y, d["y"])
+    try:  # a DataLoader makes its own batches
+        gpurig.shard(torch.utils.data.DataLoader(xs, batch_size=4), global_batch=GLOBAL)
+    except ValueError as e:
+        assert "leave out global_batch" in str(e), e
+    else:
+        raise AssertionError("a DataLoader with global_batch= was accepted")
+    # drop_last=False: the partial last batch is a batch where every rank gets a sample of it, and len() says so
+    for extra, batches, said in ((P + 1, 2, "unevenly" if (P + 1) % P else None), (P - 1, 1, "left out")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            part = gpurig.shard((torch.arange(GLOBAL + extra),), global_batch=GLOBAL, drop_last=False)
+        assert len(part) == len(list(part)) == (batches if extra else 1), (extra, len(part))
+        told = [str(w.message) for w in caught if issubclass(w.category, gpurig.BatchSizeWarning)]
+        assert R > 0 or said is None or any(said in m for m in told), told
 
 
 @case("tile_warning_on_rank0")

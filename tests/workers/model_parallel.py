@@ -252,6 +252,11 @@ training_case("hybrid_training_equals_one_process[cnn, uneven parts]", cnn, True
 training_case("hybrid_training_equals_one_process[mlp: batch gathered at the input]", mlp, True, 8 * P)
 training_case("hybrid_training_equals_one_process[custom module]", lambda seed: seeded(seed, Custom), True, 8 * P,
               plan={"fc1": "column", "fc2": "row"})
+# every layer that trains is split (a LLaMA-style MLP, no biases): nothing is left for a DataParallel to average
+training_case("hybrid_training_equals_one_process[all split, no bias]",
+              lambda seed: seeded(seed, lambda: nn.Sequential(nn.Linear(64, H, bias=False), nn.ReLU(),
+                                                              nn.Linear(H, 5, bias=False))), True, 8 * P,
+              plan={"0": "column", "2": "row"})
 
 
 @case("optimizer_state_gathers_whole_and_cuts_again")

@@ -135,6 +135,9 @@ class _Worker:
             self._thread = None
 
 
+IN_PLACE = ("allreduce", "broadcast")  # the collectives that write their result into the tensor given
+
+
 class Communicator:
     """Collectives on torch tensors across all ranks of a job.
 
@@ -301,6 +304,9 @@ class Communicator:
     def _check(self, tensor, what: str) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{what} needs a torch.Tensor, got {type(tensor).__name__}")
+        if what in IN_PLACE and tensor.requires_grad and torch.is_grad_enabled():  # before any byte moves
+            raise TypeError(f"{what} writes its result into the tensor, which requires grad: pass tensor.detach(), "
+                            f"or call it under torch.no_grad()")
         if not self.engine.supports(tensor.dtype):
             raise TypeError(f"{what}: dtype {tensor.dtype} is not supported by the {self.engine_name} engine")
 

@@ -186,13 +186,14 @@ def assign_buckets(params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: 
 
 
 def model_signature(module: torch.nn.Module) -> list[list]:
-    """Name, shape and dtype of every parameter and buffer, in registration order.
+    """Name, shape, dtype and whether it trains (``requires_grad``) of every parameter and buffer, in registration
+    order: which parameters train decides what the buckets hold.
 
     >>> model_signature(torch.nn.Linear(2, 3))
-    [['param', 'weight', [3, 2], 'torch.float32'], ['param', 'bias', [3], 'torch.float32']]
+    [['param', 'weight', [3, 2], 'torch.float32', True], ['param', 'bias', [3], 'torch.float32', True]]
     """
-    rows = [["param", n, list(p.shape), str(p.dtype)] for n, p in module.named_parameters()]
-    rows += [["buffer", n, list(b.shape), str(b.dtype)] for n, b in module.named_buffers()]
+    rows = [["param", n, list(p.shape), str(p.dtype), p.requires_grad] for n, p in module.named_parameters()]
+    rows += [["buffer", n, list(b.shape), str(b.dtype), False] for n, b in module.named_buffers()]
     return rows
 
 
@@ -210,6 +211,9 @@ def first_difference(signatures: list[list[list]]) -> str | None:
             if mine != theirs:
                 if mine[:2] != theirs[:2]:
                     return f"rank 0 has {mine[0]} '{mine[1]}' where rank {rank} has {theirs[0]} '{theirs[1]}'"
+                if mine[:4] == theirs[:4]:
+                    return (f"{mine[0]} '{mine[1]}': requires_grad is {mine[4]} on rank 0, {theirs[4]} on rank "
+                            f"{rank} (freeze the same parameters on every rank)")
                 return (f"{mine[0]} '{mine[1]}': rank 0 has shape {mine[2]} {mine[3]}, "
                         f"rank {rank} has shape {theirs[2]} {theirs[3]}")
         if len(sig) != len(reference):
@@ -341,7 +345,16 @@ class DataParallel(torch.nn.Module):
         self._decided_from: list[str] = []  # the methods before the last decision
 
         if self.comm.size > 1:
-            check_same_model(self.comm, module)
+            check_same_model(self.comm, module)  # which parameters train too: every rank then agrees below
+        if not any(p.requires_grad for p in module.parameters()):  # DDP refuses it too
+            raise ValueError("DataParallel: the model has no parameter that requires a gradient, so there is nothing "
+                             "to average: run it without DataParallel")
+        sparse = next((name for name, m in module.named_modules()
+                       if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse), None)
+        if sparse is not None:
+            raise ValueError(f"DataParallel: {sparse!r} makes sparse gradients (sparse=True), which the buckets do not "
+                             f"carry: build it with sparse=False")
+        if self.comm.size > 1:
             _broadcast_tensors(self.comm, [p.data for p in module.parameters()] + list(module.buffers()))
 
         self._params = [p for p in module.parameters() if p.requires_grad]
@@ -401,11 +414,21 @@ class DataParallel(torch.nn.Module):
 
     # -- the training-step machinery ----------------------------------------
     def forward(self, *args, **kwargs):
-        if self.broadcast_buffers and self.comm.size > 1:
-            buffers = list(self.module.buffers())
-            if buffers:
-                _broadcast_tensors(self.comm, buffers)
+        # as DDP: only a forward that will train syncs them, so one rank may evaluate alone under torch.no_grad()
+        if self.broadcast_buffers and torch.is_grad_enabled():
+            self.sync_buffers()
         return self.module(*args, **kwargs)
+
+    def sync_buffers(self) -> None:
+        """Copy rank 0's buffers (BatchNorm's running statistics) to every rank; every rank must call it.
+        A forward with grad enabled does it first (``broadcast_buffers``); call it before an evaluation on every
+        rank under ``torch.no_grad()`` for rank 0's statistics everywhere.
+
+        >>> model.sync_buffers()            # doctest: +SKIP
+        """
+        buffers = list(self.module.buffers()) if self.comm.size > 1 else []
+        if buffers:
+            _broadcast_tensors(self.comm, buffers)
 
     @contextlib.contextmanager
     def no_sync(self):

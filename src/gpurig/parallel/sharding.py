@@ -61,6 +61,9 @@ def tile_advice(per_rank: int) -> str | None:
 
 def _slice(batch, rank: int, size: int):
     if isinstance(batch, torch.Tensor):
+        if not batch.dim():
+            raise ValueError("shard(): a batch holds a 0-dim tensor, so it is one sample, not a batch: give the "
+                             "samples with global_batch= to batch them")
         return torch.tensor_split(batch, size)[rank]
     if isinstance(batch, Mapping):
         return type(batch)({k: _slice(v, rank, size) for k, v in batch.items()})
@@ -79,6 +82,18 @@ def _batch_len(batch) -> int:
     raise TypeError(f"cannot split a batch of type {type(batch).__name__}: use tensors, tuples, lists or dicts")
 
 
+def _tensor_mapping(data) -> bool:
+    return isinstance(data, Mapping) and bool(data) and all(isinstance(v, torch.Tensor) for v in data.values())
+
+
+def _samples(data) -> bool:
+    """Whether ``data`` is a map-style dataset of samples (indexable, with a length): a list of (x, y) pairs, a
+    torchvision dataset; not a DataLoader (which makes its own batches)."""
+    if isinstance(data, (str, bytes, Mapping, torch.utils.data.DataLoader)):
+        return False
+    return hasattr(data, "__getitem__") and hasattr(data, "__len__") and len(data) > 0
+
+
 class Shard:
     """This rank's batches; see :func:`shard`."""
 
@@ -89,24 +104,32 @@ class Shard:
         self.part, self.parts = (self.comm.rank, self.comm.size) if split else (0, 1)
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
+        self.keys = list(data) if _tensor_mapping(data) else None  # a dict of tensors: batches are dicts too
         self.tensors = self._as_tensors(data)
-        self.batches = None if self.tensors is not None else data
+        # samples: a map-style dataset (a list of (x, y) pairs, a torchvision dataset), collated per rank
+        self.samples = data if self.tensors is None and global_batch is not None and _samples(data) else None
+        self.batches = None if self.tensors is not None or self.samples is not None else data
         self.global_batch = global_batch
-        if self.tensors is not None:
+        if self.tensors is not None or self.samples is not None:
             if global_batch is None:
                 raise ValueError("shard() of tensors needs global_batch=")
             sizes = per_rank_batches(global_batch, self.parts)
             self.per_rank = sizes[self.part]
             if not len(self):
-                raise ValueError(f"shard(): {self.tensors[0].shape[0]} samples make no global batch of "
-                                 f"{global_batch}: use a smaller global_batch, or drop_last=False")
+                raise ValueError(f"shard(): {self._count()} samples make no global batch of {global_batch}"
+                                 f"{' with a sample for each rank' if not drop_last else ''}: use a smaller "
+                                 f"global_batch{', or drop_last=False' if drop_last else ''}")
             self._warn(sizes)
+            self._warn_last()
         elif isinstance(data, (str, bytes, torch.Tensor)) or not hasattr(data, "__iter__"):
-            raise TypeError(f"shard() takes tensors, a TensorDataset or an iterable of batches (a DataLoader), "
-                            f"not {type(data).__name__}")
+            raise TypeError(f"shard() takes tensors, a dict of tensors, a dataset of samples with global_batch=, or "
+                            f"an iterable of batches (a DataLoader), not {type(data).__name__}")
         elif isinstance(data, Sequence) and not data:
             raise ValueError("shard() got no data (an empty sequence)")
-        self._warned = self.tensors is not None
+        elif global_batch is not None:
+            raise ValueError(f"shard(): a {type(data).__name__} of batches is already batched: leave out "
+                             f"global_batch= (each batch is split over the ranks)")
+        self._warned = self.batches is None
 
     @staticmethod
     def _as_tensors(data):
@@ -114,6 +137,8 @@ class Shard:
             return tuple(data.tensors)
         if isinstance(data, torch.Tensor):
             return (data,)
+        if _tensor_mapping(data):
+            data = list(data.values())
         if isinstance(data, Sequence) and data and all(isinstance(t, torch.Tensor) for t in data):
             if len({t.shape[0] for t in data}) != 1:
                 raise ValueError("shard(): all tensors must have the same number of samples (first dimension)")
@@ -135,15 +160,33 @@ class Shard:
         """Choose the epoch whose shuffled order to use (as ``DistributedSampler.set_epoch``)."""
         self.epoch = epoch
 
+    def _count(self) -> int:
+        return self.tensors[0].shape[0] if self.tensors is not None else len(self.samples)
+
+    def _warn_last(self) -> None:
+        """drop_last=False: say what happens to the samples after the last whole global batch."""
+        left = self._count() % self.global_batch
+        if self.drop_last or not left or self.comm.rank != 0:
+            return
+        if left < self.parts:
+            warnings.warn(f"the last {left} sample(s) make fewer than one per rank: they are left out",
+                          BatchSizeWarning, stacklevel=4)
+        elif left % self.parts:
+            warnings.warn(f"the last global batch of {left} splits unevenly over {self.parts} ranks: its ranks' "
+                          f"gradients are averaged with equal weights, so that step is not its mean",
+                          BatchSizeWarning, stacklevel=4)
+
     def __len__(self) -> int:
-        if self.tensors is None:
+        if self.batches is not None:
             return len(self.batches)
-        n = self.tensors[0].shape[0]
-        return n // self.global_batch if self.drop_last else -(-n // self.global_batch)
+        n = self._count()
+        whole = n // self.global_batch
+        # a last, partial batch only where every rank gets a sample of it
+        return whole if self.drop_last else whole + (n % self.global_batch >= self.parts)
 
     def order(self) -> torch.Tensor:
         """The global sample order of the current epoch, identical on every rank."""
-        n = self.tensors[0].shape[0]
+        n = self._count()
         if not self.shuffle:
             return torch.arange(n)
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -151,7 +194,7 @@ class Shard:
 
     def __iter__(self):
         rank, size = self.part, self.parts
-        if self.tensors is None:
+        if self.batches is not None:
             for batch in self.batches:
                 if _batch_len(batch) < size:
                     continue  # some rank would get an empty batch
@@ -163,11 +206,15 @@ class Shard:
         order = self.order()
         for step in range(len(self)):
             indices = order[step * self.global_batch: (step + 1) * self.global_batch]
-            if indices.numel() < size:
-                return
             mine = torch.tensor_split(indices, size)[rank]
+            if self.samples is not None:
+                yield torch.utils.data.default_collate([self.samples[i] for i in mine.tolist()])
+                continue
             batch = tuple(t[mine] for t in self.tensors)
-            yield batch if len(batch) > 1 else batch[0]
+            if self.keys is not None:
+                yield dict(zip(self.keys, batch))
+            else:
+                yield batch if len(batch) > 1 else batch[0]
 
 
 def shard(data, global_batch: int | None = None, comm: comm_mod.Communicator | None = None,

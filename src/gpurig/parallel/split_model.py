@@ -260,8 +260,10 @@ def parallelize(model: nn.Module, plan: dict[str, str], comm: comm_mod.Communica
         split_dims.update({prefix + param: dim for param, dim in split.split_dims().items()})
 
     data_parallel = None
-    if hybrid:  # everything not cut over the ranks is averaged, a row layer's whole bias included
-        replicated = [p for n, p in model.named_parameters() if n not in split_dims]
+    replicated = [p for n, p in model.named_parameters() if n not in split_dims]
+    if hybrid and any(p.requires_grad for p in replicated):  # all not cut over the ranks is averaged (a row bias too)
         data_parallel = DataParallel(_Replicated(replicated, list(model.buffers())), comm,
                                      bucket_cap_mb=bucket_cap_mb, compression=compression, nonfinite=nonfinite)
+    elif hybrid:  # every layer that trains is split (a LLaMA-style MLP without biases): nothing to average
+        _broadcast_tensors(comm, [p.data for p in replicated] + list(model.buffers()))
     return ModelParallel(model, split_dims, exchanges, hybrid, data_parallel)

@@ -244,6 +244,9 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, comm, spl
     """
     part, parts = (comm.rank, comm.size) if split else (0, 1)
     mine_x, mine_y = torch.tensor_split(x, parts)[part], torch.tensor_split(y, parts)[part]
+    averaged = model if isinstance(model, DataParallel) else getattr(model, "data_parallel", None)
+    if averaged is not None and averaged.broadcast_buffers:  # every rank scores with rank 0's statistics
+        averaged.sync_buffers()
     with torch.no_grad(), autocast():
         correct = (model(mine_x.to(comm.device)).argmax(1).cpu() == mine_y).sum()
     counts = comm.allreduce(torch.tensor([float(correct), float(len(mine_y))], dtype=torch.float64), op="sum")
