@@ -18,11 +18,11 @@ WORKERS = Path(__file__).parent / "workers"
 ENGINES = ["mpi", "torch"]
 
 
-def gpurig(*args, timeout=180, env=None, cwd=None) -> subprocess.CompletedProcess:
+def gpurig(*args, timeout=180, env=None, cwd=None, stdin=None) -> subprocess.CompletedProcess:
     """Run the ``gpurig`` command line (as ``python -m gpurig``) and capture its output."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "gpurig", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd)
+                          timeout=timeout, env=full_env, cwd=cwd, stdin=stdin)
 
 
 def run_cases(worker: str, engine: str, nprocs: int, tmp_path: Path, timeout=240) -> list[dict]:

@@ -1,6 +1,7 @@
 """``gpurig train``, the main job, end to end: accuracy, both engines, crash and resume, bad input."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,12 @@ DEFAULT_RUN_ACCURACY = 0.91
 
 
 def test_the_default_command_reaches_the_stated_accuracy(tmp_path):
-    done = gpurig("train", "--json", "--checkpoint-dir", tmp_path, timeout=300)
+    with open(tmp_path / "configurations.txt", "w+") as listing:   # a shell loop's `while read ...; done < list`
+        listing.write("mlp\ncnn\n")
+        listing.flush()
+        listing.seek(0)
+        done = gpurig("train", "--json", "--checkpoint-dir", tmp_path, timeout=300, stdin=listing)
+        assert os.lseek(listing.fileno(), 0, os.SEEK_CUR) == 0, "the ranks read the caller's standard input"
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert summary["compression"] == "auto" and summary["test_accuracy"] >= DEFAULT_RUN_ACCURACY

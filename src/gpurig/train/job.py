@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 import time
@@ -60,7 +61,7 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
         return code, ([event] if comm.current().rank == 0 else [])
     nprocs = config.nprocs if config.nprocs is not None else launch.default_nprocs(config.hosts)
     validate(config, nprocs)
-    with _holding(config.checkpoint_dir), tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
+    with _holding(config.checkpoint_dir), _no_input(), tempfile.TemporaryDirectory(prefix="gpurig-train-") as run_dir:
         events_path = Path(run_dir) / "events.jsonl"
         rank_config = dataclasses.replace(config, nprocs=nprocs, events=str(events_path),
                                           checkpoint_dir=str(Path(config.checkpoint_dir).resolve()),
@@ -105,6 +106,25 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
             event["restarts"] = len(restarts)
     return code, seen
 
+
+
+@contextlib.contextmanager
+def _no_input():
+    """The ranks' standard input is /dev/null: training reads none, and Open MPI would pass rank 0 the caller's,
+    draining a shell loop's list (``while read cfg; do gpurig train ...; done < list``)."""
+    try:
+        saved = os.dup(0)
+    except OSError:  # no standard input at all
+        yield
+        return
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.close(nothing)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
 
 
 @contextlib.contextmanager
