@@ -2,7 +2,7 @@
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 4 + 1 + 5 * 3 + 3 + 4
+CASES = 4 + 1 + 5 * 3 + 3 + 5
 
 
 def test_compression_on_three_ranks(engine, tmp_path):

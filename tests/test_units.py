@@ -126,3 +126,26 @@ def test_single_process_data_parallel_without_launcher():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "4.0"]
+
+
+def test_a_handle_waits_at_most_its_timeout_and_can_be_waited_again():
+    """``Handle.wait(timeout=)`` on an engine's request: TimeoutError when it has not finished by then (it was
+    ignored: the wait blocked until the collective ended), its result once it has."""
+    import time as clock
+
+    from gpurig.comm.communicator import Handle
+
+    class Request:  # an engine's nonblocking request that finishes at a set time
+        def __init__(self, seconds):
+            self.done_at = clock.monotonic() + seconds
+
+        def is_completed(self):
+            return clock.monotonic() >= self.done_at
+
+        def wait(self):
+            clock.sleep(max(0.0, self.done_at - clock.monotonic()))
+
+    handle = Handle(work=Request(0.5), finish=lambda: "averaged")
+    with pytest.raises(TimeoutError, match="did not finish within 0.05 s"):  # not blocked until it finished
+        handle.wait(timeout=0.05)
+    assert handle.wait(timeout=5) == "averaged" and handle.is_completed()

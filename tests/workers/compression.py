@@ -228,9 +228,20 @@ def _():
     try:
         gpurig.DataParallel(torch.nn.Linear(40, 30), compression="fp16").load_compression_state_dict(state)
     except ValueError as e:
-        assert "does not fit" in str(e)
+        assert "the residuals were saved by compression 'powersgd', this model sends 'fp16'" in str(e), e
     else:
         raise AssertionError("no error")
+
+
+@case("an_fp16_overflow_names_the_codec_not_only_the_gradient")
+def _():
+    dp = gpurig.DataParallel(torch.nn.Linear(4, 1, bias=False), compression="fp16")
+    try:  # every rank's gradient is 70000: finite, as is their average, but past fp16's largest value (65504)
+        (70000.0 * dp(torch.ones(1, 4)).sum()).backward()
+    except gpurig.NonFiniteGradientError as e:
+        assert "it travelled as fp16, whose largest value is 65504" in str(e), e
+    else:
+        raise AssertionError("an fp16 overflow was not stopped")
 
 
 def small_auto_model(compression: str):

@@ -58,10 +58,17 @@ class Handle:
         self._result = None
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
-        """Block until the collective has finished; return its result (re-raising its error)."""
+        """Block until the collective has finished; return its result (re-raising its error). ``timeout``: raise
+        ``TimeoutError`` after that many seconds instead (the collective stays in flight: wait again)."""
         if self._future is not None:
             return self._future.result(timeout)
         if self._finish is not None:
+            if timeout is not None:
+                deadline = time.monotonic() + timeout
+                while not self._work.is_completed():  # asking moves an MPI request along, as waiting does
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"the collective did not finish within {timeout:g} s")
+                    time.sleep(1e-4)
             with self._errors():
                 self._work.wait()
             self._result, self._finish = self._finish(), None

@@ -715,6 +715,11 @@ class DataParallel(torch.nn.Module):
             return
         name, what = bad
         text = f"step {self.stats.steps}: the averaged gradient of {name!r} holds {what}"
+        carried = next((self.buckets[self._bucket_of[id(p)]].method for p in self._params
+                        if self._names.get(id(p)) == name and id(p) in self._bucket_of), None)
+        if carried == "fp16":  # the codec's range, not necessarily the gradient: say which
+            text += (" (it travelled as fp16, whose largest value is 65504: a larger gradient overflows on the way; "
+                     "compression 'bf16' or 'int8' carries it)")
         if self.nonfinite == "stop":
             raise numerics.NonFiniteGradientError(
                 f"{text}; stopping (DataParallel(nonfinite='skip') would skip such steps)",
