@@ -163,7 +163,7 @@ def test_ctrl_c_stops_gpurig_train_without_a_traceback(tmp_path):
                             "--compression", "none", "--checkpoint-dir", str(tmp_path)], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: (interruptible(), os.setpgrp()))
     deadline = time.monotonic() + START_S
-    while not (tmp_path / "checkpoint-epoch1.pt").exists():
+    while not (tmp_path / "checkpoint-epoch2.pt").exists():   # epoch 1's line was printed by then
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()
         time.sleep(0.1)
     os.killpg(job.pid, signal.SIGINT)
@@ -171,6 +171,9 @@ def test_ctrl_c_stops_gpurig_train_without_a_traceback(tmp_path):
     assert job.returncode == 130 and err.splitlines()[-1] == "gpurig: interrupted", err
     assert "Traceback" not in out + err and "finished its program" not in out + err, err
     assert (tmp_path / "checkpoint-epoch1.pt").exists()
+    # into a pipe or a log, an epoch is one line, however long: grep finds its numbers
+    [line] = [line for line in out.splitlines() if line.startswith("epoch 1/50")]
+    assert "samples/s" in line and line.endswith("TFLOP/s"), out
 
 
 @pytest.mark.skipif(not hasattr(os, "login_tty"), reason="os.login_tty needs Python 3.11")

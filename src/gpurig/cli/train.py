@@ -232,11 +232,12 @@ class _TrainView:
         as_rank = in_launched_job()
         if as_rank:
             columns = int(os.environ.get(COLUMNS_VARIABLE) or 0)
-            self.console = Console(width=columns or WIDE_COLUMNS, force_terminal=False)
+            self.console = Console(width=columns or WIDE_COLUMNS, force_terminal=False, soft_wrap=True)
         else:
             self.console = Console()
-            if not self.console.is_terminal and "COLUMNS" not in os.environ:
-                self.console = Console(width=WIDE_COLUMNS)  # a log or a pipe: 80 columns would cut the table's numbers
+            if not self.console.is_terminal:
+                # a log or a pipe: 80 columns would cut the table's numbers; a line is one line (grep finds it)
+                self.console = Console(width=None if "COLUMNS" in os.environ else WIDE_COLUMNS, soft_wrap=True)
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
                                  console=self.console, transient=True, disable=as_rank)
