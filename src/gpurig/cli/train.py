@@ -191,7 +191,29 @@ def run(args) -> int:
     stopped = [e for e in events if e["event"] == "error"]
     if stopped:  # the ranks stopped together (a diverging run): rank 0's one line
         print(f"gpurig train: {stopped[-1]['message']}", file=sys.stderr)
+    finished = [e for e in events if e["event"] == "done"]
+    if code == 0 and finished and _diverged(finished[-1]):
+        print(f"gpurig train: warning: {_diverged(finished[-1])}", file=sys.stderr)
     return code
+
+
+def _diverged(done: dict) -> str | None:
+    """What to say when a run that skipped its bad steps (``--on-nonfinite skip``) ended with a loss that is not a
+    number: it diverged, whatever its exit code.
+
+    >>> _diverged({"epochs": [{"loss": float("nan")}], "skipped_steps": 29})
+    "the last epoch's loss is nan, and 29 steps were skipped for NaN or Inf gradients: the run diverged, and its weights are no trained model (lower --lr; --on-nonfinite stop ends a run at its first such step)"
+    >>> _diverged({"epochs": [{"loss": 0.3}], "skipped_steps": 1}) is None
+    True
+    """
+    import math
+
+    loss = done["epochs"][-1]["loss"] if done.get("epochs") else 0.0
+    if math.isfinite(loss):
+        return None
+    return (f"the last epoch's loss is {loss}, and {done.get('skipped_steps', 0)} steps were skipped for NaN or Inf "
+            f"gradients: the run diverged, and its weights are no trained model (lower --lr; --on-nonfinite stop "
+            f"ends a run at its first such step)")
 
 
 def _said(event: dict) -> str:
