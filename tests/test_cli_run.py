@@ -233,6 +233,10 @@ def test_no_rank_outlives_a_killed_launcher(engine, marker, tmp_path):
     (["--engine", "torch", "--hosts", "a:2,b:2", "--", "true"],
      "gpurig: error: multi-host runs with --engine torch need SLURM (srun gpurig run --engine torch -- ...) or --engine mpi"),
     (["-n", "2", "--", "no-such-program-anywhere"], "gpurig: error: command not found: no-such-program-anywhere"),
+    (["-n", "2", "--", "python", "-u", "no-such-script.py"],
+     "gpurig: error: python: can't open file 'no-such-script.py': no such file (from "),
+    (["-n", "2", "--", __file__], f"gpurig: error: {__file__}: not executable (chmod +x {__file__}, or run it with "
+                                  "its interpreter)"),
     (["-n", "2", "--mpi-args", "--mca 'x", "--", "true"], "gpurig: error: --mpi-args \"--mca 'x\": No closing quotation"),
     (["-n", "2", "--engine", "torch", "--mpi-args", "--mca btl self", "--", "true"],
      "gpurig: error: --mpi-args is for --engine mpi"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import sys
@@ -115,8 +116,32 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
                          "nor /etc/hosts knows the name)")
     runs_here = all(is_this_host(host) for host, _ in host_list)
     if runs_here and not shutil.which(command[0], path=rank_path(env)):
+        if os.sep in command[0] and os.path.isfile(command[0]):
+            raise UsageError(f"{command[0]}: not executable (chmod +x {command[0]}, or run it with its interpreter)")
         raise UsageError(f"command not found: {command[0]}")
+    script = _python_script(command)
+    if runs_here and script is not None and not os.path.isfile(script):
+        raise UsageError(f"{command[0]}: can't open file {script!r}: no such file (from {os.getcwd()})")
     return host_list
+
+
+def _python_script(command: list[str]) -> str | None:
+    """The script a ``python [options] SCRIPT ...`` command runs, or None (``-m``, ``-c``, another program).
+
+    >>> _python_script(["python3", "-u", "train.py", "--lr", "1"]), _python_script(["python", "-m", "pkg"])
+    ('train.py', None)
+    """
+    if not re.fullmatch(r"python[0-9.]*", os.path.basename(command[0])):
+        return None
+    for arg in command[1:]:
+        if arg in ("-m", "-c", "-"):
+            return None
+        if arg.startswith("-"):
+            if arg in ("-W", "-X", "-Q"):  # options that take the next argument: leave the guessing
+                return None
+            continue
+        return arg
+    return None
 
 
 def run_job(command: list[str], nprocs: int, engine: str = "mpi", hosts: str | None = None,
