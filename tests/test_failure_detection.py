@@ -127,4 +127,6 @@ def test_a_rank_that_raises_is_named_with_its_exception_not_as_finished(tmp_path
     said = " ".join(done.stderr.split())
     assert f"rank 1 on host {HOST} raised ValueError: a bug in step 4 after collective #3" in said, said[-3000:]
     assert "finished its program" not in said
-    assert done.stderr.strip().splitlines()[-1].startswith(f"gpurig run: rank 1 on host {HOST} exited with code 1")
+    # the launcher's last line: what it raised, and after which collective (as for a rank killed in one)
+    assert done.stderr.strip().splitlines()[-1] == (f"gpurig run: rank 1 on host {HOST} raised ValueError: a bug in "
+                                                    f"step 4 after allreduce #3 (step, 16 B); stopped the other 1 rank")

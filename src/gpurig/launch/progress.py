@@ -116,6 +116,26 @@ class ProgressWriter:
         _HEAD.pack_into(self._map, 0, b"R", 0, False, len(raw))
 
 
+def last_collective(path: str | None = None) -> str | None:
+    """What this rank's progress file says it was doing ("after allreduce #3 (grad, 4 B)"), for the record of a
+    rank that ends itself; None without a file, or before any collective.
+
+    >>> f = ProgressFile(); ProgressWriter(f.path).began(3, "allreduce", "grad, 4 B"); ProgressWriter(f.path).landed(3)
+    >>> last_collective(f.path)
+    'after allreduce #3 (grad, 4 B)'
+    >>> f.close()
+    """
+    path = os.environ.get(PROGRESS_VARIABLE) if path is None else path
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            reported, text, _ = _parse(f.read(SIZE))
+    except OSError:
+        return None
+    return None if reported else text
+
+
 def _parse(record: bytes) -> tuple[bool, str | None, str | None]:
     try:
         state, seq, in_flight, length = _HEAD.unpack_from(record)

@@ -36,7 +36,7 @@ from pathlib import Path
 from gpurig.errors import CollectiveFailed, RankFailed
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
-from gpurig.launch.progress import ProgressWriter
+from gpurig.launch.progress import ProgressWriter, last_collective
 from gpurig.launch.standby import wait_if_parked
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
@@ -60,8 +60,11 @@ def _run(argv: list[str]) -> None:
 
 
 def _failed(status: int, secondary: bool = False, cause: str | None = None) -> None:
+    # where in its collectives the program ended, as its wrapper would say had it been killed
+    during = None if secondary else last_collective()
     record_failure(os.environ.get(STATUS_DIR_VARIABLE),
-                   RankFailed(rank_from_env(), socket.gethostname(), status, cause=cause, secondary=secondary))
+                   RankFailed(rank_from_env(), socket.gethostname(), status, cause=cause, secondary=secondary,
+                              during=during))
     if "mpi4py.MPI" in sys.modules:
         from mpi4py.run import set_abort_status
 
@@ -114,7 +117,8 @@ def main(argv: list[str]) -> None:
         ProgressWriter().reported(line)  # said: the wrapper need not say it again
         sys.exit(1)
     except BaseException as error:
-        _failed(1)
+        what = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        _failed(1, cause=f"raised {type(error).__name__}{': ' + what if what else ''}")
         error = error.with_traceback(_user_frames(error.__traceback__))
         sys.excepthook(type(error), error, error.__traceback__)
         # as the interpreter does for an exception nobody caught: the communicator's exit then tells the other
