@@ -7,6 +7,7 @@ step split ``gpurig train`` prints within 5 %.
 """
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -153,3 +154,20 @@ def test_predict_timeline_is_the_printed_step(tmp_path):
                        ("data loading", "data_ms")):
         assert 1000 * totals[phase] == pytest.approx(step[key], rel=1e-3, abs=1e-3), phase
     assert sum(1000 * v for v in totals.values()) == pytest.approx(step["step_ms"], rel=1e-3)
+
+
+def test_a_timeline_is_written_through_a_link_and_never_over_a_device_or_fifo(tmp_path):
+    """Written atomically (a file renamed into place): renamed over a link it would cut the link, over a FIFO or a
+    device node (as root: /dev/full) it would replace the node with a plain file."""
+    target, link, fifo = tmp_path / "kept.json", tmp_path / "link.json", tmp_path / "fifo.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    os.mkfifo(fifo)
+    args = ["predict", "--model", "mnist-mlp", "--cluster", "2 x T4", "--timeline"]
+    code, _, err = run_cli([*args, str(link)])
+    assert code == 0 and link.is_symlink() and "traceEvents" in strict_json(target), err
+    for node in (fifo, "/dev/full"):
+        code, out, err = run_cli([*args, str(node)])
+        assert code == 2 and err.strip() == (f"gpurig: error: --timeline {node}: {Path(node).resolve()} is not a "
+                                             f"regular file (a device, a FIFO): give a file name"), err
+    assert fifo.is_fifo() and Path("/dev/full").is_char_device()

@@ -139,6 +139,10 @@ def check_writable(path: str, flag: str, make_directory: bool = False) -> None:
     Traceback (most recent call last):
     ...
     gpurig.errors.UsageError: --timeline /nonexistent/trace.json: the directory /nonexistent does not exist
+    >>> check_writable("/dev/full", "--timeline")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --timeline /dev/full: /dev/full is not a regular file (a device, a FIFO): give a file name
     >>> check_writable("/dev/null/bench/profile.json", "--out", make_directory=True)
     Traceback (most recent call last):
     ...
@@ -148,6 +152,9 @@ def check_writable(path: str, flag: str, make_directory: bool = False) -> None:
     directory = target.parent
     if not path or target.is_dir():
         raise UsageError(f"{flag} {path!r}: want a file name, e.g. trace.json")
+    if target.exists() and not target.resolve().is_file():  # a file written over it would replace the node
+        raise UsageError(f"{flag} {path}: {target.resolve()} is not a regular file (a device, a FIFO): give a file "
+                         f"name")
     if make_directory:
         check_directory(str(directory), flag, shown=path)
         return

@@ -71,12 +71,15 @@ def chrome_trace(events: list[dict], names: dict[int, str]) -> dict:
 
 
 def write(path: str | os.PathLike, trace: dict) -> Path:
-    """Write ``trace`` as JSON to ``path``, atomically (a temporary file renamed over it).
+    """Write ``trace`` as JSON to ``path``, atomically (a temporary file renamed over it); through a symbolic link,
+    to the file it names (the link stays).
 
     >>> write("/tmp/trace.json", chrome_trace([], {0: "rank 0"})).name
     'trace.json'
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():  # renamed over, a device or a FIFO would be replaced by the file
+        raise ValueError(f"{path} is not a regular file")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

@@ -42,4 +42,9 @@ def write_toml(path: str | Path, data: dict, header: str = "") -> None:
     import tomli_w
 
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
-    Path(path).write_text(comment + ("\n" if comment else "") + tomli_w.dumps(data))
+    try:
+        Path(path).write_text(comment + ("\n" if comment else "") + tomli_w.dumps(data))
+    except OSError as error:  # a full disk, a read-only file system: one line, not a traceback
+        from gpurig.errors import UsageError
+
+        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
