@@ -77,7 +77,7 @@ def add_parser(subparsers) -> None:
                         "GPUs) or gradients (the gradients too); priced as a reduce-scatter under backward and an "
                         "allgather after the step, the same bytes as the allreduce")
     p.add_argument("--gpus", type=int, default=None, help="predict up to this many GPUs (default: all)")
-    p.add_argument("--engine", default="mpi", help="with a profile: whose link measurements (mpi, torch)")
+    p.add_argument("--engine", default=None, help="with a profile: whose link measurements (mpi, torch; default mpi)")
     p.add_argument("--algorithm", default="best", help="allreduce: best (default), ring, tree, hierarchical, naive")
     p.add_argument("--network-efficiency", type=float, default=None,
                    help="fraction of the network's rate gradients get (default: 0.9 InfiniBand, RoCE or GPUDirect RDMA, 0.93 TCP up "
@@ -100,7 +100,7 @@ def request_from(args):
 
     return PredictRequest(model=args.model, cluster=args.cluster, profile=args.profile, batch=args.batch,
                           tokens=args.tokens, sample=args.sample, parallel=args.parallel,
-                          compression=args.compression, precision=args.precision, engine=args.engine,
+                          compression=args.compression, precision=args.precision, engine=args.engine or "mpi",
                           gpus=args.gpus, algorithm=args.algorithm, network_efficiency=args.network_efficiency,
                           optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, shard=args.shard,
                           pinned=not args.pageable,
@@ -110,14 +110,20 @@ def request_from(args):
 
 def run(args) -> int:
     """Run ``gpurig predict`` with parsed ``args``; return the exit code."""
-    from gpurig.errors import check_writable
+    from gpurig.errors import UsageError, check_writable
     from gpurig.predict import predict
+    from gpurig.predict.request import uses_profile
+
+    request = request_from(args)
+    if args.engine is not None and not uses_profile(request):  # given, where only a profile has engines to choose
+        raise UsageError(f"--engine {args.engine} chooses whose link measurements a profile supplies; --cluster "
+                         f"{args.cluster!r} is no profile: leave --engine out")
 
     if args.timeline is not None:
         check_writable(args.timeline, "--timeline")
     if args.plot is not None:
         check_plot_path(args.plot)
-    result = predict(request_from(args))
+    result = predict(request)
     if args.plot:
         plot(result, args.plot)
     if args.timeline is not None:

@@ -77,6 +77,13 @@ def predict(request: PredictRequest) -> dict:
                          "1 GPU there is nothing to split it over")
     if top == 1 and request.algorithm != "best":
         raise UsageError(f"--algorithm {request.algorithm}: an allreduce's algorithm, and on 1 GPU there is none")
+    if top == 1 and request.parallel != "data":
+        raise UsageError(f"--parallel {request.parallel} splits layers over GPUs, and on 1 GPU there is nothing to "
+                         f"split them over")
+    if request.network_efficiency is not None and (uses_profile(request) or hardware.topology_for(top).nodes == 1):
+        why = "the profile measured its links" if uses_profile(request) else f"{top} GPU(s) on one machine use none"
+        raise UsageError(f"--network-efficiency {request.network_efficiency:g} scales a catalog network's rate, and "
+                         f"{why}")
     batch = request.batch or DEFAULT_BATCH.get(request.model, 64)
     spec = model_spec(request.model, batch=batch, tokens=request.tokens, sample=request.sample)
     if not spec.trainable_parameters:   # torch's backward() would refuse it, and DDP the module

@@ -136,6 +136,12 @@ def check(request: PredictRequest) -> None:
         raise UsageError(f"--algorithm must be one of best, {', '.join(ALGORITHMS)}, got {request.algorithm!r}")
     if request.engine not in ("mpi", "torch"):
         raise UsageError(f"--engine must be mpi or torch, got {request.engine!r}")
+    if request.tokens is not None and ":" in request.model:  # its sample's shape is what --sample says
+        raise UsageError(f"--tokens sizes the built-in transformers' sequences; {request.model}'s input is --sample "
+                         f"(e.g. --sample {request.tokens}:int64 for {request.tokens} token ids)")
+    if request.algorithm != "best" and request.parallel != "data":
+        raise UsageError(f"--algorithm {request.algorithm} prices data parallelism's allreduce; --parallel "
+                         f"{request.parallel}'s exchanges are priced as the split layers make them: leave it out")
     if request.engine != "mpi" and not uses_profile(request):  # a flag taken and then ignored is a silent mistake
         raise UsageError(f"--engine {request.engine} chooses whose link measurements a profile supplies; "
                          f"--cluster {request.cluster!r} is no profile: leave --engine out")
