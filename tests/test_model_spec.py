@@ -269,6 +269,23 @@ def test_a_factory_model_on_the_meta_device_and_from_a_file(tmp_path, monkeypatc
     assert spec.parameters == 1_001_000 and spec.layer("(model)").gemms == (Gemm(4, 1000, 1000),)
 
 
+def test_a_factory_that_places_its_model_on_a_gpu_is_described_where_there_is_none(tmp_path, monkeypatch):
+    """Planning happens where no GPU is: ``.cuda()``, ``device="cuda"``, ``.to("cuda:1")`` and loaded weights all
+    land on the meta device, shapes intact."""
+    (tmp_path / "placed.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "def cuda():\n    return nn.Sequential(nn.Linear(8, 16).cuda(), nn.Linear(16, 4, device='cuda'))\n"
+        "def moved():\n    return nn.Linear(8, 4).to('cuda:1', torch.float32)\n"
+        "def loaded():\n    m = nn.Linear(8, 4, device='cpu')\n"
+        "    m.load_state_dict({'weight': torch.zeros(4, 8), 'bias': torch.zeros(4)})\n    return m\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "placed", raising=False)
+    for name, parameters in (("cuda", 8 * 16 + 16 + 16 * 4 + 4), ("moved", 36), ("loaded", 36)):
+        model = load_factory(f"placed:{name}")
+        assert all(p.device.type == "meta" for p in model.parameters()), name
+        assert model_spec(f"placed:{name}", batch=4, sample="8").parameters == parameters
+
+
 @pytest.mark.parametrize("source,target,message", [
     ("", "mymodels", "expected module:factory"),
     ("", "mymodels:", "expected module:factory"),
@@ -281,6 +298,7 @@ def test_a_factory_model_on_the_meta_device_and_from_a_file(tmp_path, monkeypatc
     ("def build():\n    raise ValueError('depth must be 50\\nor 101')\n", "mymodels:build",
      "the factory raised ValueError: depth must be 50$"),
     ("", "missing.py:build", "no file missing.py"),
+    ("import sys\ndef build():\n    sys.exit(3)\n", "mymodels:build", "the factory called sys.exit\\(3\\)$"),
 ])
 def test_factory_failures_are_one_line(tmp_path, monkeypatch, source, target, message):
     (tmp_path / "mymodels.py").write_text(source)

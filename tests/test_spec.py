@@ -114,6 +114,14 @@ def test_spec_round_trip(tmp_path):
     assert load_spec(tmp_path / "c.toml") == spec
 
 
+@pytest.mark.parametrize("text,count,gpus", [("7900 XTX", 1, 1), ("2 nodes x 7900 XTX, 10GbE", 2, 1),
+                                              ("4 x 7900 XTX", 1, 4), ("4x3090", 1, 4), ("4 RTX 3090", 1, 4)])
+def test_a_gpu_whose_name_starts_with_a_number_is_not_read_as_a_count(text, count, gpus):
+    node = parse_description(text).nodes[0]
+    assert (node.count, node.gpus) == (count, gpus)
+    assert node.gpu.name in ("Radeon RX 7900 XTX", "GeForce RTX 3090")
+
+
 def test_description_errors():
     with pytest.raises(SpecError, match="unknown GPU 'RTX 2090'"):
         parse_description("4 RTX 2090")

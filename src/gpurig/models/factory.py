@@ -22,6 +22,26 @@ DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.flo
           "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64, "int32": torch.int32}
 
 
+class _Placed(torch.overrides.TorchFunctionMode):
+    """Every tensor the factory places (``.cuda()``, ``.to("cuda:1")``, ``device="cuda"``) lands on ``device``
+    instead: a model is described where no GPU is, from its layers' shapes alone."""
+
+    def __init__(self, device: str):
+        super().__init__()
+        self.device = torch.device(device)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in (torch.Tensor.cuda, torch.Tensor.cpu):
+            return args[0]
+        if kwargs.get("device") is not None:
+            kwargs["device"] = self.device
+        if func is torch.Tensor.to:  # .to(device), .to(device, dtype), .to(other_tensor)
+            args = tuple(self.device if isinstance(a, (str, torch.device)) or (isinstance(a, torch.Tensor) and i)
+                         else a for i, a in enumerate(args))
+        return func(*args, **kwargs)
+
+
 def load_factory(target: str, device: str | None = "meta") -> nn.Module:
     """Import ``module:factory`` (or ``path/to/file.py:factory``), call the factory, return its module.
 
@@ -41,10 +61,13 @@ def load_factory(target: str, device: str | None = "meta") -> nn.Module:
     """
     factory = find_function(target, "builds a model")
     try:
-        with torch.device(device) if device is not None else contextlib.nullcontext():
+        with torch.device(device) if device is not None else contextlib.nullcontext(), \
+                _Placed(device) if device is not None else contextlib.nullcontext():
             model = factory()
     except Exception as error:  # the user's code: any failure is reported, in one line
         raise UsageError(f"{target}: the factory raised {one_line(error)}") from None
+    except SystemExit as done:  # its module's own command line, say: not this process's exit
+        raise UsageError(f"{target}: the factory called sys.exit({done.code!r})") from None
     if not isinstance(model, nn.Module):
         raise UsageError(f"{target}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
     return model

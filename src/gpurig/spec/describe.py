@@ -99,10 +99,13 @@ def parse_description(text: str) -> ClusterSpec:
             network = found
         elif (match := _GPUS.match(part)) and not ("GPUs" in named and not _names_gpu(match["name"])):
             once("GPUs", part)
+            whole = _whole_name(part, match)
             try:
                 node["gpu"] = catalog.gpu(match["name"])
             except SpecError as error:
-                raise SpecError(f"in {part!r}: {_system_hint(match['name']) or error}") from None
+                if whole is None:  # "7900 XTX" is one GPU, not 7900 of an "XTX"
+                    raise SpecError(f"in {part!r}: {_system_hint(match['name']) or error}") from None
+                node["gpu"], match = catalog.gpu(whole), {"nodes": match["nodes"], "gpus": None, "gpus2": None}
             node["gpus"] = int(match["gpus"] or match["gpus2"] or 1)
             node["count"] = int(match["nodes"] or 1)
             # the bounds a spec file's [[nodes]] table has (a description always names GPUs: at least one)
@@ -121,6 +124,17 @@ def parse_description(text: str) -> ClusterSpec:
     node_spec = from_mapping(NodeSpec, {k: v for k, v in node.items() if k != "gpu"}, f"in {text!r}",
                              given={"gpu": node["gpu"]})
     return ClusterSpec(nodes=(node_spec,), network=network, gpudirect_rdma=gpudirect, name=text)
+
+
+def _whole_name(part: str, match) -> str | None:
+    """The GPU ``part`` names whole after its ``N nodes x``, where its leading number is part of the name (the
+    Radeon RX 7900 XTX), or None.
+
+    >>> _whole_name("7900 XTX", _GPUS.match("7900 XTX"))
+    '7900 XTX'
+    """
+    rest = re.sub(rf"^\s*{match['nodes']}\s*nodes?{_TIMES}", "", part, flags=re.I) if match["nodes"] else part
+    return rest.strip() if (match["gpus"] or match["gpus2"]) and _names_gpu(rest.strip()) else None
 
 
 def _names_gpu(name: str) -> bool:
