@@ -290,7 +290,8 @@ def test_the_posts_compare_at_a_fixed_global_batch_and_predict_says_which_scalin
     assert "128 samples per GPU" in result["scaling_label"]
     few = predict(PredictRequest(model="mnist-mlp", cluster="16 GTX 980, PCIe 3.0 x4", batch=3))
     assert [r["gpus"] for r in few["strong_scaling"]] == [1, 2]     # 3 samples over 4 GPUs: less than one each
-    assert few["strong_scaling_label"].endswith("; it stops at 2 GPUs: 3 samples give 4 GPUs less than one each")
+    assert few["strong_scaling_label"].endswith("; on 2 GPUs each takes 1 (2 in all: 3 does not divide); it stops at "
+                                                "2 GPUs: 3 samples give 4 GPUs less than one each")
     # the post's own arithmetic: 0.2666 GB/s over 15 transfers of an 800 × 1200 matrix: 74 syncs/s against 350
     syncs = syncs_per_second(800 * 1200 * 4 / 2**30, 4 / 15)
     assert syncs == pytest.approx(74, abs=1) and 350 / syncs == pytest.approx(4.7, abs=0.1)

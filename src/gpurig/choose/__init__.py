@@ -28,7 +28,7 @@ def choose(request: ChooseRequest, today: datetime.date | None = None) -> dict:
     """Every option predicted, built, priced and ranked by ``request.objective`` (``--json``'s object)."""
     check(request)
     book = price_book(request.prices, request.prices_file, today)
-    options = gpu_options(request) + [option(cluster) for cluster in request.clusters]
+    options = gpu_options(request) + [option(cluster) for cluster in dict.fromkeys(request.clusters)]
     if request.budget is not None and request.gpus is None:
         options += _most_the_budget_buys(request, book, options)
     bought = [(o, purchase(o, book)) for o in options]

@@ -99,14 +99,17 @@ def gpu_options(request: ChooseRequest) -> list[Option]:
     """Each candidate GPU (``--candidates`` or the default) at each count; an unknown GPU is one line with the
     closest names.
 
-    >>> [o.label for o in gpu_options(ChooseRequest(model="m", candidates=("RTX 4090",), max_gpus=2))]
+    >>> [o.label for o in gpu_options(ChooseRequest(model="m", candidates=("RTX 4090", "4090"), max_gpus=2))]
     ['1 × GeForce RTX 4090', '2 × GeForce RTX 4090']
     """
     names = request.candidates if request.candidates else () if request.clusters else \
         tuple(default_candidates(request.cloud))
-    out = []
+    out, seen = [], set()
     for name in names:
         gpu = catalog.gpu(name)
+        if gpu.name in seen:  # "4090, RTX 4090": one GPU named twice is one candidate
+            continue
+        seen.add(gpu.name)
         for n in counts(request):
             out.append(option(f"{n} x {gpu.name}", f"{n} × {gpu.name}", gpu.name))
     return out

@@ -166,7 +166,7 @@ def show(result: dict) -> None:
                ("$/M", lambda r: _money(r["usd_per_m_samples"]) + (" rent" if r["cost_how"] == "rent" else ""))]
     if wide:
         columns[6:6] = [("GPUs $", lambda r: _usd(r["gpu_usd"])), ("energy $", lambda r: _usd(r["energy_usd"])),
-                        ("kWh/M", lambda r: f"{r['kwh_per_m_samples']:.2f}"),
+                        ("kWh/M", lambda r: f"{r['kwh_per_m_samples']:.3g}"),
                         ("speed-up", lambda r: f"{r['speedup']:.2f}x"), ("plan", lambda r: r["plan_overall"])]
     table = Table(title="* Pareto front; ! price > 1 year old", title_justify="left")
     cells = [[value(row) for _, value in columns] for row in result["rows"]]

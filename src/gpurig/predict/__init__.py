@@ -111,7 +111,9 @@ def predict(request: PredictRequest) -> dict:
         "buckets": final.buckets, "layers": final.layers,
         "scaling": curve, "scaling_label": WEAK_LABEL.format(batch=batch),
         "strong_scaling": (strong := strong_scaling(request, hardware, batch, counts, single)),
-        "strong_scaling_label": STRONG_LABEL.format(batch=batch) + (
+        "strong_scaling_label": STRONG_LABEL.format(batch=batch) + "".join(
+            f"; on {r['gpus']} GPUs each takes {r['batch_per_gpu']} ({r['global_batch']} in all: {batch} does not "
+            f"divide)" for r in strong if r["global_batch"] != batch) + (
             f"; it stops at {strong[-1]['gpus']} GPUs: {batch} samples give {counts[len(strong)]} GPUs less than "
             f"one each" if len(strong) < len(counts) else ""),
         "memory": memory(spec, request, hardware, top),
