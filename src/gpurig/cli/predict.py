@@ -154,11 +154,12 @@ def show(result: dict) -> None:
 
     console = Console()
     step = result["step"]
+    unit = result.get("unit", "GPU")
     trainable = result.get("trainable_parameters", result["parameters"])
     frozen = f", {trainable:,} of them trainable" if trainable != result["parameters"] else ""
     console.print(f"[bold]gpurig predict[/]: {result['model']} ({result['parameters'] / 1e6:.1f} M parameters"
                   f"{frozen}), "
-                  f"{result['batch_per_gpu']} samples per GPU, on {result['gpus']} GPU(s) in {result['nodes']} "
+                  f"{result['batch_per_gpu']} samples per {unit}, on {result['gpus']} {unit}(s) in {result['nodes']} "
                   f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
                   f"{result['precision']}, compression {result['compression']}"
                   + (f", {result['optimizer']}" if result.get("optimizer") else "")
@@ -175,7 +176,7 @@ def show(result: dict) -> None:
     # an 80-column terminal gets the step's split and its detail as two tables, so every number shows whole
     groups = [columns] if console.width >= WIDE_COLUMNS else [columns[:6], columns[6:]]
     for i, group in enumerate(groups):
-        split = Table(title=f"one step on {result['gpus']} GPU(s), ms" if i == 0 else "compute and comm in detail, ms")
+        split = Table(title=f"one step on {result['gpus']} {unit}(s), ms" if i == 0 else "compute and comm in detail, ms")
         for name, _ in group:
             split.add_column(name, justify="right")
         split.add_row(*(f"{result['samples_per_s']:,.0f}" if key is None else f"{step[key]:.2f}"
@@ -203,7 +204,7 @@ def show(result: dict) -> None:
             scaling.add_row(str(row["gpus"]), str(row["nodes"]), str(row["batch_per_gpu"]), f"{row['step_ms']:.2f}",
                             f"{row['speedup']:.2f}x", f"{row['efficiency']:.0%}", row["bottleneck"])
         console.print(scaling)
-    console.print(f"bottleneck at {result['gpus']} GPU(s): [bold]{result['bottleneck']}[/]")
+    console.print(f"bottleneck at {result['gpus']} {unit}(s): [bold]{result['bottleneck']}[/]")
     helps = [item for item in result["advice"] if not predicted_slower(item)]
     slower = [item for item in result["advice"] if predicted_slower(item)]
     for title, items in (("what would help (predicted)", helps), ("predicted not to help", slower)):

@@ -99,7 +99,7 @@ def predict(request: PredictRequest) -> dict:
     final = step_at(spec, layers, request, hardware, top)
     result = {
         "model": spec.name, "parameters": spec.parameters, "trainable_parameters": spec.trainable_parameters,
-        "batch_per_gpu": batch, "gpus": top,
+        "batch_per_gpu": batch, "gpus": top, "unit": hardware.unit,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
         "shard": request.shard, "software": request.software, "memory_format": request.memory_format,

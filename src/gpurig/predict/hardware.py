@@ -37,6 +37,7 @@ class Hardware:
     devices_in_use: object = None
     # a profile's GPU, found in the catalog by the name bench recorded: its memory, for "will it fit"
     device_memory_gb: float | None = None
+    unit: str = "GPU"  # what one rank computes on, as the header names it ("CPU rank" for a CPU profile)
 
 
 def load_hardware(request: PredictRequest) -> Hardware:
@@ -111,7 +112,8 @@ def load_hardware(request: PredictRequest) -> Hardware:
                     lambda n, _p=profile: machine.profile_device(_p, min(n * per_machine // per_node, per_machine),
                                                                  catalog),
                     lambda n: _sized(base, n, per_node), None, disk * 1e6 if disk else None, "profile", slowdown,
-                    posted, compressed, device_memory_gb=gpu.memory_gb if gpu is not None else None)
+                    posted, compressed, device_memory_gb=gpu.memory_gb if gpu is not None else None,
+                    unit="GPU" if gpu is not None or "cuda" in str(profile.get("device", "")).lower() else "CPU rank")
 
 
 def check_measured(measurements: dict, where: str, key: str, part: str | None = None) -> None:
