@@ -447,3 +447,15 @@ def test_model_parallelism_holds_a_share_of_the_split_layers_per_gpu():
     # are averaged in buckets, the split layers' are not
     hybrid = predict(PredictRequest(model="alexnet", cluster="4 x RTX 3090", parallel="hybrid"))["memory"]
     assert 0.05 * data["parts_gb"]["buckets"] < hybrid["parts_gb"]["buckets"] < 0.15 * data["parts_gb"]["buckets"]
+
+
+def test_a_board_of_two_devices_trains_as_two_gpus_of_half_each():
+    """A Tesla K80 (two GK210) and an MI250 (two GCDs) are two devices each to CUDA and ROCm: a rank holds half the
+    board's memory and computes at half its peak. Priced as one device, ResNet-50 fit 13 GiB into a K80's 12 GB
+    per device and ran at twice one device's speed."""
+    one = predict(PredictRequest(model="resnet50", cluster="1 x Tesla K80", batch=160))
+    assert one["gpus"] == 2 and one["memory"]["gpu_gb"] == 12 and not one["memory"]["fits"]
+    half = predict(PredictRequest(model="resnet50", cluster="1 x Tesla K80", batch=32, gpus=1))
+    board = predict(PredictRequest(model="resnet50", cluster="1 x Tesla K80", batch=32))
+    assert 1.6 < board["samples_per_s"] / half["samples_per_s"] <= 2.0
+    assert predict(PredictRequest(model="resnet50", cluster="1 x MI250", batch=32))["memory"]["gpu_gb"] == 64

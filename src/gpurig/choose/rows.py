@@ -17,6 +17,7 @@ from gpurig.choose.prices import PriceBook
 from gpurig.choose.request import ChooseRequest, work_of
 from gpurig.hardware import rules
 from gpurig.predict import PredictRequest, predict
+from gpurig.spec.hardware import DEVICES_PER_BOARD
 
 PER = 1e6   # cost, time and energy are per million samples
 
@@ -153,7 +154,9 @@ def reasons(o: Option, row: dict, request: ChooseRequest) -> list[str]:
     machine = o.build.machines()[0]
     gpu = min((g.gpu for m in o.build.machines() for g in m.gpus), key=lambda g: g.memory_gb)
     cores = f"tensor cores {gpu.tensor_tflops:g} TF" if gpu.tensor_tflops else "no tensor cores"
-    out.append(f"{gpu.memory_gb:g} GB, memory bandwidth {gpu.memory_bandwidth_gbs:g} GB/s, {cores}")
+    devices = DEVICES_PER_BOARD.get(gpu.name, 1)
+    board = f" (a board of {devices} devices, {gpu.memory_gb / devices:g} GB each)" if devices > 1 else ""
+    out.append(f"{gpu.memory_gb:g} GB{board}, memory bandwidth {gpu.memory_bandwidth_gbs:g} GB/s, {cores}")
     if row["gpus"] > 1:
         if o.build.node_count > 1:
             link = o.build.network.name if o.build.network is not None else "no network given"

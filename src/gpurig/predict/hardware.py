@@ -173,6 +173,7 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     slowest GPU's."""
     from gpurig.perf.transfer import host_copy_efficiency
 
+    spec = _as_devices(spec)
     machines = [node for node in spec.nodes if node.gpu is not None and node.gpus for _ in range(node.count)]
     base = machine.spec_topology(spec, network_efficiency=request.network_efficiency)
     first = machines[0]
@@ -217,6 +218,27 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     return Hardware(name, spec.total_gpus, first.gpus, lambda ranks: device_of(first.gpu, ranks), topology_for, h2d,
                     disk, source,
                     gpu=min(models.values(), key=lambda gpu: gpu.memory_gb), devices_in_use=devices_in_use)
+
+
+def _as_devices(spec):
+    """``spec`` as training sees it: a board of two devices (a K80, an MI250) is two GPUs of half its memory,
+    compute and host link (:data:`gpurig.spec.hardware.DEVICES_PER_BOARD`).
+
+    >>> from gpurig.spec.describe import parse_description
+    >>> node = _as_devices(parse_description("2 x Tesla K80")).nodes[0]
+    >>> node.gpus, node.gpu.memory_gb
+    (4, 12.0)
+    """
+    from gpurig.spec.hardware import DEVICES_PER_BOARD, one_device
+
+    if not any(node.gpu is not None and node.gpu.name in DEVICES_PER_BOARD for node in spec.nodes):
+        return spec
+    nodes = []
+    for node in spec.nodes:
+        n = DEVICES_PER_BOARD.get(node.gpu.name, 1) if node.gpu is not None else 1
+        nodes.append(node if n == 1 else replace(node, gpus=node.gpus * n, gpu=one_device(node.gpu),
+                                                 pcie_lanes=max(1, node.pcie_lanes // n) if node.pcie_lanes else None))
+    return replace(spec, nodes=tuple(nodes))
 
 
 def _host_copy_rate(node) -> float:

@@ -8,7 +8,7 @@ cluster specs are checked against (:mod:`gpurig.spec.fields`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpurig.spec.fields import SpecError, number, text
 
@@ -73,6 +73,30 @@ class GPU:
     def __post_init__(self):
         if self.power_connectors is not None:
             connector_counts(self.power_connectors, self.name)
+
+
+# Boards that hold two GPUs which CUDA or ROCm list as two devices (a process trains on one of them): the catalog
+# rows are the board's, as sold and powered; a training rank gets half of each. Tesla K80: two GK210 (NVIDIA
+# datasheet); Instinct MI250 / MI250X: two GCDs (AMD CDNA 2 white paper). MI300X's chiplets are one device.
+DEVICES_PER_BOARD = {"Tesla K80": 2, "Instinct MI250": 2, "Instinct MI250X": 2}
+_SPLIT = ("memory_gb", "memory_bandwidth_gbs", "fp32_tflops", "fp16_tflops", "tensor_tflops", "tf32_tflops",
+          "bf16_tflops", "fp8_tflops", "cache_mb", "tdp_w")
+
+
+def one_device(gpu: GPU) -> GPU:
+    """What one training rank of ``gpu`` gets: the board itself, or its share where the board is several devices
+    (:data:`DEVICES_PER_BOARD`), its host link shared too.
+
+    >>> from gpurig.spec import catalog
+    >>> k80 = one_device(catalog.gpu("K80")); k80.memory_gb, k80.compute_units, k80.pcie_lanes
+    (12.0, 13, 8)
+    """
+    n = DEVICES_PER_BOARD.get(gpu.name, 1)
+    if n == 1:
+        return gpu
+    halves = {f: getattr(gpu, f) / n for f in _SPLIT if getattr(gpu, f) is not None}
+    return replace(gpu, **halves, compute_units=gpu.compute_units // n if gpu.compute_units else None,
+                   pcie_lanes=max(1, gpu.pcie_lanes // n) if gpu.pcie_lanes else None)
 
 
 def connector_counts(connectors: str, gpu: str = "GPU") -> dict[str, int]:
