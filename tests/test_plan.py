@@ -184,3 +184,41 @@ def test_a_part_the_build_cannot_use_is_one_line_not_ignored(args, expected):
     ignored (or cut to the GPUs)."""
     code, out, err = run_cli(["plan", *args])
     assert code == 2 and out == "" and err.strip() == f"gpurig: error: {expected}", err
+
+
+CUSTOM_GPU = """network = "100 Gbit/s InfiniBand"
+[[nodes]]
+count = 2
+gpus = 4
+[nodes.gpu]
+name = "MyGPU"
+vendor = "NVIDIA"
+architecture = "Ampere"
+year = 2022
+segment = "datacenter"
+form_factor = "pcie"
+memory_gb = 24
+memory_bandwidth_gbs = 900
+fp32_tflops = 30
+tdp_w = 300
+pcie_gen = "4.0"
+pcie_lanes = 16
+source = "my vendor's sheet"
+"""
+
+
+@pytest.mark.parametrize("verb", ["plan", "choose"])
+def test_a_spec_describing_its_own_gpu_is_planned_and_chosen_as_predict_prices_it(verb, tmp_path):
+    """A ``[nodes.gpu]`` table for a GPU the catalog lacks: predict took it; plan and choose refused it as an
+    unknown catalog name."""
+    spec = tmp_path / "mine.toml"
+    spec.write_text(CUSTOM_GPU)
+    args = ["plan", "--spec", spec, "--json"] if verb == "plan" else \
+        ["choose", "--model", "mnist-mlp", "--cluster", spec, "--json"]
+    code, out, err = run_cli(args)
+    assert code == 0, err
+    report = json.loads(out)
+    if verb == "plan":
+        assert "PSU watts" in {v["rule"] for v in report["verdicts"]}
+    else:
+        assert report["rows"][0]["gpus"] == 8

@@ -35,6 +35,7 @@ import copy
 import dataclasses
 import json
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -225,9 +226,10 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
         raise UsageError(f"batch must be a whole number ≥ 1, got {batch!r}")
     model = on_meta(module)
     x = example_input(example, batch)
-    try:
+    try:  # what the model's code warns of on the meta device (a deprecated indexing) is no news to a plan
         with _in_mode(model, training), torch.device("meta"), torch.enable_grad(), Tracer(model) as tracer, \
-                SavedActivations(model) as saved:
+                SavedActivations(model) as saved, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             _held = model(x)    # held until the count ends: what autograd keeps for backward hangs from it
     except Exception as error:  # the model's own code: report it in one line
         raise forward_failed(name or type(module).__name__, x, error) from None
@@ -280,7 +282,8 @@ def _mixed_precision_activations(model: nn.Module, x: torch.Tensor, training: bo
     amp = MetaAutocast(torch.float16)
     try:
         with _in_mode(model, training), torch.device("meta"), torch.enable_grad(), \
-                SavedActivations(model, amp.weight_casts) as saved, amp:
+                SavedActivations(model, amp.weight_casts) as saved, amp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             _held = model(x)
     except Exception:  # noqa: BLE001 (a model's own code, which FP32 already ran: keep the FP32-derived estimate)
         return {}

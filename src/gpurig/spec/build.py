@@ -250,6 +250,20 @@ def load_build(path: str | Path) -> dict:
     return read_toml(path)
 
 
+def _gpu_value(gpu) -> str | dict:
+    """How a spec's GPU is named in a build: the catalog's name, or the whole description where the spec gave its
+    own (a GPU the catalog lacks, or a catalog GPU with fields changed)."""
+    from gpurig.spec import catalog
+    from gpurig.spec.fields import to_mapping
+
+    try:
+        if catalog.gpu(gpu.name) == gpu:
+            return gpu.name
+    except SpecError:
+        pass
+    return {k: v for k, v in to_mapping(gpu).items() if v is not None}
+
+
 def build_data_from_spec(spec: ClusterSpec) -> dict:
     """The build-file structure of a cluster spec (doctor's facts, a description): its first ``[[nodes]]``
     table, the others as ``other_nodes``.
@@ -267,7 +281,7 @@ def build_data_from_spec(spec: ClusterSpec) -> dict:
 
 
 def _node_data(node) -> dict:
-    data: dict = {"gpus": [{"model": node.gpu.name, "count": node.gpus}] if node.gpus else []}
+    data: dict = {"gpus": [{"model": _gpu_value(node.gpu), "count": node.gpus}] if node.gpus else []}
     if node.ram_gb is not None:
         data["ram_gb"] = node.ram_gb
     if node.cpu is not None:
