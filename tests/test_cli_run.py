@@ -159,9 +159,11 @@ def test_sigterm_stops_every_rank_and_is_named(marker, tmp_path):
 def test_ctrl_c_stops_gpurig_train_without_a_traceback(tmp_path):
     """Ctrl-C reaches every rank of ``gpurig train`` at once (the terminal signals the whole group): each rank
     ends quietly, the finished epochs stay, and the one line is the launcher's."""
-    job = subprocess.Popen([*GPURIG, "train", "--engine", "torch", "-n", "2", "--epochs", "50", "--no-predict",
-                            "--compression", "none", "--checkpoint-dir", str(tmp_path)], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, preexec_fn=lambda: (interruptible(), os.setpgrp()))
+    example = Path(__file__).parent.parent / "examples" / "own_model"   # epochs of a fraction of a second
+    job = subprocess.Popen([*GPURIG, "train", "--model", "digits:build", "--data", "digits:load", "--engine", "torch",
+                            "-n", "2", "--epochs", "1000", "--no-predict", "--compression", "none", "--checkpoint-dir",
+                            str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=example,
+                           preexec_fn=lambda: (interruptible(), os.setpgrp()))
     deadline = time.monotonic() + START_S
     while not (tmp_path / "checkpoint-epoch2.pt").exists():   # epoch 1's line was printed by then
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()
@@ -172,7 +174,7 @@ def test_ctrl_c_stops_gpurig_train_without_a_traceback(tmp_path):
     assert "Traceback" not in out + err and "finished its program" not in out + err, err
     assert (tmp_path / "checkpoint-epoch1.pt").exists()
     # into a pipe or a log, an epoch is one line, however long: grep finds its numbers
-    [line] = [line for line in out.splitlines() if line.startswith("epoch 1/50")]
+    [line] = [line for line in out.splitlines() if line.startswith("epoch 1/1000")]
     assert "samples/s" in line and line.endswith("TFLOP/s"), out
 
 
