@@ -90,10 +90,12 @@ def add_parser(subparsers) -> None:
 
 
 def _gpu_groups(specs: list[str], count: int | None, cooler: str | None) -> list[dict]:
+    from gpurig.spec import catalog
+
     groups = []
     for spec in specs:
         match = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(.+)", spec)
-        if match and not _known(match[2]) and _known(spec):  # "7900 XTX": one GPU, not 7900 of an "XTX"
+        if match and not catalog.knows_gpu(match[2]) and catalog.knows_gpu(spec):  # "7900 XTX": one GPU
             match = None
         group = {"model": match[2], "count": int(match[1])} if match else \
             {"model": spec, "count": 1 if count is None else count}  # -c 0 is refused by the spec's check
@@ -101,17 +103,6 @@ def _gpu_groups(specs: list[str], count: int | None, cooler: str | None) -> list
             group["cooler"] = cooler
         groups.append(group)
     return groups
-
-
-def _known(name: str) -> bool:
-    from gpurig.spec import catalog
-    from gpurig.spec.fields import SpecError
-
-    try:
-        catalog.gpu(name)
-    except SpecError:
-        return False
-    return True
 
 
 def flags_to_data(args) -> dict:

@@ -158,6 +158,19 @@ def gpu(name: str) -> GPU:
     return _gpu_lookup().find(name)
 
 
+def knows_gpu(name: str) -> bool:
+    """Whether :func:`gpu` finds ``name``.
+
+    >>> knows_gpu("7900 XTX"), knows_gpu("XTX")
+    (True, False)
+    """
+    try:
+        gpu(name)
+    except SpecError:
+        return False
+    return True
+
+
 def network(name: str) -> Network:
     """The catalog's network called ``name`` ("FDR", "InfiniBand EDR", "10GbE" …).
 

@@ -97,7 +97,7 @@ def parse_description(text: str) -> ClusterSpec:
         elif (found := parse_network(part)) is not None:
             once("network", part)
             network = found
-        elif (match := _GPUS.match(part)) and not ("GPUs" in named and not _names_gpu(match["name"])):
+        elif (match := _GPUS.match(part)) and not ("GPUs" in named and not catalog.knows_gpu(match["name"])):
             once("GPUs", part)
             whole = _whole_name(part, match)
             try:
@@ -134,16 +134,7 @@ def _whole_name(part: str, match) -> str | None:
     '7900 XTX'
     """
     rest = re.sub(rf"^\s*{match['nodes']}\s*nodes?{_TIMES}", "", part, flags=re.I) if match["nodes"] else part
-    return rest.strip() if (match["gpus"] or match["gpus2"]) and _names_gpu(rest.strip()) else None
-
-
-def _names_gpu(name: str) -> bool:
-    """Whether ``name`` is a catalog GPU (a second part that is not one is unreadable, not a second GPU)."""
-    try:
-        catalog.gpu(name)
-    except SpecError:
-        return False
-    return True
+    return rest.strip() if (match["gpus"] or match["gpus2"]) and catalog.knows_gpu(rest.strip()) else None
 
 
 def _system_hint(name: str) -> str | None:
