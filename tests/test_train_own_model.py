@@ -187,3 +187,47 @@ def test_frozen_weights_stay_as_they_are_when_the_optimizer_is_sharded(users, sh
     initial = build_model(f"{users}:frozen").state_dict()
     assert torch.equal(trained["0.weight"], initial["0.weight"]) and torch.equal(trained["0.bias"], initial["0.bias"])
     assert not torch.equal(trained["2.weight"], initial["2.weight"])
+
+
+TWO_HEADS = '''
+import torch
+from torch import nn
+
+
+class TwoHeads(nn.Module):
+    """A body and two heads; only the first is ever used (a multi-task model trained on one task)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.used, self.spare = nn.Linear(64, 32), nn.Linear(32, 10), nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.used(torch.relu(self.body(x)))
+
+
+def build():
+    torch.manual_seed(7)
+    return TwoHeads()
+'''
+
+
+def test_find_unused_parameters_leaves_a_head_no_rank_used_untouched(tmp_path):
+    """With AdamW's weight decay, a zero gradient still moves a weight, and no gradient leaves it: with
+    --find-unused-parameters the spare head comes out of training exactly as it went in, as in one process."""
+    (tmp_path / "twoheads.py").write_text(TWO_HEADS)
+    ck = tmp_path / "ck"
+    done = gpurig("train", "--model", "twoheads:build", "--data", "digits:load", "--optimizer", "adamw", "--epochs", 1,
+                  "--find-unused-parameters", "--no-predict", "--compression", "none", "--checkpoint-dir", ck,
+                  cwd=EXAMPLE, env={"PYTHONPATH": str(tmp_path)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import twoheads
+        fresh = twoheads.build().state_dict()
+    finally:
+        sys.path.remove(str(tmp_path))
+    trained = load(epoch_path(ck, 1))["model"]
+    assert torch.equal(trained["spare.weight"], fresh["spare.weight"]), "the unused head moved"
+    assert not torch.equal(trained["used.weight"], fresh["used.weight"])
+    code, _, err = run_cli(["train", "--find-unused-parameters", "--shard", "optimizer", "--checkpoint-dir", ck])
+    assert code == 2 and "--find-unused-parameters is data parallelism's, unsharded: not with --shard optimizer" in err

@@ -118,6 +118,10 @@ def add_parser(subparsers) -> None:
                         "even at a loss scale below 1): stop (default: one line naming the step and the parameter, "
                         "exit 1, the last checkpoint intact), skip (every rank leaves the weights alone for that "
                         "step) or ignore (not with fp16)")
+    p.add_argument("--find-unused-parameters", action="store_true",
+                   help="as DDP's: a parameter no rank's forward used keeps no gradient, so the optimizer leaves it "
+                        "alone, as in one process (one small allreduce a step; your own model with branches or "
+                        "heads a batch may skip)")
     p.add_argument("--precision", default="fp32",
                    help="fp32 (default), tf32 (NVIDIA GPUs), bf16 or fp16: automatic mixed precision (torch.autocast; "
                         "FP32 master weights; fp16 with a loss scaler whose skipped steps every rank agrees on); "
@@ -152,7 +156,8 @@ def _config(args):
                        shard=args.shard, parallel=args.parallel, predict=args.predict,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        keep_checkpoints=args.keep_checkpoints, checkpoint_every=args.checkpoint_every,
-                       on_nonfinite=args.on_nonfinite, iface=args.iface,
+                       on_nonfinite=args.on_nonfinite, find_unused_parameters=args.find_unused_parameters,
+                       iface=args.iface,
                        precision=args.precision, accumulate=args.accumulate, logdir=args.logdir, timeline=args.timeline,
                        max_restarts=args.max_restarts,
                        failure_timeout=_seconds(args.failure_timeout, "--failure-timeout"),

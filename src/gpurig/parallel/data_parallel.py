@@ -485,8 +485,9 @@ class DataParallel(torch.nn.Module):
                 self._no_gradient = None
                 warnings.warn(f"DataParallel: no gradient on rank {self.comm.rank} for {names}: averaged as zeros, "
                               f"so where no rank used them, momentum and weight decay still move them. "
-                              f"DataParallel(find_unused_parameters=True) leaves their grad None, as torch does, "
-                              f"at one small allreduce a step", UserWarning, stacklevel=3)
+                              f"DataParallel(find_unused_parameters=True) (gpurig train --find-unused-parameters) "
+                              f"leaves their grad None, as torch does, at one small allreduce a step", UserWarning,
+                              stacklevel=3)
             return set()
         nobody = {id(self._params[i]) for i in torch.nonzero(self._used == 0).flatten().tolist()}
         self._used.fill_(1.0)  # the next step marks only what it misses

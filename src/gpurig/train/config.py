@@ -47,6 +47,7 @@ class TrainConfig:
     checkpoint_every: int | None = None
     timeline: str | None = None
     on_nonfinite: str = "stop"
+    find_unused_parameters: bool = False
     precision: str = "fp32"
     accumulate: int = 1
     logdir: str | None = None
@@ -328,6 +329,9 @@ def _validate_shard(config: TrainConfig) -> None:
         check_shard(config.shard, config.compression)
     except ValueError as error:
         raise UsageError(f"--shard {config.shard}: {error}") from None
+    if config.find_unused_parameters and (config.shard != "none" or config.parallel != "data"):
+        flag = f"--shard {config.shard}" if config.shard != "none" else f"--parallel {config.parallel}"
+        raise UsageError(f"--find-unused-parameters is data parallelism's, unsharded: not with {flag}")
 
 
 def _validate_reliability(config: TrainConfig) -> None:

@@ -27,7 +27,8 @@ def wrap_model(model: torch.nn.Module, config: TrainConfig, comm) -> torch.nn.Mo
     nonfinite = "ignore" if config.precision == "fp16" else config.on_nonfinite
     if config.parallel == "data":
         return DataParallel(model, comm, bucket_cap_mb=config.bucket_mb, compression=config.compression,
-                            nonfinite=nonfinite, shard=config.shard)
+                            nonfinite=nonfinite, shard=config.shard,
+                            find_unused_parameters=config.find_unused_parameters)
     hybrid = config.parallel == "hybrid"
     return parallelize(model, krizhevsky_plan(model), comm, hybrid=hybrid, bucket_cap_mb=config.bucket_mb,
                        compression=config.compression if hybrid else "none", nonfinite=nonfinite)
