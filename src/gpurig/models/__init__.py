@@ -237,11 +237,12 @@ def step_operators(model: str, *, tokens: int | None = None, sample: str | None 
     >>> step_operators("mnist-mlp"), step_operators("mnist-mlp", mixed=True)
     ((8, 13), (16, 20))
     """
-    from gpurig.models.peak import trace_step
+    from gpurig.models.peak import CudnnRNN, trace_step
 
     module, x = _module_and_batch(model, 2, tokens, sample)
     try:
-        traced = trace_step(on_meta(module), x, torch.float16 if mixed else None)
+        with CudnnRNN():  # an LSTM is one cuDNN call a GPU's host launches, not the meta device's unrolled steps
+            traced = trace_step(on_meta(module), x, torch.float16 if mixed else None)
     except Exception:  # noqa: BLE001 (a model's own backward)
         return None
     return traced["forward_ops"], traced["backward_ops"]

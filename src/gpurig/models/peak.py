@@ -168,6 +168,56 @@ class FusedAttention(TorchFunctionMode):
             return func(*args, **kwargs)
 
 
+_RNN_GATES = {torch.lstm: 4, torch.gru: 3, torch.rnn_tanh: 1, torch.rnn_relu: 1}
+
+
+class _CudnnRNNCall(torch.autograd.Function):
+    """One cuDNN RNN call's outputs, without its arithmetic: ``(input, reserve, *weights)`` in, ``(output, *h_n)``
+    out. Its backward is as many operators as cuDNN's two (data and weights)."""
+
+    @staticmethod
+    def forward(ctx, x, reserve, shapes, *weights):
+        ctx.save_for_backward(x, reserve, *weights)
+        return tuple(x.new_empty(shape) for shape in shapes)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, reserve, *weights = ctx.saved_tensors
+        return (torch.empty_like(x), None, None, *(torch.empty_like(w) for w in weights))
+
+
+class CudnnRNN(TorchFunctionMode):
+    """``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` as CUDA runs them in training: one cuDNN call a module forward (two in
+    backward), keeping a reserve of every layer's gates for backward, where the meta device unrolls them into a
+    dozen operators a time step (2,572 for a 2-layer LSTM over 64 tokens). What the host launches, not what the
+    GPU computes (:class:`~gpurig.models.trace.Tracer` counts that). Packed sequences, or a call it cannot read,
+    are left to PyTorch.
+
+    >>> lstm = torch.nn.LSTM(16, 32, num_layers=2).to("meta")
+    >>> with torch.device("meta"), CudnnRNN():
+    ...     out, (h, c) = lstm(torch.empty(64, 4, 16, device="meta"))
+    >>> out.shape, h.shape
+    (torch.Size([64, 4, 32]), torch.Size([2, 4, 32]))
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        gates = _RNN_GATES.get(func)
+        # (input, hx, weights, biases, layers, dropout, train, bidirectional, batch_first): LSTM's hx is (h, c),
+        # the others' one tensor; a packed sequence's call has batch sizes where hx is
+        unpacked = len(args) == 9 and (isinstance(args[1], (list, tuple)) if func is torch.lstm else
+                                       isinstance(args[1], torch.Tensor) and args[1].is_floating_point())
+        if gates is None or kwargs or not unpacked:
+            return call_inside(self, func, args, kwargs)
+        x, hx, weights, _, layers, _, _, bidirectional, batch_first = args
+        hx = list(hx) if isinstance(hx, (list, tuple)) else [hx]
+        directions = 2 if bidirectional else 1
+        steps, batch = ((x.shape[1], x.shape[0]) if batch_first else x.shape[:2]) if x.dim() == 3 else (x.shape[0], 1)
+        reserve = x.new_empty(layers * directions * steps * batch * (gates + 1) * hx[-1].shape[-1])
+        shapes = (torch.Size((*x.shape[:-1], directions * hx[0].shape[-1])), *(h.shape for h in hx))
+        return _CudnnRNNCall.apply(x, reserve, shapes, *weights)
+
+
 def stand_in_loss(output) -> torch.Tensor:
     """A loss of the shape training uses, for what it holds: cross-entropy over the last dimension of each
     floating-point output with two or more dimensions (a classifier's scores, a language model's logits), an
