@@ -122,6 +122,14 @@ def test_a_gpu_whose_name_starts_with_a_number_is_not_read_as_a_count(text, coun
     assert node.gpu.name in ("Radeon RX 7900 XTX", "GeForce RTX 3090")
 
 
+def test_the_start_of_several_gpu_names_is_ambiguous_not_unknown():
+    """'a100 sxm' begins two catalog names: it was "unknown", with a P100 and an H200 as the closest."""
+    with pytest.raises(SpecError, match=r"GPU 'a100 sxm' is ambiguous: A100 SXM4 40 GB, A100 SXM4 80 GB$"):
+        catalog.gpu("a100 sxm")
+    with pytest.raises(SpecError, match=r"unknown GPU 'V100S'"):   # a one-letter part begins nothing
+        catalog.gpu("V100S")
+
+
 def test_description_errors():
     with pytest.raises(SpecError, match="unknown GPU 'RTX 2090'"):
         parse_description("4 RTX 2090")

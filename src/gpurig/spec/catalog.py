@@ -82,6 +82,12 @@ class Lookup:
                 return found[0]
             if len(found) > 1:
                 raise SpecError(f"{self.what} {name!r} is ambiguous: {', '.join(e.name for e in found)}")
+        words = name_key(name, self.LEVELS[-1]).split()
+        begun = list(dict.fromkeys(e for k, entries in self.index[-1].items() for e in entries
+                                   if words and all(any(w == x or len(x) > 1 and w.startswith(x) for w in k.split())
+                                                    for x in words)))
+        if 1 < len(begun) <= 6:  # "a100 sxm": the start of several names, not a name
+            raise SpecError(f"{self.what} {name!r} is ambiguous: {', '.join(e.name for e in begun)}")
         raise SpecError(f"unknown {self.what} {name!r}{self.closest_hint(name)}")
 
     def closest_hint(self, name: str) -> str:
