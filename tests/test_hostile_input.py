@@ -299,6 +299,14 @@ SWEEP = [
     (["choose", "--model", "resnet50", "--candidates", "RTX 4090", "--price", "RTX 4090=1/h"],
      "a rate per GPU-hour is what renting costs: add --cloud"),
     (["choose", "--model", "resnet50", "--gpus", "64"], "--gpus must be 1 to 8: a candidate is one machine"),
+    # the sweep of session 51: rates as people type them, names that start with a number, writes that cannot land
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 nodes x 4 RTX 3090, 10 GBPS"], "could be bits or bytes"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "2 nodes x 4 RTX 3090, 1.2.3 Gbit/s"], "expected a rate"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "7900 xt"], "unknown GPU '7900 xt'; closest: Radeon RX 7900 XTX"),
+    (["plan", "--gpu", "6900 xtx"], "unknown GPU '6900 xtx'; closest: Radeon RX 6900 XT"),
+    (["plan", "--gpu", "v100s"], "closest: Tesla V100"),
+    (["bench", "-n", "1", "--parts", "gemm", "--quick", "--out", "/proc/gpurig-profile.json"], "cannot write it"),
+    (["bench", "-n", "100000", "--quick"], "bench measures this one machine"),
 ]
 
 
@@ -308,3 +316,43 @@ def test_flags_found_by_the_sweep_are_one_line(argv, message, tmp_path, monkeypa
     code, out, err = run_cli(argv)
     assert code == 2 and err.strip().startswith("gpurig: error: ") and message in err, (code, err[-1000:])
     assert "Traceback" not in out + err and list(tmp_path.iterdir()) == []
+
+
+def test_a_gpu_the_catalog_lacks_needs_its_peaks_in_one_line(tmp_path):
+    """`doctor --write-spec` describes a GPU the catalog lacks by its name and memory: predict and choose said
+    TypeError; now they name the numbers to add, and take the table once they are there."""
+    spec = tmp_path / "h20.toml"
+    spec.write_text('[[nodes]]\ngpus = 1\n[nodes.gpu]\nname = "NVIDIA H20"\nmemory_gb = 96.0\nvendor = "NVIDIA"\n'
+                    'source = "NVML (not in the catalog)"\n')
+    for verb in ("predict", "choose"):
+        assert_one_line_usage_error([verb, "--model", "mnist-mlp", "--cluster", str(spec)])
+    with open(spec, "a") as out:
+        out.write("fp32_tflops = 44.0\nmemory_bandwidth_gbs = 4000\n")
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", str(spec), "--json"])
+    assert code == 0 and json.loads(out)["samples_per_s"] > 0, err
+
+
+@pytest.mark.parametrize("path,value,why", [
+    (("comm", "ranks"), 0, "must be above 0"), (("comm", "ranks"), "2", "a number belongs here"),
+    (("disk", "mb_per_s"), float("nan"), "not a finite number"), (("disk", "mb_per_s"), -3, "must be above 0"),
+    (("compute", "1", "memory_bytes_per_s"), 0, "must be above 0"), (("compute", "1", "gemm"), [], "GEMM timings"),
+    (("compute",), "fast", "a table of measurements"), (("device",), 123, "the name of what bench ran on"),
+    (("comm", "engines", "mpi", "allreduce", "beta_s_per_byte"), 0, "must be above 0"),
+    (("comm", "engines", "mpi", "allreduce", "alpha_s"), -1.0, "cannot be below 0")])
+def test_a_damaged_profile_is_one_line(path, value, why, tmp_path):
+    """A hand-edited profile gave ZeroDivisionError, TypeError or a prediction from NaN (and JSON with NaN in it)."""
+    from gpurig.measure.profile import SCHEMA
+
+    profile = {"schema": SCHEMA, "device": "cpu",
+               "comm": {"ranks": 2, "engines": {"mpi": {"allreduce": {"alpha_s": 1e-5, "beta_s_per_byte": 1e-9}}}},
+               "compute": {"1": {"ranks": 1, "threads_per_rank": 1, "memory_bytes_per_s": 1e10, "layer_overhead_s": 1e-5,
+                                 "gemm": [{"m": 64, "n": 64, "k": 64, "seconds": 1e-5, "gflops": 50.0}]}},
+               "disk": {"mb_per_s": 900.0}}
+    where = profile
+    for key in path[:-1]:
+        where = where[key]
+    where[path[-1]] = value
+    damaged = tmp_path / "profile.json"
+    damaged.write_text(json.dumps(profile))
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", str(damaged)])
+    assert code == 2 and err.count("\n") == 1 and why in err and ".".join(path) in err, err

@@ -7,6 +7,7 @@ import pytest
 from conftest import gpurig as gpurig_cli
 from gpurig.spec import SpecError, catalog, load_spec, parse_description, save_spec
 from gpurig.spec.catalog import read_table
+from gpurig.spec.cluster import parse_network
 from gpurig.spec.hardware import CATALOG_REQUIRED, GPU
 
 
@@ -93,7 +94,7 @@ def test_unknown_gpu_is_one_line_with_closest_matches():
     with pytest.raises(SpecError) as error:
         catalog.gpu("RTX 2090")
     message = str(error.value)
-    assert "\n" not in message and "closest:" in message and "3090" in message
+    assert "\n" not in message and "closest:" in message and "RTX 2080" in message
 
 
 def test_bad_catalog_rows_are_refused_naming_line_and_field():
@@ -210,3 +211,36 @@ def test_malformed_spec_files_are_one_line_and_exit_2(tmp_path, text, expected):
     done = gpurig_cli("plan", "--spec", path, "--gpu", "2080ti", timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert expected in done.stderr and re.search(r"spec\.toml", done.stderr)
+
+
+@pytest.mark.parametrize("text,gbit", [("10 gbps", 10), ("10 gbit/s", 10), ("10 gb/s", 10), ("100 mbps", 0.1),
+                                       ("10 Gbit/S", 10), ("10 GBIT/S ETHERNET", 10), ("10. Gbit/s", 10),
+                                       ("12.5 GBps InfiniBand", 100), ("12.5 GB/s", 100), ("1.25 GB/s", 10),
+                                       ("100 MBps", 0.8), ("Ethernet 10 Gb", 10), ("25 Gbit RoCE", 25)])
+def test_link_rates_as_people_write_them(text, gbit):
+    """Lower case crashed with a traceback; "GBps" (bytes) was read as Gbit/s, 8x off."""
+    assert parse_network(text).gbit_per_s == pytest.approx(gbit)
+
+
+@pytest.mark.parametrize("text,message", [("10 GBPS", "could be bits or bytes"), ("1.2.3 Gbit/s", "expected a rate")])
+def test_unreadable_link_rates_are_one_line(text, message):
+    with pytest.raises(SpecError, match=message):
+        parse_description(f"2 nodes x 4 RTX 3090, {text}")
+
+
+@pytest.mark.parametrize("text,name", [("RTX 3090 24 GB", "GeForce RTX 3090"), ("3090 24GB", "GeForce RTX 3090"),
+                                       ("Tesla P100-SXM2-16GB", "Tesla P100 SXM2"),
+                                       ("Tesla V100-SXM2-32GB", "Tesla V100 SXM2 32 GB"),
+                                       ("A100 40GB", "A100 SXM4 40 GB"), ("A100 PCIe 40GB", "A100 PCIe 40 GB")])
+def test_a_gpu_named_with_its_memory(text, name):
+    """As nvidia-smi and shops write them; "A100 40GB" is the "A100" (the alias) of 40 GB, as "A100 80GB" was."""
+    assert catalog.gpu(text).name == name
+
+
+def test_memory_a_gpu_does_not_have_and_near_names():
+    with pytest.raises(SpecError, match=r"unknown GPU 'RTX 3090 12GB'; closest: GeForce RTX 3090"):
+        catalog.gpu("RTX 3090 12GB")
+    with pytest.raises(SpecError, match=r"unknown GPU 'H20'"):   # not the start of "H200": a number is whole
+        catalog.gpu("H20")
+    with pytest.raises(SpecError, match=r"unknown GPU 'v100s'; closest: Tesla V100"):
+        catalog.gpu("v100s")

@@ -157,8 +157,17 @@ def check_writable(path: str, flag: str, make_directory: bool = False) -> None:
                          f"name")
     if make_directory:
         check_directory(str(directory), flag, shown=path)
-        return
-    if not directory.is_dir():
+        if not directory.is_dir():
+            return
+    elif not directory.is_dir():
         raise UsageError(f"{flag} {path}: the directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
+    elif not os.access(directory, os.W_OK):
         raise UsageError(f"{flag} {path}: the directory {directory} is not writable")
+    existed = target.exists()
+    try:   # where access() says yes and the write would still fail: /sys and /proc as root, a read-only file
+        with open(target, "a"):
+            pass
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({error.strerror or error})") from None
+    if not existed:
+        target.unlink(missing_ok=True)

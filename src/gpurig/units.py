@@ -73,17 +73,37 @@ def parse_quantity(text: str) -> tuple[float, str]:
     return float(match["value"]), match["unit"]
 
 
-def gbit_per_s(text: str) -> float:
-    """A rate written as text ("40 Gbit/s", "100 MB/s", "56Gbps") in Gbit/s (SI).
+_LINK_RATE = re.compile(r"^\s*(?P<value>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*(?P<prefix>[kKmMgGtT]?)"
+                        r"(?P<binary>i?)(?P<kind>bits?|bytes?|b|B)(?P<per>/s|/sec|ps)\s*$", re.I)
 
-    >>> gbit_per_s("40 Gbit/s"), gbit_per_s("56Gbps"), gbit_per_s("125 MB/s")
-    (40.0, 56.0, 1.0)
+
+def gbit_per_s(text: str) -> float:
+    """A link's rate written as text ("40 Gbit/s", "100 MB/s", "56Gbps", "10 gbps") in Gbit/s (SI).
+
+    The prefix's case does not matter ("100 mbps" is 100 Mbit/s: no link runs at millibits); the b's does, as
+    people write it: "Gb/s", "Gbps" and "Gbit/s" are bits, "GB/s" and "GBps" bytes. "10 GBPS" could be either and
+    is refused.
+
+    >>> gbit_per_s("40 Gbit/s"), gbit_per_s("56Gbps"), gbit_per_s("125 MB/s"), gbit_per_s("12.5 GBps")
+    (40.0, 56.0, 1.0, 100.0)
+    >>> gbit_per_s("10 gbit/s"), gbit_per_s("100 mbps"), gbit_per_s("10. Gb/s")
+    (10.0, 0.1, 10.0)
     """
-    text = text.strip()
-    if text.lower().endswith("bps"):
-        text = text[:-3] + "bit/s"
-    value, unit = parse_quantity(text)
-    return bytes_per_second(value, unit) * 8 / 1e9
+    match = _LINK_RATE.match(text)
+    if not match:
+        raise ValueError(f"expected a rate such as '40 Gbit/s', '10 Gbps' or '1.25 GB/s', got {text!r}")
+    kind, per = match["kind"], match["per"]
+    if kind.lower().startswith("bit"):
+        bits = True
+    elif kind.lower().startswith("byte"):
+        bits = False
+    elif kind == "B" and per == "PS":
+        raise ValueError(f"{text.strip()!r} could be bits or bytes a second: write Gbit/s (Gbps) or GB/s (GBps)")
+    else:
+        bits = kind == "b"
+    prefix = match["prefix"].upper() if match["prefix"] not in ("k", "K") else "k"
+    multiplier = (BINARY if match["binary"] else DECIMAL) ** _PREFIX_POWER[prefix]
+    return float(match["value"]) * multiplier * (1 if bits else 8) / 1e9
 
 
 def tensor_bytes(shape: tuple[int, ...] | list[int], bytes_per_element: int = 4) -> int:

@@ -100,6 +100,7 @@ def run(args) -> int:
     """Run ``gpurig bench``; return 0."""
     from pathlib import Path
 
+    from gpurig.errors import UsageError
     from gpurig.measure.bench import bench, validate
 
     config = _config(args)
@@ -126,8 +127,13 @@ def run(args) -> int:
 
             profile = bench(config, on_event)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile, indent=2))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(profile, indent=2))
+    except OSError as error:   # a disk filled while measuring: keep the minutes' work on stdout
+        print(json.dumps(profile, indent=2))
+        raise UsageError(f"--out {out}: cannot write it ({error.strerror or error}); the profile is printed above "
+                         "instead") from None
     plots = write_plots(profile, args.plot) if args.plot else []
     if args.json:
         print(json.dumps(profile, indent=2))

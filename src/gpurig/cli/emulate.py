@@ -51,7 +51,7 @@ def run(args) -> int:
         raise UsageError(f"--ranks-per-node must be from 1 to {MOST_PER_NODE}, got {args.ranks_per_node}")
     if not 2 <= args.nodes <= MOST_NODES:
         raise UsageError(f"--nodes must be from 2 to {MOST_NODES} (each is a network namespace here), got {args.nodes}")
-    check_ranks_here(args.nodes * args.ranks_per_node)
+    check_ranks_here(args.nodes * args.ranks_per_node, "every emulated node runs on this machine")
     if args.engine not in ("mpi", "torch"):
         raise UsageError(f"unknown engine {args.engine!r}: choose one of mpi, torch")
     parse_rate(args.rate)

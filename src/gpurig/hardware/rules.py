@@ -467,7 +467,8 @@ def network(build: Build):
     fits = " (these GPUs fit one machine, which beats any network)" if gpus <= 4 else ""
     if rate < 10:
         return Verdict("network", PROBLEM, f"{rate:g} Gbit/s",
-                       "on 1 Gbit/s Ethernet a 2-node cluster is slower than one machine: ≥ 40 Gbit/s (FDR 56, EDR 100)"
+                       f"at {rate:g} Gbit/s (1 Gbit/s Ethernet's class) a 2-node cluster is slower than one machine: "
+                       "≥ 40 Gbit/s (FDR 56, EDR 100)"
                        + fits)
     if gpus <= 4:
         return Verdict("network", WARNING, f"{nodes} nodes, {gpus} GPUs",

@@ -63,8 +63,9 @@ def default_nprocs(hosts: str | None = None, env: dict | None = None) -> int:
     return step[1] if step else gpu_count() or 2
 
 
-def check_ranks_here(nprocs: int) -> None:
-    """Refuse more ranks on this one machine than it could ever hold (a typo must not fork thousands of processes).
+def check_ranks_here(nprocs: int, advice: str = "name more machines with --hosts") -> None:
+    """Refuse more ranks on this one machine than it could ever hold (a typo must not fork thousands of processes);
+    ``advice``: what the command offers instead.
 
     >>> check_ranks_here(100_000)    # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -75,7 +76,7 @@ def check_ranks_here(nprocs: int) -> None:
     limit = max(64, 8 * cores)
     if nprocs > limit:
         raise UsageError(f"-n {nprocs} would start {nprocs} processes on this machine ({cores} cores): at most "
-                         f"{limit} here; name more machines with --hosts")
+                         f"{limit} here; {advice}")
 
 
 def check_request(command: list[str], nprocs: int, engine: str, hosts: str | None, env: dict) -> list[tuple[str, int]]:

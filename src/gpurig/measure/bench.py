@@ -73,7 +73,7 @@ def validate(config: BenchConfig) -> None:
         raise UsageError(f"--repeat must be from 1 to 20, got {config.repeat}")
     if config.nprocs < 2 and ("comm" in config.parts or "p2p" in config.parts):
         raise UsageError(f"-n must be at least 2 to measure communication, got {config.nprocs}")
-    check_ranks_here(config.nprocs)
+    check_ranks_here(config.nprocs, "bench measures this one machine (run it on each of the others)")
     mpi_arg_words(config.mpi_args)
     for engine in config.engines:
         if engine not in ENGINES:

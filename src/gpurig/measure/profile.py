@@ -8,6 +8,7 @@ profile loaded back with its schema checked.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -99,4 +100,70 @@ def load_profile(path: str | Path) -> dict:
         raise UsageError(f"{path}: not a gpurig profile: {error}") from None
     if not isinstance(profile, dict) or profile.get("schema") != SCHEMA:
         raise UsageError(f"{path}: not a gpurig profile (schema {SCHEMA} expected)")
+    check_profile(profile, str(path))
     return profile
+
+
+# what bench measures: numbers, never below 0 (a fit's alpha and beta included: perf.fit keeps them so); the
+# divisors above 0
+_MEASURED = frozenset(("algbw_gbs", "alpha_s", "backward_s", "batch", "batch_bytes", "beta_s_per_byte", "blocking_ms",
+                       "busbw_gbs", "bytes", "chain_s", "compute_ms", "decode_s_per_value", "encode_s_per_value",
+                       "fitted_gbs", "forward_s", "gbs", "gflops", "isolated_seconds", "iterations", "k",
+                       "layer_overhead_s", "load_ms", "m", "mb_per_s", "memory_bytes_per_s", "n", "per_matrix_s",
+                       "posted_alpha_s", "posted_beta_s_per_byte", "posted_s", "prefetch_ms", "product_during_s",
+                       "product_s", "queued", "ranks", "raw_busbw_gbs", "raw_isolated_seconds", "raw_over_gpurig",
+                       "raw_seconds", "samples", "seconds", "seconds_per_value", "slowdown", "steps",
+                       "threads_per_rank", "values"))
+_POSITIVE = frozenset(("ranks", "threads_per_rank", "memory_bytes_per_s", "mb_per_s", "gflops", "slowdown",
+                       "beta_s_per_byte"))
+
+
+def check_profile(profile: dict, where: str) -> None:
+    """Refuse, in one line, a profile whose measurements are not measurements (a hand-edited or damaged file): a
+    number that is not finite, a time or rate below 0, a divisor of 0, text where a number belongs, a part that is
+    not a table, a compute part without GEMMs.
+
+    >>> check_profile({"comm": {"ranks": 0, "engines": {}}}, "p.json")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: p.json: comm.ranks is 0, not a measurement (it must be above 0): measure again with gpurig bench
+    """
+    def refuse(path: str, value, why: str):
+        shown = repr(value) if len(repr(value)) <= 40 else f"{type(value).__name__} {repr(value)[:30]}…"
+        raise UsageError(f"{where}: {path} is {shown}, not a measurement ({why}): measure again with gpurig bench")
+
+    def walk(value, path: str, key: str | None) -> None:
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if name != "config":
+                    walk(item, f"{path}.{name}" if path else str(name), str(name))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]", key)
+        elif isinstance(value, float) and not math.isfinite(value):
+            refuse(path, value, "not a finite number")
+        elif key in _MEASURED and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                refuse(path, value, "a number belongs here")
+            if key in _POSITIVE and value <= 0:
+                refuse(path, value, "it must be above 0")
+            if value < 0:
+                refuse(path, value, "it cannot be below 0")
+
+    walk(profile, "", None)
+    if profile.get("device") is not None and not isinstance(profile["device"], str):
+        refuse("device", profile["device"], "the name of what bench ran on belongs here")
+    for part in ("comm", "compute", "disk", "loading", "gemm"):
+        if profile.get(part) is not None and not isinstance(profile[part], dict):
+            refuse(part, profile[part], "a table of measurements belongs here")
+    comm = profile.get("comm") or {}
+    if comm and not isinstance(comm.get("ranks"), int):
+        refuse("comm.ranks", comm.get("ranks"), "the ranks bench ran belong here")
+    for engine, collectives in (comm.get("engines") or {}).items():
+        if not isinstance(collectives, dict) or not all(isinstance(fit, dict) for fit in collectives.values()):
+            refuse(f"comm.engines.{engine}", collectives, "a table of collectives belongs here")
+    for ranks, measured in (profile.get("compute") or {}).items():
+        if not isinstance(measured, dict):
+            refuse(f"compute.{ranks}", measured, "a table of measurements belongs here")
+        if not isinstance(measured.get("gemm"), list) or not measured["gemm"]:
+            refuse(f"compute.{ranks}.gemm", measured.get("gemm"), "bench's GEMM timings belong here")

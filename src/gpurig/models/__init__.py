@@ -148,7 +148,7 @@ def preset(name: str) -> Preset:
     >>> preset("resnet101")
     Traceback (most recent call last):
     ...
-    gpurig.spec.fields.SpecError: unknown model 'resnet101'; closest: resnext101, resnet50, se-resnext101 (or give module:factory)
+    gpurig.spec.fields.SpecError: unknown model 'resnet101'; closest: resnext101, se-resnext101, resnet50 (or give module:factory)
     """
     try:
         return _LOOKUP.find(name)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from gpurig.errors import UsageError
 from gpurig.perf.collectives import Link, Topology
 from gpurig.perf.compute import FastestGemm, GemmModel, fit_gemm_model
 from gpurig.perf.precision import (MIXED, check_memory_format, cudnn_nhwc_batch_norm, precision_on,
@@ -260,6 +261,10 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
     >>> round(a100.gemm.flops_per_s / 1e12, 1), round(a100.conv_gemm.flops_per_s / 1e12, 1)
     (18.6, 148.6)
     """
+    missing = [name for name in ("fp32_tflops", "memory_bandwidth_gbs") if getattr(gpu, name, None) is None]
+    if missing:   # a GPU the catalog lacks, as `doctor --write-spec` describes it: its peaks are not known
+        raise UsageError(f"{gpu.name} is not in the catalog and its [nodes.gpu] table gives no {' or '.join(missing)}: "
+                         "add them (and tensor_tflops, bf16_tflops … for mixed precision) from its data sheet")
     e = efficiency or GPU_EFFICIENCY
     p = precision_on(gpu, precision)
     check_memory_format(memory_format)
@@ -325,8 +330,8 @@ def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficienc
 
     node = spec.nodes[0]
     gpu = node.gpu
-    pcie = pcie_bytes_per_s or pcie_rate(node.pcie_gen or (gpu.pcie_gen if gpu else "3.0"),
-                                         node.pcie_lanes or (gpu.pcie_lanes if gpu else 16))
+    pcie = pcie_bytes_per_s or pcie_rate(node.pcie_gen or (gpu.pcie_gen if gpu else None) or "3.0",
+                                         node.pcie_lanes or (gpu.pcie_lanes if gpu else None) or 16)
     pcie_link = Link(LATENCY_S["pcie"], pcie * LINK_EFFICIENCY)
     local = pcie_link
     if gpu is not None and getattr(gpu, "gpu_link_gbs", None) and node.gpus > 1:

@@ -75,33 +75,61 @@ class Lookup:
                         bucket.append(entry)
 
     def find(self, name: str):
-        """The one entry ``name`` means, or :class:`SpecError` with the closest names."""
-        for level, drop in enumerate(self.LEVELS):
-            found = self.index[level].get(name_key(name, drop), [])
-            if len(found) == 1:
-                return found[0]
-            if len(found) > 1:
-                raise SpecError(f"{self.what} {name!r} is ambiguous: {', '.join(e.name for e in found)}")
-        words = name_key(name, self.LEVELS[-1]).split()
-        begun = list(dict.fromkeys(e for k, entries in self.index[-1].items() for e in entries
-                                   if words and all(any(w == x or len(x) > 1 and w.startswith(x) for w in k.split())
-                                                    for x in words)))
-        if 1 < len(begun) <= 6:  # "a100 sxm": the start of several names, not a name
-            raise SpecError(f"{self.what} {name!r} is ambiguous: {', '.join(e.name for e in begun)}")
+        """The one entry ``name`` means, or :class:`SpecError` with the closest names. A GPU's memory may be named
+        with it, as nvidia-smi and shops do ("Tesla P100-SXM2-16GB", "RTX 3090 24 GB"): it picks among the
+        entries the rest of the name means."""
+        found = self._matches(name)
+        if len(found) == 1:
+            return found[0]
+        sized = _MEMORY.search(name)
+        if sized:
+            rest = _MEMORY.sub(" ", name).strip(" -_")
+            fitting = [e for e in self._matches(rest) if abs((getattr(e, "memory_gb", None) or 0) - float(sized[1])) < 1]
+            if len(fitting) == 1:
+                return fitting[0]
+        if found:   # "a100 sxm": the start of several names, not a name
+            raise SpecError(f"{self.what} {name!r} is ambiguous: {', '.join(e.name for e in found)}")
         raise SpecError(f"unknown {self.what} {name!r}{self.closest_hint(name)}")
 
+    def _matches(self, name: str) -> list:
+        """The entries ``name`` names at the first level with any; else those whose names it begins (up to 6; a
+        number is whole: "H20" does not begin "H200")."""
+        for level, drop in enumerate(self.LEVELS):
+            found = self.index[level].get(name_key(name, drop), [])
+            if found:
+                return found
+        words = name_key(name, self.LEVELS[-1]).split()
+        begun = list(dict.fromkeys(e for k, entries in self.index[-1].items() for e in entries
+                                   if words and all(any(w == x or len(x) > 1 and x.isalpha() and w.startswith(x)
+                                                        for w in k.split())
+                                                    for x in words)))
+        return begun if 1 < len(begun) <= 6 else []
+
     def closest_hint(self, name: str) -> str:
-        """"; closest: A, B, C" by the reduced names (brand words dropped), else by the full names."""
-        names = [e.name for e in self.entries]
-        drop = self.LEVELS[-1]
-        keys: dict[str, str] = {}
-        for n in names:
-            keys.setdefault(name_key(n, drop), n)
-        close = [keys[k] for k in difflib.get_close_matches(name_key(name, drop), list(keys), n=3, cutoff=0.5)]
-        if not close:
-            by_lower = {n.lower(): n for n in names}
-            close = [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.4)]
+        """"; closest: A, B, C": the names most alike, compared with the brand words dropped, both as written
+        ("v100s" is nearly "V100") and with their words sorted ("A6000 Ada" is "RTX 6000 Ada")."""
+        def alike(entry) -> float:
+            names = [entry.name] + [a for a in (getattr(entry, "aliases", None) or "").split(";") if a.strip()]
+            return max(difflib.SequenceMatcher(None, form(name), form(other)).ratio()
+                       for other in names for form in (_compact, lambda text: name_key(text, self.LEVELS[-1])))
+
+        scored = sorted(((alike(e), i, e.name) for i, e in enumerate(self.entries)), key=lambda t: (-t[0], t[1]))
+        best = scored[0][0] if scored else 0.0
+        close = [n for score, _, n in scored[:3] if score >= max(0.4, best - 0.15)]   # not the also-rans
         return f"; closest: {', '.join(close)}" if close else ""
+
+
+_MEMORY = re.compile(r"[\s_-]*\b(\d+)\s*gb\b", re.I)
+
+
+def _compact(name: str) -> str:
+    """``name`` in lower case, its letters and digits run together, brand words dropped.
+
+    >>> _compact("NVIDIA Tesla V100-SXM2")
+    'v100sxm2'
+    """
+    words = re.findall(r"[a-z]+|[0-9]+(?:\.[0-9]+)?", name.lower())
+    return "".join(w for w in words if w not in _VENDOR_WORDS | _SERIES_WORDS)
 
 
 @functools.cache
@@ -159,7 +187,7 @@ def gpu(name: str) -> GPU:
     >>> gpu("RTX 2090")
     Traceback (most recent call last):
     ...
-    gpurig.spec.fields.SpecError: unknown GPU 'RTX 2090'; closest: GeForce RTX 5090, GeForce RTX 4090, GeForce RTX 3090
+    gpurig.spec.fields.SpecError: unknown GPU 'RTX 2090'; closest: GeForce RTX 2060, GeForce RTX 2070, GeForce RTX 2080
     """
     return _gpu_lookup().find(name)
 

@@ -73,11 +73,14 @@ class NIC:
     kind: str | None = text(default=None)
 
 
+MAX_GPUS_PER_NODE = 1024   # a bound for typos, far above any real machine
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """``count`` identical machines, each with ``gpus`` GPUs of one model (``gpu`` None when there are none)."""
 
-    gpus: int = number("GPUs", 0, 1024, integer=True)
+    gpus: int = number("GPUs", 0, MAX_GPUS_PER_NODE, integer=True)
     gpu: GPU | None = None
     count: int = number("nodes", 1, 100000, integer=True, default=1)
     pcie_gen: str | None = text(choices=PCIE_GENERATIONS, default=None)
@@ -172,7 +175,10 @@ def parse_network(text: str) -> Network | None:
     match = _RATE.match(text) or _KIND_RATE.match(text)
     if match:
         rate = match["rate"]
-        gbit = gbit_per_s(rate if "/" in rate or rate.lower().endswith("ps") else rate + "/s")
+        try:
+            gbit = gbit_per_s(rate if "/" in rate or rate.lower().endswith("ps") else rate + "/s")
+        except ValueError as error:
+            raise SpecError(f"in {text!r}: {error}") from None
         words = match["kind"].lower()
         kind = "infiniband" if ("infiniband" in words or re.search(r"\bib\b", words)) else \
             "roce" if ("roce" in words or "rdma" in words) else \

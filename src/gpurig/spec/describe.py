@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from gpurig.spec import catalog
-from gpurig.spec.cluster import ClusterSpec, NodeSpec, parse_network
+from gpurig.spec.cluster import MAX_GPUS_PER_NODE, ClusterSpec, NodeSpec, parse_network
 from gpurig.spec.fields import SpecError, from_mapping
 
 _TIMES = r"\s*(?:×|x|\*)\s*"
@@ -103,6 +103,8 @@ def parse_description(text: str) -> ClusterSpec:
             try:
                 node["gpu"] = catalog.gpu(match["name"])
             except SpecError as error:
+                if whole is None and int(match["gpus"] or match["gpus2"] or 0) > MAX_GPUS_PER_NODE:
+                    error = _unknown(_after_nodes(part, match))   # "7900 xt" names a GPU, not 7900 GPUs of "t"
                 if whole is None:  # "7900 XTX" is one GPU, not 7900 of an "XTX"
                     raise SpecError(f"in {part!r}: {_system_hint(match['name']) or error}") from None
                 node["gpu"], match = catalog.gpu(whole), {"nodes": match["nodes"], "gpus": None, "gpus2": None}
@@ -133,8 +135,27 @@ def _whole_name(part: str, match) -> str | None:
     >>> _whole_name("7900 XTX", _GPUS.match("7900 XTX"))
     '7900 XTX'
     """
+    rest = _after_nodes(part, match)
+    return rest if (match["gpus"] or match["gpus2"]) and catalog.knows_gpu(rest) else None
+
+
+def _after_nodes(part: str, match) -> str:
+    """``part`` without its leading ``N nodes x``.
+
+    >>> _after_nodes("2 nodes x 7900 XT", _GPUS.match("2 nodes x 7900 XT"))
+    '7900 XT'
+    """
     rest = re.sub(rf"^\s*{match['nodes']}\s*nodes?{_TIMES}", "", part, flags=re.I) if match["nodes"] else part
-    return rest.strip() if (match["gpus"] or match["gpus2"]) and catalog.knows_gpu(rest.strip()) else None
+    return rest.strip()
+
+
+def _unknown(name: str) -> SpecError:
+    """The catalog's error for ``name``, a GPU it does not know."""
+    try:
+        catalog.gpu(name)
+    except SpecError as error:
+        return error
+    return SpecError(f"unknown GPU {name!r}")
 
 
 def _system_hint(name: str) -> str | None:
