@@ -299,6 +299,8 @@ def test_a_factory_that_places_its_model_on_a_gpu_is_described_where_there_is_no
      "the factory raised ValueError: depth must be 50$"),
     ("", "missing.py:build", "no file missing.py"),
     ("import sys\ndef build():\n    sys.exit(3)\n", "mymodels:build", "the factory called sys.exit\\(3\\)$"),
+    # a training script that parses its command line on import: gpurig ended silently, exit 0
+    ("import sys\nsys.exit(0)\n", "mymodels:build", "importing 'mymodels' called sys.exit\\(0\\) \\(a script"),
 ])
 def test_factory_failures_are_one_line(tmp_path, monkeypatch, source, target, message):
     (tmp_path / "mymodels.py").write_text(source)
@@ -464,3 +466,35 @@ def test_an_rnn_is_launched_as_cudnn_runs_it_not_unrolled(tmp_path, monkeypatch)
     for name in ("rnns:lstm", "rnns:gru"):
         short, long = step_operators(name, sample="8:int64"), step_operators(name, sample="256:int64")
         assert short == long and sum(long) < 40, (name, short, long)
+
+
+def test_a_factory_runs_once_and_its_prints_stay_out_of_json(tmp_path, monkeypatch):
+    """predict called the factory 12-14 times (a slow or printing factory paid each time), and the model's prints
+    went to stdout, in front of --json's output."""
+    from conftest import run_cli
+
+    (tmp_path / "chatty.py").write_text("import torch\nprint('loading')\nCALLS = []\n"
+                                        "def build():\n    CALLS.append(1)\n    print('building')\n"
+                                        "    return torch.nn.Linear(64, 8)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "chatty", raising=False)
+    for verb in ("predict", "choose"):
+        code, out, err = run_cli([verb, "--model", "chatty:build", "--sample", "64", "--json",
+                                  *(["--cluster", "2 nodes x 8 A100, 100 Gbit/s InfiniBand"] if verb == "predict" else [])])
+        assert code == 0 and json.loads(out) and ("building" in err) == (verb == "predict"), err[-500:]
+    assert sys.modules["chatty"].CALLS == [1]
+
+
+def test_the_largest_batch_does_not_depend_on_the_batch_asked_about():
+    """At a small batch the traced peak is backward's end (every gradient held), which does not grow with the
+    batch: its slope said an MLP's largest batch on an A100 was 1.9 M, at 3.4x what fits (574 K)."""
+    from gpurig.predict import predict
+    from gpurig.predict.request import PredictRequest
+
+    def memory(batch):
+        return predict(PredictRequest(model="gpurig.models:mlp", sample="784", cluster="1 x A100", batch=batch))["memory"]
+
+    small, large = memory(8)["largest_batch"], memory(4096)["largest_batch"]
+    assert abs(small - large) <= 0.02 * large
+    at_largest = memory(small)
+    assert at_largest["fits"] and at_largest["total_gb"] > 0.95 * memory(8)["usable_gb"]

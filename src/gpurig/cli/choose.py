@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpurig.cli.common import WIDE_COLUMNS, check_plot_path
+from gpurig.cli.common import WIDE_COLUMNS, check_plot_path, figures, users_prints_aside
 
 EPILOG = """\
 examples:
@@ -101,7 +101,8 @@ def run(args) -> int:
 
     if args.plot is not None:
         check_plot_path(args.plot)
-    result = choose(request_from(args))
+    with users_prints_aside(args.json):
+        result = choose(request_from(args))
     if args.plot:
         plot(result, args.plot)
     if args.json:
@@ -136,7 +137,7 @@ def _money(value) -> str:
     """
     if value is None:
         return "—"
-    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}" if value >= 1 else f"{value:.3g}"
+    return figures(value)
 
 
 def show(result: dict) -> None:
@@ -158,7 +159,7 @@ def show(result: dict) -> None:
     wide = console.width >= WIDE_COLUMNS
     columns = [("#", lambda r: f"{r['rank']}{'*' if r['pareto'] else ''}"),
                ("option", lambda r: short(r["option"])),
-               ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
+               ("samples/s", lambda r: figures(r['samples_per_s'])),
                ("hours" if by_epochs else "M samples",
                 lambda r: f"{r['hours']:,.1f}" if by_epochs else f"{r['samples'] / 1e6:,.0f}"),
                ("GB/GPU", lambda r: f"{r['memory']['total_gb']:.2g}" + (" ok" if r["memory"]["fits"] else " [bold red]✗[/]")),

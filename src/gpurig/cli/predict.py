@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpurig.cli.common import WIDE_COLUMNS, check_plot_path
+from gpurig.cli.common import WIDE_COLUMNS, check_plot_path, figures, users_prints_aside
 
 EPILOG = """\
 examples:
@@ -123,7 +123,8 @@ def run(args) -> int:
         check_writable(args.timeline, "--timeline")
     if args.plot is not None:
         check_plot_path(args.plot)
-    result = predict(request)
+    with users_prints_aside(args.json):
+        result = predict(request)
     if args.plot:
         plot(result, args.plot)
     if args.timeline is not None:
@@ -179,7 +180,7 @@ def show(result: dict) -> None:
         split = Table(title=f"one step on {result['gpus']} {unit}(s), ms" if i == 0 else "compute and comm in detail, ms")
         for name, _ in group:
             split.add_column(name, justify="right")
-        split.add_row(*(f"{result['samples_per_s']:,.0f}" if key is None else f"{step[key]:.2f}"
+        split.add_row(*(figures(result['samples_per_s']) if key is None else f"{step[key]:.2f}"
                         for _, key in group))
         console.print(split)
     needed = result["memory"]

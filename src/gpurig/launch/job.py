@@ -251,6 +251,8 @@ def without_lost_hosts(host_list: list[tuple[str, int]], nprocs: int, env: dict,
     with ThreadPoolExecutor(len(host_list)) as pool:
         why = dict(zip((host for host, _ in host_list),
                        pool.map(lambda entry: cannot_start_on(entry[0], env, mpi_args), host_list)))
+    for host in [host for host, reason in why.items() if reason is not None]:
+        why[host] = cannot_start_on(host, env, mpi_args)   # once more, alone: two mpiruns at once can trip PMIx
     remaining = [(host, slots) for host, slots in host_list if why[host] is None]
     if not remaining or len(remaining) == len(host_list):
         return host_list, nprocs

@@ -6,6 +6,7 @@ Every failure is one line naming what was asked for and what went wrong.
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import importlib
 import importlib.util
@@ -59,6 +60,12 @@ def load_factory(target: str, device: str | None = "meta") -> nn.Module:
     ...
     gpurig.errors.UsageError: gpurig.models:mpl: module 'gpurig.models' has no attribute 'mpl' (closest: mlp)
     """
+    key = (target, os.getcwd())
+    if device == "meta" and key in _BUILT:
+        try:   # a factory's side effects (prints, downloads, a slow build) once per process, not per question
+            return copy.deepcopy(_BUILT[key])
+        except Exception:  # noqa: BLE001 (a module deepcopy cannot copy: build it again)
+            pass
     factory = find_function(target, "builds a model")
     try:
         with torch.device(device) if device is not None else contextlib.nullcontext(), \
@@ -70,7 +77,16 @@ def load_factory(target: str, device: str | None = "meta") -> nn.Module:
         raise UsageError(f"{target}: the factory called sys.exit({done.code!r})") from None
     if not isinstance(model, nn.Module):
         raise UsageError(f"{target}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    if device == "meta":
+        _BUILT[key] = model
+        try:
+            return copy.deepcopy(model)
+        except Exception:  # noqa: BLE001
+            del _BUILT[key]
     return model
+
+
+_BUILT: dict[tuple[str, str], nn.Module] = {}   # meta modules by (module:factory, directory): no memory held
 
 
 def find_function(target: str, does: str = "builds a model", example: str = "module:factory, such as "
@@ -119,6 +135,9 @@ def _import(name: str, target: str):
         raise
     except Exception as error:  # ImportError, or whatever the module's own code raises on import
         raise UsageError(f"{target}: cannot import {name!r}: {one_line(error)}") from None
+    except SystemExit as done:  # a training script that parses its command line on import
+        raise UsageError(f"{target}: importing {name!r} called sys.exit({done.code!r}) (a script that runs on "
+                         "import? put the model in a module, or guard the script with if __name__ == '__main__')") from None
 
 
 def _what(obj) -> str:
