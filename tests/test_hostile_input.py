@@ -307,6 +307,8 @@ SWEEP = [
     (["plan", "--gpu", "v100s"], "closest: Tesla V100"),
     (["bench", "-n", "1", "--parts", "gemm", "--quick", "--out", "/proc/gpurig-profile.json"], "cannot write it"),
     (["bench", "-n", "100000", "--quick"], "bench measures this one machine"),
+    (["predict", "--model", "mnist-mlp", "--cluster", "1 x A100", "--memory-format", "channels-last"],
+     "lays out 2-D convolutions' activations, and mnist-mlp has none"),
 ]
 
 

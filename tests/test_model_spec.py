@@ -286,6 +286,22 @@ def test_a_factory_that_places_its_model_on_a_gpu_is_described_where_there_is_no
         assert model_spec(f"placed:{name}", batch=4, sample="8").parameters == parameters
 
 
+def test_a_forward_that_places_tensors_on_a_gpu_is_described_where_there_is_none(tmp_path, monkeypatch):
+    """The factory's placements were redirected, its forward's were not ("Torch not compiled with CUDA enabled: is
+    that the input it takes?"). ``.to(other)`` keeps taking the other tensor's dtype."""
+    (tmp_path / "onthegpu.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.l = nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n        x = self.l(x.cuda()) + torch.ones(8, device='cuda')\n"
+        "        return x.to(torch.zeros(1, dtype=torch.float64)).float()\n"
+        "def build():\n    return Net()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "onthegpu", raising=False)
+    spec = model_spec("onthegpu:build", batch=4, sample="8")
+    assert spec.parameters == 72 and spec.layer("l").gemms == (Gemm(4, 8, 8),)
+
+
 @pytest.mark.parametrize("source,target,message", [
     ("", "mymodels", "expected module:factory"),
     ("", "mymodels:", "expected module:factory"),
@@ -498,3 +514,26 @@ def test_the_largest_batch_does_not_depend_on_the_batch_asked_about():
     assert abs(small - large) <= 0.02 * large
     at_largest = memory(small)
     assert at_largest["fits"] and at_largest["total_gb"] > 0.95 * memory(8)["usable_gb"]
+
+
+def test_buffers_take_memory_beside_the_weights(tmp_path, monkeypatch):
+    """A model's buffers (a causal mask, a rotary table, BatchNorm's statistics) were left out: a 16 GB table
+    "fit" in 0.0 GiB."""
+    from gpurig.predict import predict
+    from gpurig.predict.request import PredictRequest
+
+    (tmp_path / "tables.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Net(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
+        "        self.l = nn.Linear(256, 256)\n        self.register_buffer('table', torch.zeros(n))\n"
+        "    def forward(self, x):\n        return self.l(x)\n"
+        "def small():\n    return Net(1)\ndef big():\n    return Net(2**30)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "tables", raising=False)
+
+    def parts(name):
+        return predict(PredictRequest(model=f"tables:{name}", sample="256", cluster="1 x A100", batch=8))["memory"]
+
+    assert model_spec("tables:big", batch=8, sample="256").buffer_bytes == 4 * 2**30
+    small, big = parts("small"), parts("big")
+    assert big["parts_gb"]["buffers"] == 4.0 and big["total_gb"] - small["total_gb"] == pytest.approx(4.0, abs=0.01)

@@ -222,3 +222,14 @@ def test_a_spec_describing_its_own_gpu_is_planned_and_chosen_as_predict_prices_i
         assert "PSU watts" in {v["rule"] for v in report["verdicts"]}
     else:
         assert report["rows"][0]["gpus"] == 8
+
+
+def test_a_spec_with_a_node_without_gpus_plans_its_gpu_machines(tmp_path):
+    """A head node first (``gpus = 0``), as predict takes it: plan said "no GPUs: give --gpu NAME", a flag that
+    was not the problem."""
+    spec = tmp_path / "headnode.toml"
+    spec.write_text('[[nodes]]\ngpus = 0\n\n[[nodes]]\ngpu = "RTX 3090"\ngpus = 4\ncount = 2\n\n[network]\nname = "EDR"\n')
+    code, out, err = run_cli(["plan", "--spec", spec, "--json"])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["nodes"] == 2 and report["gpus"] == [{"model": "GeForce RTX 3090", "count": 4, "cooler": "open"}]

@@ -44,6 +44,7 @@ from torch import nn
 from gpurig.errors import UsageError, one_line
 from gpurig.models.ops import NORM_OPS, Gemm, aten
 from gpurig.models.autocast import MetaAutocast
+from gpurig.models.factory import Placed
 from gpurig.models.trace import Charges, SavedActivations, Tracer
 
 KINDS = ("linear", "conv", "embedding", "norm", "attention-matmul", "pool", "activation", "other")
@@ -145,6 +146,8 @@ class ModelSpec:
     mixed_saved_bytes: int = 0
     mixed_largest_saved_bytes: int = 0
     mixed_output_bytes: int = 0
+    # the buffers (BatchNorm's statistics, a causal mask, a rotary table): on the GPU with the weights
+    buffer_bytes: int = 0
 
     parameters = _total("parameters", "Parameters, each tensor once.")
     trainable_parameters = _total("trainable_parameters", "Parameters that need a gradient (not frozen).")
@@ -227,7 +230,8 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
     model = on_meta(module)
     x = example_input(example, batch)
     try:  # what the model's code warns of on the meta device (a deprecated indexing) is no news to a plan
-        with _in_mode(model, training), torch.device("meta"), torch.enable_grad(), Tracer(model) as tracer, \
+        with Placed("meta"), _in_mode(model, training), torch.device("meta"), torch.enable_grad(), \
+                Tracer(model) as tracer, \
                 SavedActivations(model) as saved, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _held = model(x)    # held until the count ends: what autograd keeps for backward hangs from it
@@ -238,7 +242,8 @@ def describe(module: nn.Module, example, batch: int = 1, *, name: str | None = N
     return ModelSpec(name=name or type(module).__name__, batch=batch, sample=tuple(x.shape[1:]),
                      input_dtype=_dtype_name(x.dtype), dtype=",".join(sorted(map(_dtype_name, dtypes))),
                      layers=_layers(tracer.charges()), saved_bytes=saved.total_bytes,
-                     largest_saved_bytes=saved.largest_bytes, output_bytes=_float_bytes(_held), **mixed)
+                     largest_saved_bytes=saved.largest_bytes, output_bytes=_float_bytes(_held),
+                     buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()), **mixed)
 
 
 def forward_failed(name: str, x: torch.Tensor, error: Exception) -> UsageError:
@@ -281,7 +286,7 @@ def _mixed_precision_activations(model: nn.Module, x: torch.Tensor, training: bo
     cannot run that way on the meta device, which :func:`describe` has already shown it can in FP32."""
     amp = MetaAutocast(torch.float16)
     try:
-        with _in_mode(model, training), torch.device("meta"), torch.enable_grad(), \
+        with Placed("meta"), _in_mode(model, training), torch.device("meta"), torch.enable_grad(), \
                 SavedActivations(model, amp.weight_casts) as saved, amp, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _held = model(x)

@@ -23,9 +23,14 @@ DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.flo
           "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64, "int32": torch.int32}
 
 
-class _Placed(torch.overrides.TorchFunctionMode):
-    """Every tensor the factory places (``.cuda()``, ``.to("cuda:1")``, ``device="cuda"``) lands on ``device``
-    instead: a model is described where no GPU is, from its layers' shapes alone."""
+class Placed(torch.overrides.TorchFunctionMode):
+    """Every tensor the user's code places (``.cuda()``, ``.to("cuda:1")``, ``device="cuda"``), in its factory or
+    its forward, lands on ``device`` instead: a model is described where no GPU is, from its layers' shapes alone.
+
+    >>> with Placed("meta"):
+    ...     torch.ones(2, device="cuda").device
+    device(type='meta')
+    """
 
     def __init__(self, device: str):
         super().__init__()
@@ -37,9 +42,18 @@ class _Placed(torch.overrides.TorchFunctionMode):
             return args[0]
         if kwargs.get("device") is not None:
             kwargs["device"] = self.device
-        if func is torch.Tensor.to:  # .to(device), .to(device, dtype), .to(other_tensor)
-            args = tuple(self.device if isinstance(a, (str, torch.device)) or (isinstance(a, torch.Tensor) and i)
-                         else a for i, a in enumerate(args))
+        if func is torch.Tensor.to and len(args) > 1:  # .to(device[, dtype]), .to(other_tensor): its dtype, here
+            first, rest = args[1], list(args[2:])
+            if isinstance(first, torch.Tensor):
+                kwargs.update(device=self.device, dtype=kwargs.get("dtype") or first.dtype)
+            elif isinstance(first, (str, int, torch.device)):
+                kwargs["device"] = self.device
+                if rest and isinstance(rest[0], torch.dtype):
+                    kwargs["dtype"] = rest.pop(0)
+            else:
+                return func(*args, **kwargs)   # .to(dtype, ...): nothing placed
+            kwargs.update(zip(("non_blocking", "copy"), rest))
+            return func(args[0], **kwargs)
         return func(*args, **kwargs)
 
 
@@ -69,7 +83,7 @@ def load_factory(target: str, device: str | None = "meta") -> nn.Module:
     factory = find_function(target, "builds a model")
     try:
         with torch.device(device) if device is not None else contextlib.nullcontext(), \
-                _Placed(device) if device is not None else contextlib.nullcontext():
+                Placed(device) if device is not None else contextlib.nullcontext():
             model = factory()
     except Exception as error:  # the user's code: any failure is reported, in one line
         raise UsageError(f"{target}: the factory raised {one_line(error)}") from None

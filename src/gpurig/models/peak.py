@@ -47,6 +47,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpurig.models.autocast import MetaAutocast
+from gpurig.models.factory import Placed
 from gpurig.models.inside import call_inside
 
 # What a step allocates, by when: forward (saved activations, the output), the loss, backward (activations'
@@ -261,7 +262,7 @@ def trace_step(model: nn.Module, x: torch.Tensor, mixed: torch.dtype | None = No
     try:
         attention = FusedAttention() if cuda else contextlib.nullcontext()
         # the device first: the modes above it leave it on while they look inside a function (models.inside)
-        with torch.device("meta"), live, attention, torch.enable_grad():
+        with Placed("meta"), torch.device("meta"), live, attention, torch.enable_grad():
             with amp:
                 output = model(x)
                 live.phase = "output_and_loss"

@@ -148,6 +148,7 @@ def _peaks(spec, optimizer: str, mixed: bool, ranks: int, shard: str, traced: di
         "optimizer": math.ceil(params / shards) * DTYPE_BYTES * OPTIMIZER_STATES[optimizer],
         "buckets": (min(params * DTYPE_BYTES, BUCKET_BYTES) if stage2 else params * DTYPE_BYTES) if ranks > 1 else 0,
         "workspaces": workspaces,
+        "buffers": spec.buffer_bytes,
     }
     if traced:
         share = 1 / ranks if stage2 else 1   # ZeRO-2 keeps its share of each bucket's averaged gradients

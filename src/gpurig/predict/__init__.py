@@ -88,6 +88,11 @@ def predict(request: PredictRequest) -> dict:
     spec = model_spec(request.model, batch=batch, tokens=request.tokens, sample=request.sample)
     if not spec.trainable_parameters:   # torch's backward() would refuse it, and DDP the module
         raise UsageError(f"--model {request.model} has no weights to train (no parameter that requires grad)")
+    if request.memory_format == "channels-last" and not any(layer.module == "Conv2d" for layer in spec.layers):
+        has = sorted({layer.module for layer in spec.layers if layer.kind == "conv"})
+        raise UsageError(f"--memory-format channels-last lays out 2-D convolutions' activations, and {request.model} "
+                         f"has none{' (its ' + ', '.join(has) + ' would need another layout)' if has else ''}: "
+                         "leave the flag out")
     layers = layer_costs(spec)
 
     counts = sorted({1, *[2**i for i in range(1, 20) if 2**i < top], top})

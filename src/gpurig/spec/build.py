@@ -266,13 +266,15 @@ def _gpu_value(gpu) -> str | dict:
 
 def build_data_from_spec(spec: ClusterSpec) -> dict:
     """The build-file structure of a cluster spec (doctor's facts, a description): its first ``[[nodes]]``
-    table, the others as ``other_nodes``.
+    table with GPUs, the others with GPUs as ``other_nodes`` (nodes without GPUs are left out).
 
     >>> from gpurig.spec.describe import parse_description
     >>> build_data_from_spec(parse_description("2 nodes x 4 2080ti, PCIe 3.0 x8"))["board"]
     {'lanes': [8, 8, 8, 8], 'pcie_gen': '3.0'}
     """
-    first, *others = [_node_data(node) for node in spec.nodes]
+    # a head or storage node without GPUs is no machine the rules check (the build's rules are the GPUs' boxes)
+    machines = [node for node in spec.nodes if node.gpus and node.gpu is not None] or list(spec.nodes)
+    first, *others = [_node_data(node) for node in machines]
     if others:
         first["other_nodes"] = others
     if spec.network is not None and (spec.node_count > 1):
