@@ -244,3 +244,10 @@ def test_memory_a_gpu_does_not_have_and_near_names():
         catalog.gpu("H20")
     with pytest.raises(SpecError, match=r"unknown GPU 'v100s'; closest: Tesla V100"):
         catalog.gpu("v100s")
+
+
+def test_a_spec_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """Windows editors save UTF-8 with a BOM: "Invalid statement (at line 1, column 1)" before."""
+    spec = tmp_path / "bom.toml"
+    spec.write_bytes(b'\xef\xbb\xbf[[nodes]]\ngpu = "RTX 3090"\ngpus = 2\n')
+    assert load_spec(spec).total_gpus == 2

@@ -61,7 +61,7 @@ def _config(args):
 
     check_writable(args.out, "--out", make_directory=True)  # before minutes of measuring, not after (made then)
     if args.plot is not None:
-        check_directory(args.plot, "--plot", make=True)  # a directory of PNGs, made now; --dir: validate()
+        check_directory(args.plot, "--plot")  # a directory of PNGs, made once the flags are checked; --dir: validate()
 
     overrides = {"nprocs": args.nprocs, "engines": tuple(e.strip() for e in args.engine.split(",") if e.strip()),
                  "parts": tuple(x.strip() for x in args.parts.split(",") if x.strip()), "directory": args.dir,
@@ -100,11 +100,13 @@ def run(args) -> int:
     """Run ``gpurig bench``; return 0."""
     from pathlib import Path
 
-    from gpurig.errors import UsageError
+    from gpurig.errors import UsageError, check_directory
     from gpurig.measure.bench import bench, validate
 
     config = _config(args)
     validate(config)
+    if args.plot is not None:
+        check_directory(args.plot, "--plot", make=True)
     if args.json:
         profile = bench(config)
     else:

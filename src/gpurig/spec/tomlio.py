@@ -26,7 +26,7 @@ def read_toml(path: str | Path) -> dict:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")   # a byte-order mark, as Windows editors save UTF-8, is no TOML
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:
