@@ -199,11 +199,14 @@ def show(result: dict) -> None:
     for key in ("strong_scaling", "scaling"):
         console.print(f"speed-up by GPU count, [bold]{result[key + '_label']}[/]:")
         scaling = Table()
-        for column in ("GPUs", "nodes", "batch/GPU", "step ms", "speed-up", "efficiency", "bottleneck"):
-            scaling.add_column(column, justify="right")
+        narrow = console.width < WIDE_COLUMNS   # 80 columns: shorter headers and "comm", numbers whole
+        for column in ("GPUs", "nodes", "batch" if narrow else "batch/GPU", "step ms", "speed-up",
+                       "eff." if narrow else "efficiency", "bottleneck"):
+            scaling.add_column(column, justify="right", no_wrap=True)
         for row in result[key]:
             scaling.add_row(str(row["gpus"]), str(row["nodes"]), str(row["batch_per_gpu"]), f"{row['step_ms']:.2f}",
-                            f"{row['speedup']:.2f}x", f"{row['efficiency']:.0%}", row["bottleneck"])
+                            f"{row['speedup']:.2f}x", f"{row['efficiency']:.0%}",
+                            "comm" if narrow and row["bottleneck"] == "communication" else row["bottleneck"])
         console.print(scaling)
     console.print(f"bottleneck at {result['gpus']} {unit}(s): [bold]{result['bottleneck']}[/]")
     helps = [item for item in result["advice"] if not predicted_slower(item)]
