@@ -537,3 +537,15 @@ def test_buffers_take_memory_beside_the_weights(tmp_path, monkeypatch):
     assert model_spec("tables:big", batch=8, sample="256").buffer_bytes == 4 * 2**30
     small, big = parts("small"), parts("big")
     assert big["parts_gb"]["buffers"] == 4.0 and big["total_gb"] - small["total_gb"] == pytest.approx(4.0, abs=0.01)
+
+
+def test_weights_stored_in_16_bits_are_said_to_be_priced_as_the_precision_trains(tmp_path, monkeypatch):
+    """A model built in bf16 was priced as FP32 without a word (half its weights' bytes, none of their speed)."""
+    from gpurig.predict import predict
+    from gpurig.predict.request import PredictRequest
+
+    (tmp_path / "halves.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(64, 64).to(torch.bfloat16)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "halves", raising=False)
+    note = predict(PredictRequest(model="halves:build", sample="64:bfloat16", cluster="1 x A100"))["precision_note"]
+    assert "weights are stored in bfloat16: priced as --precision fp32 trains" in note

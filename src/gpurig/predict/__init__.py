@@ -31,6 +31,22 @@ from gpurig.predict.request import (DEFAULT_BATCH, PARALLEL, PARALLEL_WHY, Predi
                                     uses_profile)
 
 
+def _stored_note(spec, request: PredictRequest) -> str:
+    """What a model whose weights are stored in 16 bits is priced as: ``--precision`` says how it trains (FP32
+    master weights and states, 16-bit compute for bf16/fp16); training the 16-bit weights themselves is not priced.
+
+    >>> from gpurig.models import model_spec
+    >>> _stored_note(model_spec("mnist-mlp"), PredictRequest(model="mnist-mlp"))
+    ''
+    """
+    stored = {name for name in spec.dtype.split(",") if name in ("bfloat16", "float16")}
+    if not stored:
+        return ""
+    return (f"the model's weights are stored in {' and '.join(sorted(stored))}: priced as --precision "
+            f"{request.precision} trains (FP32 weights and optimizer states{', 16-bit compute' if request.precision in ('bf16', 'fp16', 'fp8') else ''}); "
+            "training the 16-bit weights themselves is not priced")
+
+
 def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> str:
     """What the precision, and the memory format with it, mean on ``gpu`` where that is not what was asked;
     ``batch_norm``: the model has batch norms (bf16 on NCHW tensors runs them on PyTorch's slower kernels).
@@ -110,7 +126,9 @@ def predict(request: PredictRequest) -> dict:
         "shard": request.shard, "software": request.software, "memory_format": request.memory_format,
         "optimizer": request.optimizer,
         "optimizer_impl": optimizer_impl(request) if hardware.gpu is not None else None,   # a profile: as bench ran it
-        "precision_note": _precision_note(hardware.gpu, request, any(layer.batch_norm for layer in layers)),
+        "precision_note": "; ".join(filter(None, (_precision_note(hardware.gpu, request, any(layer.batch_norm
+                                                                                       for layer in layers)),
+                                                  _stored_note(spec, request)))),
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck(),
         "buckets": final.buckets, "layers": final.layers,
