@@ -549,3 +549,11 @@ def test_weights_stored_in_16_bits_are_said_to_be_priced_as_the_precision_trains
     monkeypatch.delitem(sys.modules, "halves", raising=False)
     note = predict(PredictRequest(model="halves:build", sample="64:bfloat16", cluster="1 x A100"))["precision_note"]
     assert "weights are stored in bfloat16: priced as --precision fp32 trains" in note
+
+
+def test_a_module_in_the_current_directory_comes_first_even_where_gpurig_imported_the_same_name(tmp_path, monkeypatch):
+    """A user's json.py: `json:build` found the standard library's json, which gpurig had already imported."""
+    (tmp_path / "json.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(8, 3)\n")
+    monkeypatch.chdir(tmp_path)
+    assert model_spec("json:build", batch=2, sample="8").parameters == 27
+    assert json.dumps({}) == "{}"   # the standard library's json is untouched

@@ -140,6 +140,10 @@ def _import(name: str, target: str):
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return module
+        local = Path(os.getcwd()) / f"{name}.py"
+        loaded = sys.modules.get(name)
+        if local.is_file() and loaded is not None and Path(getattr(loaded, "__file__", "") or "") != local:
+            return _import(str(local), target)   # json.py here, not the json gpurig imported: the directory first
         sys.path.insert(0, os.getcwd())
         try:
             return importlib.import_module(name)
