@@ -237,3 +237,15 @@ def test_json_schema_table_at_80_columns_and_plot(tmp_path):
     assert max(len(line) for line in out.splitlines()) <= 80
     for row in result["rows"]:   # the key numbers whole, the long cluster name folded
         assert f"{row['samples_per_s']:,.0f}" in out and f"{row['build_usd']:,.0f}!" in out
+
+
+def test_a_candidate_that_cannot_run_the_precision_is_left_out_not_the_run():
+    """--precision fp8 over an RTX 3090 and an RTX 4090: the whole run was refused for the 3090; now the 4090s are
+    ranked and the 3090s named as left out, with why. With no candidate able to, it is still one line."""
+    result = choose(ChooseRequest(model="mnist-mlp", precision="fp8", candidates=("RTX 3090", "RTX 4090"),
+                                  max_gpus=2))
+    assert all("RTX 4090" in row["option"] for row in result["rows"]) and result["rows"]
+    assert any(note.startswith("left out 1 × GeForce RTX 3090, 2 × GeForce RTX 3090: --precision fp8 needs FP8")
+               for note in result["notes"]), result["notes"]
+    code, _, err = run_cli(["choose", "--model", "mnist-mlp", "--precision", "fp8", "--candidates", "RTX 3090"])
+    assert code == 2 and "needs FP8 tensor cores" in err and len(err.strip().splitlines()) == 1

@@ -33,7 +33,14 @@ def choose(request: ChooseRequest, today: datetime.date | None = None) -> dict:
         options += _most_the_budget_buys(request, book, options)
     bought = [(o, purchase(o, book)) for o in options]
     kept, over = _within_budget(request, bought, book)
-    rows = [evaluate(o, p, request, book) for o, p in kept]
+    rows, cannot = [], []
+    for o, p in kept:
+        try:
+            rows.append(evaluate(o, p, request, book))
+        except UsageError as error:   # fp8 on a GPU without it: that option is left out, the others ranked
+            cannot.append((o.label, str(error)))
+    if not rows and cannot:
+        raise UsageError(cannot[0][1])
     if request.budget is not None and request.cloud:
         over += [row["option"] for row in rows if not _affordable(row, request.budget)]
         rows = [row for row in rows if _affordable(row, request.budget)]
@@ -47,7 +54,8 @@ def choose(request: ChooseRequest, today: datetime.date | None = None) -> dict:
             "precision": request.precision, "optimizer": request.optimizer, "objective": request.objective,
             "work": work_of(request), "price_per_kwh": request.price_per_kwh, "budget_usd": request.budget,
             "cloud": request.cloud, "today": book.today.isoformat(), "rows": rows, "over_budget": over,
-            "notes": notes(rows, book)}
+            "notes": notes(rows, book) + [f"left out {', '.join(label for label, said in cannot if said == why)}: {why}"
+                                          for why in dict.fromkeys(why for _, why in cannot)]}
 
 
 def _most_the_budget_buys(request: ChooseRequest, book: PriceBook, options: list[Option]) -> list[Option]:
