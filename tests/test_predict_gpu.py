@@ -370,7 +370,7 @@ def test_predict_shows_its_numbers_whole_in_80_columns():
     assert "…" not in done.stdout
     assert any("samples/s" in line for line in lines)
     # many nodes behind a slow link: the scaling tables' bottleneck read "communicati…" (session 51's sweep)
-    done = gpurig_cli("predict", "--model", "gpt2", "--cluster", "128 nodes x 8 H100, 10 GbE", "--batch", "8",
+    done = gpurig_cli("predict", "--model", "mnist-mlp", "--cluster", "16 nodes x 8 H100, 1 GbE", "--batch", "8",
                       env={"COLUMNS": "80"})
     assert done.returncode == 0 and "…" not in done.stdout and " comm │" in done.stdout, done.stdout[-2000:]
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
