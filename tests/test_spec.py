@@ -251,3 +251,11 @@ def test_a_spec_saved_with_a_byte_order_mark_is_read(tmp_path):
     spec = tmp_path / "bom.toml"
     spec.write_bytes(b'\xef\xbb\xbf[[nodes]]\ngpu = "RTX 3090"\ngpus = 2\n')
     assert load_spec(spec).total_gpus == 2
+
+
+@pytest.mark.parametrize("value", ['"4"', "4", "4.0", '"4.0"'])
+def test_a_pcie_generation_as_people_write_it(tmp_path, value):
+    """pcie_gen = 4 or "4" was refused for want of "4.0", while a description took "PCIe 4 x16"."""
+    spec = tmp_path / "gen.toml"
+    spec.write_text(f'[[nodes]]\ngpu = "RTX 3090"\ngpus = 2\npcie_gen = {value}\n')
+    assert load_spec(spec).nodes[0].pcie_gen == "4.0"

@@ -76,9 +76,14 @@ def _convert(field: dataclasses.Field, value: Any, from_text: bool, where: str):
         if not isinstance(value, bool):
             raise SpecError(f"{where}: {name}: expected true or false, got {value!r}")
         return value
+    choices = meta["choices"] or ()
+    if _is_number(value) and f"{float(value):.1f}" in choices:   # pcie_gen = 4, as "PCIe 4" is said
+        value = f"{float(value):.1f}"
     if not isinstance(value, str):
         raise SpecError(f"{where}: {name}: expected text, got {value!r}")
     value = value.strip()
+    if value not in choices and f"{value}.0" in choices:   # pcie_gen = "4"
+        value = f"{value}.0"
     if meta["choices"] and value not in meta["choices"]:
         raise SpecError(f"{where}: {name}: {value!r} is not one of {', '.join(meta['choices'])}")
     return value
