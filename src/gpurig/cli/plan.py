@@ -90,13 +90,12 @@ def add_parser(subparsers) -> None:
 
 
 def _gpu_groups(specs: list[str], count: int | None, cooler: str | None) -> list[dict]:
-    from gpurig.spec import catalog
-    from gpurig.spec.cluster import MAX_GPUS_PER_NODE
+    from gpurig.spec.describe import one_gpu_name
 
     groups = []
     for spec in specs:
         match = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(.+)", spec)
-        if match and not catalog.knows_gpu(match[2]) and (catalog.knows_gpu(spec) or int(match[1]) > MAX_GPUS_PER_NODE):
+        if match and one_gpu_name(spec, int(match[1]), match[2]):
             match = None   # "7900 XTX" is one GPU; "7900 xt" is an unknown one, not 7900 GPUs of "t"
         group = {"model": match[2], "count": int(match[1])} if match else \
             {"model": spec, "count": 1 if count is None else count}  # -c 0 is refused by the spec's check

@@ -74,12 +74,21 @@ def load_factory(target: str, device: str | None = "meta") -> nn.Module:
     ...
     gpurig.errors.UsageError: gpurig.models:mpl: module 'gpurig.models' has no attribute 'mpl' (closest: mlp)
     """
-    key = (target, os.getcwd())
-    if device == "meta" and key in _BUILT:
-        try:   # a factory's side effects (prints, downloads, a slow build) once per process, not per question
-            return copy.deepcopy(_BUILT[key])
-        except Exception:  # noqa: BLE001 (a module deepcopy cannot copy: build it again)
-            pass
+    if device != "meta":
+        return _build(target, device)
+    key = (target, os.getcwd())   # a factory's side effects (prints, downloads, a slow build) once per process
+    model = _BUILT.pop(key, None)
+    if model is None:
+        model = _build(target, device)
+    try:
+        _BUILT[key] = copy.deepcopy(model)   # kept untouched for the next question
+    except Exception:  # noqa: BLE001 (a module deepcopy cannot copy is built again next time)
+        pass
+    return model
+
+
+def _build(target: str, device: str | None) -> nn.Module:
+    """Call ``target``'s factory under ``device`` (and its placements on it); one line if it fails."""
     factory = find_function(target, "builds a model")
     try:
         with torch.device(device) if device is not None else contextlib.nullcontext(), \
@@ -91,12 +100,6 @@ def load_factory(target: str, device: str | None = "meta") -> nn.Module:
         raise UsageError(f"{target}: the factory called sys.exit({done.code!r})") from None
     if not isinstance(model, nn.Module):
         raise UsageError(f"{target}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
-    if device == "meta":
-        _BUILT[key] = model
-        try:
-            return copy.deepcopy(model)
-        except Exception:  # noqa: BLE001
-            del _BUILT[key]
     return model
 
 

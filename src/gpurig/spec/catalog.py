@@ -50,8 +50,12 @@ def name_key(name: str, drop: set[str] = frozenset()) -> str:
     >>> name_key("GeForce RTX 2080 Ti", _VENDOR_WORDS | _SERIES_WORDS) == name_key("2080ti", _VENDOR_WORDS | _SERIES_WORDS)
     True
     """
-    words = re.findall(r"[a-z]+|[0-9]+(?:\.[0-9]+)?", name.lower())
-    return " ".join(sorted(w for w in words if w not in drop))
+    return " ".join(sorted(_words(name, drop)))
+
+
+def _words(name: str, drop=frozenset()) -> list[str]:
+    """``name``'s words in order, lower case, letters and digits split, ``drop`` words removed."""
+    return [w for w in re.findall(r"[a-z]+|[0-9]+(?:\.[0-9]+)?", name.lower()) if w not in drop]
 
 
 class Lookup:
@@ -128,8 +132,7 @@ def _compact(name: str) -> str:
     >>> _compact("NVIDIA Tesla V100-SXM2")
     'v100sxm2'
     """
-    words = re.findall(r"[a-z]+|[0-9]+(?:\.[0-9]+)?", name.lower())
-    return "".join(w for w in words if w not in _VENDOR_WORDS | _SERIES_WORDS)
+    return "".join(_words(name, _VENDOR_WORDS | _SERIES_WORDS))
 
 
 @functools.cache

@@ -99,15 +99,17 @@ def parse_description(text: str) -> ClusterSpec:
             network = found
         elif (match := _GPUS.match(part)) and not ("GPUs" in named and not catalog.knows_gpu(match["name"])):
             once("GPUs", part)
-            whole = _whole_name(part, match)
             try:
                 node["gpu"] = catalog.gpu(match["name"])
             except SpecError as error:
-                if whole is None and int(match["gpus"] or match["gpus2"] or 0) > MAX_GPUS_PER_NODE:
-                    error = _unknown(_after_nodes(part, match))   # "7900 xt" names a GPU, not 7900 GPUs of "t"
-                if whole is None:  # "7900 XTX" is one GPU, not 7900 of an "XTX"
+                whole = _after_nodes(part, match)
+                if not one_gpu_name(whole, int(match["gpus"] or match["gpus2"] or 0), match["name"]):
                     raise SpecError(f"in {part!r}: {_system_hint(match['name']) or error}") from None
-                node["gpu"], match = catalog.gpu(whole), {"nodes": match["nodes"], "gpus": None, "gpus2": None}
+                try:   # "7900 XTX" is one GPU, not 7900 of an "XTX"; "7900 xt" an unknown one
+                    node["gpu"] = catalog.gpu(whole)
+                except SpecError as unknown:
+                    raise SpecError(f"in {part!r}: {unknown}") from None
+                match = {"nodes": match["nodes"], "gpus": None, "gpus2": None}
             node["gpus"] = int(match["gpus"] or match["gpus2"] or 1)
             node["count"] = int(match["nodes"] or 1)
             # the bounds a spec file's [[nodes]] table has (a description always names GPUs: at least one)
@@ -128,15 +130,14 @@ def parse_description(text: str) -> ClusterSpec:
     return ClusterSpec(nodes=(node_spec,), network=network, gpudirect_rdma=gpudirect, name=text)
 
 
-def _whole_name(part: str, match) -> str | None:
-    """The GPU ``part`` names whole after its ``N nodes x``, where its leading number is part of the name (the
-    Radeon RX 7900 XTX), or None.
+def one_gpu_name(whole: str, count: int, name: str) -> bool:
+    """Whether ``whole`` ("7900 XTX", "7900 xt"), read as ``count`` GPUs of ``name``, is one GPU's name instead:
+    ``name`` is no catalog GPU, and ``whole`` is one, or ``count`` is more GPUs than a machine holds.
 
-    >>> _whole_name("7900 XTX", _GPUS.match("7900 XTX"))
-    '7900 XTX'
+    >>> one_gpu_name("7900 XTX", 7900, "XTX"), one_gpu_name("7900 xt", 7900, "t"), one_gpu_name("4x3090", 4, "3090")
+    (True, True, False)
     """
-    rest = _after_nodes(part, match)
-    return rest if (match["gpus"] or match["gpus2"]) and catalog.knows_gpu(rest) else None
+    return count > 0 and not catalog.knows_gpu(name) and (catalog.knows_gpu(whole) or count > MAX_GPUS_PER_NODE)
 
 
 def _after_nodes(part: str, match) -> str:
@@ -147,15 +148,6 @@ def _after_nodes(part: str, match) -> str:
     """
     rest = re.sub(rf"^\s*{match['nodes']}\s*nodes?{_TIMES}", "", part, flags=re.I) if match["nodes"] else part
     return rest.strip()
-
-
-def _unknown(name: str) -> SpecError:
-    """The catalog's error for ``name``, a GPU it does not know."""
-    try:
-        catalog.gpu(name)
-    except SpecError as error:
-        return error
-    return SpecError(f"unknown GPU {name!r}")
 
 
 def _system_hint(name: str) -> str | None:
