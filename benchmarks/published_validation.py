@@ -72,6 +72,8 @@ GPUS = {
     "B200 192GB": "B200", "RTX 2080 Ti": "RTX 2080 Ti", "RTX 3070": "RTX 3070", "RTX 3080": "RTX 3080",
     "RTX 3090": "RTX 3090", "RTX 4090": "RTX 4090", "RTX A6000": "RTX A6000", "RTX 6000 Ada": "RTX 6000 Ada",
     "A40": "A40", "A10": "A10", "GTX 1080 Ti": "GTX 1080 Ti", "Titan RTX": "Titan RTX",
+    "RTX A4000": "RTX A4000", "RTX A4500": "RTX A4500", "RTX A5000": "RTX A5000", "RTX A5500": "RTX A5500",
+    "Quadro RTX 5000": "Quadro RTX 5000", "Quadro RTX 6000": "Quadro RTX 6000", "Quadro RTX 8000": "Quadro RTX 8000",
 }
 # Published model names (a prefix) and the preset that is the same network, with the optimizer its source trains
 # it with (NVIDIA DeepLearningExamples: BERT fine-tuning with Adam, the convolutional nets with SGD and momentum).

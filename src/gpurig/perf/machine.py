@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 class GpuEfficiency:
     """What fraction of its datasheet peaks a GPU reaches in training, when nothing of it is measured.
 
-    Fitted to published training throughputs (``benchmarks/published_validation.py``: 250 single-GPU
-    rows of BERT-base, SSD300, ResNeXt101-32x4d, SE-ResNeXt101-32x4d and Transformer-XL base and large on 21 GPUs,
+    Fitted to published training throughputs (``benchmarks/published_validation.py``: 321 single-GPU
+    rows of BERT-base, SSD300, ResNeXt101-32x4d, SE-ResNeXt101-32x4d and Transformer-XL base and large on 28 GPUs,
     each with the software release and memory format it ran on; the fit and its cross-validation are in
     docs/predict.md), never to the held-out ResNet-50 v1.5 and BERT-large results.
     """
@@ -48,13 +48,13 @@ class GpuEfficiency:
     # against a plain GEMM of its shape (other convolutions on CUDA cores run as plain GEMMs)
     conv_cuda: float = 2.25
     memory: float = 0.7273          # of peak memory bandwidth, on streaming kernels (norms, activations)
-    unhidden: float = 0.2451        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
+    unhidden: float = 0.2651        # of a GEMM's shorter part, arithmetic or memory, not hidden under the longer
     flops_per_value: float = 231.3  # vector-unit operations per value transcendentals and random numbers move
-    cache: float = 1.147            # memory-bound work on the share of its tensors the last cache holds, against memory
+    cache: float = 1.164            # memory-bound work on the share of its tensors the last cache holds, against memory
     # 16-bit tensor-core convolutions on NCHW tensors (``--memory-format contiguous``, PyTorch's default): the extra
     # traffic of the transposes around cuDNN's NHWC kernels, in passes over the convolution's input and output (1:
     # each read and written once more in forward, their gradients twice that in backward)
-    transposes: float = 0.8237
+    transposes: float = 0.8115
     # per layer, forward + backward: the host's dispatch and autograd bookkeeping (measured, not fitted: the
     # published rows' batches are too large to show it; 150 µs on an H100 machine's CPU, 70-85 µs here)
     layer_overhead_s: float = 90e-6
@@ -64,14 +64,14 @@ class GpuEfficiency:
     # Fitted only where the rows hold two GPUs of an architecture (the one B200 takes Hopper's: :data:`PRICED_AS`).
     # Turing's rows are all NGC 20.01's (PyTorch 1.4, apex AMP): that software's own factor (below, learned from the V100 and
     # GTX 1080 Ti rows of the same table) now takes its share, so Turing's is the hardware's.
-    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 0.986), ("Hopper", 0.497), ("Turing", 0.8479),
+    architecture: tuple[tuple[str, float], ...] = (("Ada Lovelace", 1.001), ("Hopper", 0.497), ("Turing", 0.823),
                                                    ("Volta", 1.046))
     # Per software release (:data:`gpurig.perf.software.RELEASES`), how fast it computes against current PyTorch:
     # ((release, "fp32" | "mixed"), factor) on every compute rate (GEMMs, streaming, the optimizer). A release the
     # published rows lack keeps 1; current PyTorch is 1 by definition.
     software: tuple[tuple[tuple[str, str], float], ...] = ((("pytorch-1.4", "fp32"), 0.7885),
-                                                           (("pytorch-1.4", "mixed"), 0.746),
-                                                           (("pytorch-1.7", "fp32"), 0.8836),
+                                                           (("pytorch-1.4", "mixed"), 0.7572),
+                                                           (("pytorch-1.7", "fp32"), 0.8577),
                                                            (("pytorch-1.7", "mixed"), 0.9852))
 
     # A board's power for its SMs: below ``watts_per_unit`` watts of TDP per SM it cannot hold its rated clock
