@@ -30,7 +30,7 @@ LAYERS = [
     ("spec", {"gpurig.spec"}),
     ("comm", {"gpurig.comm"}),
     ("launch", {"gpurig.launch"}),
-    ("base", {"gpurig.errors", "gpurig.units", "gpurig.timing"}),
+    ("base", {"gpurig.errors", "gpurig.units", "gpurig.timing", "gpurig.files"}),
 ]
 
 

@@ -100,6 +100,20 @@ def test_the_series_keeps_the_last_k_and_points_at_the_newest(tmp_path):
     assert damaged(tmp_path) == {}
 
 
+def test_checkpoints_and_traces_get_the_mode_of_any_new_file(tmp_path):
+    """Written through a temporary file, they had mkstemp's 0600: other users could read the log, not these."""
+    from gpurig.perf.timeline import chrome_trace, write
+
+    saved = os.umask(0o022)
+    try:
+        save_epoch(tmp_path, 1, {"epoch": 1})
+        write(tmp_path / "trace.json", chrome_trace([], {0: "rank 0"}))
+    finally:
+        os.umask(saved)
+    for name in ("checkpoint-epoch1.pt", "latest", "trace.json"):
+        assert oct((tmp_path / name).stat().st_mode & 0o777) == oct(0o644), name
+
+
 def test_resume_passes_over_damaged_checkpoints_to_the_newest_good_one(tmp_path):
     for epoch in (1, 2, 3):
         save_epoch(tmp_path, epoch, {"epoch": epoch})

@@ -414,3 +414,10 @@ def test_a_train_rank_of_another_launcher_refuses_max_restarts():
     assert done.returncode == 2 and done.stderr.splitlines() == [
         "gpurig: error: --max-restarts: this rank was started by another launcher, which restarts the job or not "
         "(gpurig run --max-restarts, torchrun --max-restarts)"]
+
+
+def test_train_as_a_rank_refuses_a_count_its_launcher_did_not_start():
+    """`gpurig emulate --nodes 2 -- gpurig train -n 4` trained on 2 ranks and said nothing of the 4."""
+    done = gpurig_run("-n", 2, "--", *GPURIG, "train", "-n", 3, "--epochs", 1, "--no-predict", timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "-n 3: this rank's launcher started 2 ranks" in done.stderr and "Traceback" not in done.stderr

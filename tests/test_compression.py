@@ -2,7 +2,7 @@
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 4 + 1 + 5 * 3 + 3 + 5
+CASES = 4 + 1 + 5 * 3 + 3 + 6
 
 
 def test_compression_on_three_ranks(engine, tmp_path):
@@ -10,4 +10,4 @@ def test_compression_on_three_ranks(engine, tmp_path):
 
 
 def test_codecs_as_ddp_comm_hooks(tmp_path):
-    assert_all_ok(run_cases("ddp_hooks.py", "torch", 2, tmp_path), 5)
+    assert_all_ok(run_cases("ddp_hooks.py", "torch", 2, tmp_path), 6)

@@ -8,7 +8,7 @@ Tolerance: rtol 1e-5, atol 1e-6 on the weights after 6 steps.
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 20
+CASES = 23
 
 
 def test_data_parallel_matches_single_process(engine, tmp_path):

@@ -64,7 +64,9 @@ def test_a_failing_rank_ends_the_job_and_the_network_goes(engine):
     script = "import gpurig, sys, time; c = gpurig.init(); c.barrier()\nif c.rank == 1: sys.exit(3)\nc.barrier(); time.sleep(600)"
     done = gpurig("emulate", "--nodes", 2, "--engine", engine, "--", sys.executable, "-c", script, timeout=90)
     assert done.returncode == 3, done.stderr[-2000:]
-    assert "rank 1" in done.stderr.strip().splitlines()[-1]
+    assert "rank 1 on host node2" in done.stderr.strip().splitlines()[-1], done.stderr[-2000:]
+    # Open MPI's own account of the lost peer (a framed block, its error handler's "***" lines) stays off the screen
+    assert "***" not in done.stderr and "unexpectedly disconnected" not in done.stderr, done.stderr[-2000:]
     assert our_namespaces() == []
 
 
@@ -73,10 +75,44 @@ def test_a_failing_rank_ends_the_job_and_the_network_goes(engine):
     (["--rate", "fast", "--", "true"], "use a tc rate"),
     (["--engine", "nccl", "--", "true"], "unknown engine"),
     ([], "no command to run"),
+    (["--", "no-such-command-here"], "command not found: no-such-command-here"),
+    (["--rate", "5000gbit", "--", "true"], "want at most 1000gbit"),
+    (["--", sys.executable, "-m", "gpurig", "run", "--", "true"], "not gpurig run"),
 ])
 def test_bad_input(args, message):
     done = gpurig("emulate", *args, timeout=30)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_rank_that_is_not_python_is_named_by_its_node():
+    """A torch rank's wrapper watches it from outside its namespace: it named this machine, not the node."""
+    done = gpurig("emulate", "--nodes", 2, "--engine", "torch", "--", "false", timeout=60)
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert lines and all(re.search(r"on host node[12]\b", line) for line in lines), lines
+
+
+def test_sigterm_ends_the_job_and_the_network_goes(marker):
+    """`timeout N gpurig emulate ...` (CI's way) sends SIGTERM to emulate alone: it left the namespaces, the inner
+    launcher and the ranks running."""
+    import signal
+    import time
+
+    from conftest import leftovers
+
+    script = f"import gpurig, time; c = gpurig.init(); c.barrier(); print('up', flush=True); time.sleep(600)  # {marker}"
+    job = subprocess.Popen([sys.executable, "-m", "gpurig", "emulate", "--nodes", "2", "--", sys.executable, "-c",
+                            script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline().strip() == "up", job.stderr.read()[-2000:] if job.poll() is not None else ""
+        job.send_signal(signal.SIGTERM)
+        code = job.wait(timeout=60)
+        err = job.stderr.read()
+    finally:
+        job.kill()
+    assert code == 143 and "stopped by SIGTERM" in err and "Traceback" not in err, err[-2000:]
+    time.sleep(1)
+    assert our_namespaces() == [] and leftovers(marker, wait=10) == []
 
 
 def test_auto_compression_turns_on_behind_a_slow_link(tmp_path):

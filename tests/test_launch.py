@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import gpurig as gpurig_cli
+from conftest import gpurig as gpurig_cli, run_cli
 
 import gpurig.cli
 import gpurig.errors
@@ -440,3 +440,13 @@ def test_a_parked_rank_waits_warm_until_released(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0 and json.loads(out) == ["json", "torch"]  # warmed before its first line ran
+
+
+def test_gpurig_run_inside_a_job_is_refused_in_one_line(monkeypatch):
+    """Each rank would start a job of its own (under `gpurig emulate`: jobs that never use its links), and left-over
+    RANK / WORLD_SIZE made one rank wait for ever for a peer."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, out, err = run_cli(["run", "-n", "2", "--", "python", "-c", "pass"])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "already rank 1 of a job of 2" in err and "unset RANK and WORLD_SIZE" in err, err

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 4 * 2 + 9
+CASES = 4 * 2 + 10
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])

@@ -27,6 +27,7 @@ class Terminated(KeyboardInterrupt):
 
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
         self.exit_code = 128 + signum
 
 

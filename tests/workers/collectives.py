@@ -97,6 +97,46 @@ def _():
     assert torch.allclose(out, torch.full_like(out, (P + 1) / 2))
 
 
+@case("fp16_average_divides_first_where_the_sum_would_overflow")
+def _():  # 40000 on every rank: their sum is past fp16's 65504, their mean is not (NCCL's average divides first)
+    t = torch.full((4,), 40000.0, dtype=torch.float16)
+    assert torch.equal(comm.allreduce(t), torch.full((4,), 40000.0, dtype=torch.float16)), t
+    t = torch.full((4,), 40000.0, dtype=torch.float16)
+    assert torch.equal(comm.allreduce_async(t).wait(), torch.full((4,), 40000.0, dtype=torch.float16)), t
+    rows = torch.full((P * 2, 3), 40000.0, dtype=torch.float16)
+    out = comm.reduce_scatter(rows, op="average")
+    assert torch.equal(out, torch.full((2, 3), 40000.0, dtype=torch.float16)), out
+    assert torch.equal(rows, torch.full((P * 2, 3), 40000.0, dtype=torch.float16))  # its input left alone
+
+
+@case("a_tensor_that_requires_grad_is_refused_after_its_shape_was_seen")
+def _():  # the short path of a known (dtype, shape) allreduce refuses it too, before any byte moves
+    comm.allreduce(torch.ones(3), op="sum", name="seen with requires_grad later")
+    p = torch.full((3,), float(R + 1), requires_grad=True)
+    try:
+        comm.allreduce(p, op="sum", name="seen with requires_grad later")
+    except TypeError as e:
+        assert "requires grad" in str(e)
+    else:
+        raise AssertionError("no error")
+    assert torch.equal(p.detach(), torch.full((3,), float(R + 1)))
+
+
+@case("more_elements_than_an_mpi_count_go_in_pieces")
+def _():
+    """A blocking allreduce or broadcast past MAX_COUNT elements (an MPI count is a C int) goes in pieces."""
+    from gpurig.comm import mpi_engine
+
+    saved, mpi_engine.MAX_COUNT = mpi_engine.MAX_COUNT, 5
+    try:
+        t = value(R, 13, torch.float32)
+        assert torch.equal(comm.allreduce(t, op="sum", name="past the count"), total(13, torch.float32))
+        t = value(R, 13, torch.int64)
+        assert torch.equal(comm.broadcast(t, root=P - 1), value(P - 1, 13, torch.int64))
+    finally:
+        mpi_engine.MAX_COUNT = saved
+
+
 @case("allreduce_noncontiguous")
 def _():
     t = value(R, 12, torch.float32).view(3, 4).t()

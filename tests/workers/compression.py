@@ -242,6 +242,15 @@ def _():
         assert "it travelled as fp16, whose largest value is 65504" in str(e), e
     else:
         raise AssertionError("an fp16 overflow was not stopped")
+    dp.remove_hooks()
+    dp = gpurig.DataParallel(torch.nn.Linear(4, 1, bias=False), compression="fp16")
+    try:  # a NaN was NaN before it travelled: fp16's range is not why
+        (float("nan") * dp(torch.ones(1, 4)).sum()).backward()
+    except gpurig.NonFiniteGradientError as e:
+        assert "holds NaN" in str(e) and "travelled as fp16" not in str(e), e
+    else:
+        raise AssertionError("a NaN gradient was not stopped")
+    dp.remove_hooks()
 
 
 def small_auto_model(compression: str):
@@ -282,6 +291,23 @@ def _():
     assert set(dp.methods) <= {"none", "fp16", "int8"}, choice  # only what it was told it may choose
     assert choice["chosen_ms"] <= choice["none_ms"] + 1e-9, choice
     assert_every_rank_agrees(dp, choice)
+
+
+@case("auto_resumed_before_its_choice_calibrates_on_its_own_steps")
+def _():
+    """A run checkpointed at step 5, before auto chose (gpurig train --checkpoint-every 5), resumes and goes on."""
+    dp, opt = small_auto_model("auto:fp16,int8")
+    for _ in range(5):
+        train_step(dp, opt)
+    saved = dp.compression_state_dict()
+    dp.remove_hooks()
+    dp, opt = small_auto_model("auto:fp16,int8")
+    dp.load_compression_state_dict(saved)
+    for step in range(6):        # it crashed here: 5 steps counted, none of them seen by this process
+        train_step(dp, opt)
+        assert (dp.auto_choice is None) == (step < 5), (step, dp.auto_choice)
+    assert dp.auto_choice["step"] == 11
+    assert_every_rank_agrees(dp, dp.auto_choice)
 
 
 @case("auto_times_its_shortlist_in_real_steps_and_every_rank_keeps_the_same")

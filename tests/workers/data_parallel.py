@@ -271,6 +271,68 @@ def _():
     assert torch.equal(weight.detach(), torch.full((2,), float(P)))
 
 
+@case("freezing_or_unfreezing_after_wrapping_is_refused_and_wrapping_again_works")
+def _():
+    torch.manual_seed(0)
+    for frozen_first in (True, False):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        model[0].weight.requires_grad_(not frozen_first)
+        dp = gpurig.DataParallel(model)
+        model[0].weight.requires_grad_(frozen_first)   # gradual unfreezing, or freezing a layer mid-run
+        try:
+            dp(torch.ones(3, 4))
+        except ValueError as e:
+            assert "'0.weight' was " + ("unfrozen" if frozen_first else "frozen") in str(e), e
+        else:
+            raise AssertionError("a parameter that changed requires_grad after wrapping was not noticed")
+        dp.remove_hooks()
+        dp = gpurig.DataParallel(dp.module)                # as the message says
+        dp(torch.full((3, 4), float(R))).sum().backward()
+        assert (model[0].weight.grad is not None) == frozen_first
+        if frozen_first:   # averaged now: every rank holds the mean of the ranks' gradients
+            mean = comm.allreduce(model[0].weight.grad.clone(), op="sum", name="check") / P
+            assert torch.allclose(model[0].weight.grad, mean)
+        dp.remove_hooks()
+    with torch.no_grad():   # an evaluation may freeze what it likes
+        model[1].weight.requires_grad_(False)
+        dp = gpurig.DataParallel(torch.nn.Linear(4, 2))
+        dp.module.weight.requires_grad_(False)
+        dp(torch.ones(1, 4))
+        dp.remove_hooks()
+
+
+@case("bad_arguments_are_one_clear_error")
+def _():
+    for cap in (float("nan"), float("inf"), 0, -1):
+        try:
+            gpurig.DataParallel(torch.nn.Linear(2, 2), bucket_cap_mb=cap)
+        except ValueError as e:
+            assert "bucket_cap_mb must be a positive, finite number" in str(e), e
+        else:
+            raise AssertionError(f"bucket_cap_mb={cap} accepted")
+    dp = gpurig.DataParallel(torch.nn.Linear(2, 2), compression=None)   # as Horovod's Compression.none
+    assert dp.compression == "none" and dp.methods == ["none"]
+    dp.remove_hooks()
+
+
+@case("mixed_precision_without_a_communicator_skips_on_every_rank_together")
+def _():
+    """The docs' recipe, MixedPrecision("fp16") without comm=: an overflow on one rank skips the step on all."""
+    torch.manual_seed(0)
+    mixed = gpurig.MixedPrecision("fp16")
+    model = gpurig.DataParallel(torch.nn.Linear(4, 2), nonfinite="ignore")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.module.weight.detach().clone()
+    with mixed.autocast():
+        loss = model(torch.ones(8, 4)).float().mean()
+    mixed.scale(loss).backward()
+    if R == P - 1:
+        model.module.weight.grad[0, 0] = float("inf")   # this rank's own, after averaging: no rank saw it there
+    assert mixed.step(opt, model) is False and mixed.scale_value == 32768.0
+    assert torch.equal(model.module.weight.detach(), before)
+    model.remove_hooks()
+
+
 @case("mismatched_layer_names")
 def _():
     model = mlp(0)

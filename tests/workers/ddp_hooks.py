@@ -34,4 +34,28 @@ for name in ("fp16", "bf16", "int8", "int8_dynamic", "powersgd"):
         restored.load_state_dict(state.state_dict())
         assert all(torch.equal(restored.feedback[i].sent, f.sent) for i, f in state.feedback.items())
 
+@case("residuals_start_again_when_ddp_rebuilds_its_buckets")
+def _():
+    """DDP's default buckets are rebuilt after the first step, in the order gradients came: other sizes. The
+    residuals of the old layout start again from zero (PowerSGD crashed at the second step, int8 added them to
+    other gradients)."""
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 1000), torch.nn.ReLU(), torch.nn.Linear(1000, 1000),
+                                    torch.nn.ReLU(), torch.nn.Linear(1000, 4)))
+    state = gpurig.hooks.State()
+    model.register_comm_hook(state, gpurig.hooks.powersgd)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(comm.rank)
+    layouts = []
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(model(torch.randn(8, 32, generator=g)), torch.randint(0, 4, (8,), generator=g)).backward()
+        opt.step()
+        layouts.append({i: [tuple(s) for s in shapes] for i, shapes in state.layouts.items()})
+    assert layouts[0] != layouts[1] == layouts[2], layouts   # rebuilt once, after the first step
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = comm.allgather(flat.view(1, -1))
+    assert all(torch.equal(everyone[0], row) for row in everyone)
+
+
 write(comm.rank)

@@ -220,6 +220,26 @@ def _():
         raise AssertionError("no error")
 
 
+@case("a_frozen_layer_in_the_optimizer_is_left_alone_as_torch_does")
+def _():
+    """The docs' recipe on a fine-tuning model: the optimizer built on model.parameters(), one layer frozen."""
+    torch.manual_seed(0)
+    model = mlp(0)
+    model[0].requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    dp = gpurig.DataParallel(model, bucket_cap_mb=BUCKET_MB, shard="optimizer")
+    opt = gpurig.ZeroRedundancyOptimizer(adam(dp.parameters()), dp)
+    for x, y in data(2):
+        opt.zero_grad()
+        F.cross_entropy(dp(mine(x, y)[0]), mine(x, y)[1]).backward()
+        opt.step()
+    assert torch.equal(model[0].weight.detach(), frozen)
+    state = opt.state_dict()      # the plain optimizer's format: the frozen ones indexed, without state
+    assert len(state["param_groups"][0]["params"]) == len(list(model.parameters()))
+    assert 0 not in state["state"] and 1 not in state["state"] and len(state["state"]) == 4, state["state"].keys()
+    assert_same_everywhere(model)
+
+
 @case("powersgd_cannot_be_sharded")
 def _():
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 EPILOG = """\
 examples:
@@ -13,8 +14,9 @@ examples:
 Each node is a Linux network namespace with its own hostname; links are limited
 with tc (real TCP through a real limit; no added latency). Needs root, iproute2
 and util-linux. The namespaces are removed when the job ends, also after a
-failure or Ctrl-C. Inside the job, `gpurig train` and `gpurig run` take their
-ranks from the emulated nodes: pass the job's own command after --.
+failure or Ctrl-C (or SIGTERM). Inside the job, `gpurig train` takes its ranks
+from the emulated nodes: pass the job's own command after -- (the program
+itself, not `gpurig run`: each rank is started already).
 """
 
 
@@ -44,7 +46,7 @@ def run(args) -> int:
     from gpurig.cli.common import command_after_dashes
     from gpurig.errors import UsageError
     from gpurig.launch.emulator import Cluster, parse_rate
-    from gpurig.launch.job import check_ranks_here
+    from gpurig.launch.job import check_command, check_ranks_here, termination_as_interrupt
 
     command = command_after_dashes(args.command, "gpurig emulate --nodes 2 -- python script.py")
     if not 1 <= args.ranks_per_node <= MOST_PER_NODE:
@@ -55,8 +57,10 @@ def run(args) -> int:
     if args.engine not in ("mpi", "torch"):
         raise UsageError(f"unknown engine {args.engine!r}: choose one of mpi, torch")
     parse_rate(args.rate)
+    check_command(command, os.environ)   # every node is this machine: its files, its PATH
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
-    with Cluster(nodes=args.nodes, rate=args.rate) as cluster:
+    # SIGTERM and SIGHUP (timeout, a closed terminal) stop it as Ctrl-C does: the job ends, the namespaces go
+    with termination_as_interrupt(), Cluster(nodes=args.nodes, rate=args.rate) as cluster:
         return cluster.run(command, engine=args.engine, ranks_per_node=args.ranks_per_node,
                            max_restarts=args.max_restarts)

@@ -94,6 +94,30 @@ def add_parser(subparsers) -> None:
     p.set_defaults(handler=run)
 
 
+def check_not_a_rank(env=None) -> None:
+    """Refuse to start a job from inside one: each rank would start a job of its own (two jobs that never talk,
+    none over ``gpurig emulate``'s links), or one rank would wait for peers that never come.
+
+    >>> check_not_a_rank({})
+    >>> check_not_a_rank({"RANK": "1", "WORLD_SIZE": "2"})
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: this process is already rank 1 of a job of 2: run the program itself here, not gpurig run (under gpurig emulate: gpurig emulate -- python script.py); left over from another job, unset RANK and WORLD_SIZE
+    """
+    import os
+
+    from gpurig.errors import UsageError
+    from gpurig.launch.env import in_launched_job, launched_by_mpi, rank_from_env, size_from_env
+
+    env = os.environ if env is None else env
+    if in_launched_job(env):
+        torch_style = [n for n in ("RANK", "WORLD_SIZE") if n in env]
+        left_over = "" if launched_by_mpi(env) else f"; left over from another job, unset {' and '.join(torch_style)}"
+        raise UsageError(f"this process is already rank {rank_from_env(env)} of a job of {size_from_env(env)}: run "
+                         f"the program itself here, not gpurig run (under gpurig emulate: gpurig emulate -- python "
+                         f"script.py){left_over}")
+
+
 def run(args) -> int:
     import sys
 
@@ -104,6 +128,7 @@ def run(args) -> int:
     from gpurig.errors import UsageError
 
     command = command_after_dashes(args.command, "gpurig run -n N -- python script.py")
+    check_not_a_rank()
     for value, flag in ((args.master_addr, "--master-addr"), (args.log_dir, "--log-dir")):
         if value is not None and not value.strip():
             raise UsageError(f"{flag} '': give a value or leave the flag out")

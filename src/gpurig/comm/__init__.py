@@ -53,8 +53,18 @@ def init(engine: str | None = None, backend: str | None = None) -> Communicator:
         raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
     if _current.size > 1 and (settings.failure_timeout > 0 or settings.stall_timeout > 0):
         _current.watch = _start_watch(_current, settings)
-    atexit.register(shutdown)
+    atexit.unregister(_shutdown_at_exit)   # once, however often init runs
+    atexit.register(_shutdown_at_exit)
     return _current
+
+
+def _shutdown_at_exit() -> None:
+    """:func:`shutdown` as the program ends. Ctrl-C again while it waits (for the other ranks to finish, say)
+    ends it there: the launcher stops the job, and a traceback from inside gpurig would say nothing more."""
+    try:
+        shutdown()
+    except KeyboardInterrupt:
+        pass
 
 
 def _start_watch(comm: Communicator, settings: Settings):
@@ -80,6 +90,15 @@ def current() -> Communicator:
     True
     """
     return _current if _current is not None else init()
+
+
+def started() -> Communicator | None:
+    """The Communicator :func:`init` started, or None before it; starts nothing.
+
+    >>> started() is None or started() is current()
+    True
+    """
+    return _current
 
 
 def shutdown() -> None:

@@ -43,6 +43,9 @@ from gpurig.errors import CollectiveFailed
 from gpurig.comm.signature import Signature
 
 OPS = ("sum", "average")
+# An fp16 average is divided before the sum, as NCCL's premultiplied average: two ranks' 40000 sum past fp16's
+# largest value (65504) where their mean fits. (bf16 has FP32's range; dividing first would only round more.)
+DIVIDE_FIRST = (torch.float16,)
 
 
 class Handle:
@@ -420,8 +423,9 @@ class Communicator:
         # A job on the communication thread (run_async: PowerSGD's second allreduce) already holds the lock: the
         # full path runs it there. ``_last`` alone does not tell: submit() queues a job before it sets ``_last``, so
         # the thread could start the job, see no job queued, and wait on its own lock (a hang, seen under load).
-        if (signature is None or tensor.__class__ is not torch.Tensor or tensor.is_cuda
-                or not tensor.is_contiguous() or self._worker._last is not None or self._worker.on_worker_thread()):
+        if (signature is None or tensor.__class__ is not torch.Tensor or tensor.is_cuda or tensor.requires_grad
+                or not tensor.is_contiguous() or self._worker._last is not None or self._worker.on_worker_thread()
+                or (op == "average" and tensor.dtype in DIVIDE_FIRST)):
             return self._allreduce(tensor, op, blocking=True, name=name)
         with self._lock:
             self._guarded(signature, tensor.nbytes, lambda: self.engine.allreduce_sum(tensor))
@@ -447,21 +451,25 @@ class Communicator:
             return self._run(lambda: self._guarded(signature, 0, lambda: tensor), blocking)
         # Engines take any contiguous tensor; only a strided one needs a flat copy.
         flat = tensor if tensor.is_contiguous() else tensor.reshape(-1).clone()
+        divide_first = op == "average" and tensor.dtype in DIVIDE_FIRST
+
+        def first(buf):  # before the data moves: after the check, which may refuse the call
+            return buf.div_(self.size) if divide_first else buf
 
         def finish(buf):
-            if op == "average":
+            if op == "average" and not divide_first:
                 buf.div_(self.size)
             if buf is not tensor:
                 tensor.copy_(buf.view(tensor.shape))
             return tensor
 
         def work():
-            buf = self._to_engine(flat, "allreduce")
+            buf = self._to_engine(first(flat), "allreduce")
             self.engine.allreduce_sum(buf)
             return finish(buf)
 
         can_start = not blocking and self._can_start(flat, begins="start_allreduce")
-        return self._begin(signature, flat.nbytes, work, (lambda: (flat, self.engine.start_allreduce(flat)))
+        return self._begin(signature, flat.nbytes, work, (lambda: (flat, self.engine.start_allreduce(first(flat))))
                            if can_start else None, blocking, done=finish)
 
     def _ended(self, result):
@@ -554,11 +562,14 @@ class Communicator:
             raise ValueError(f"reduce_scatter out {tuple(out.shape)} {out.dtype} does not hold this rank's "
                              f"{rows[self.rank]} rows of {tuple(tensor.shape)} {tensor.dtype}")
 
+        divide_first = op == "average" and tensor.dtype in DIVIDE_FIRST
+
         def work():
             row = math.prod(tensor.shape[1:])
-            flat = self._to_engine(tensor.reshape(-1).contiguous(), "reduce_scatter")
+            flat = tensor.reshape(-1) / self.size if divide_first else tensor.reshape(-1).contiguous()
+            flat = self._to_engine(flat, "reduce_scatter")
             piece = self.engine.reduce_scatter_sum(flat, [r * row for r in rows])
-            if op == "average":
+            if op == "average" and not divide_first:
                 piece.div_(self.size)
             piece = piece.to(tensor.device).view(rows[self.rank], *tensor.shape[1:])
             return piece if out is None else out.copy_(piece.view(out.shape))

@@ -45,6 +45,10 @@ _HALF = (torch.float16, torch.bfloat16)
 # blocking Allreduce (half its message) stays one call: in pieces, each one more rendezvous, it lost 2-4x at
 # 16-64 MB on a loaded machine.
 ALLREDUCE_PIECE_BYTES = 8 * 2**20
+# The most elements one blocking call carries: MPI counts are C ints (2**31 - 1), and Open MPI refuses a larger
+# count (MPI_ERR_ARG) where its big-count calls are missing; a model of 2 GB of parameters and buffers, broadcast
+# as one uint8 buffer when DataParallel starts, is past it. Larger tensors go in pieces of this many.
+MAX_COUNT = 2**30
 
 
 # How a nonblocking collective is waited for: MPI_Test for up to WAIT_SPIN_S, then MPI_Test between naps of
@@ -230,7 +234,11 @@ class MPIEngine:
         return MPI.LOR if dtype == torch.bool else self._half_ops.get(dtype, MPI.SUM)
 
     def allreduce_sum(self, tensor: torch.Tensor) -> None:
-        self.comm.Allreduce(MPI.IN_PLACE, self._whole(tensor), op=self._sum_op(tensor.dtype))
+        if tensor.numel() <= MAX_COUNT:
+            self.comm.Allreduce(MPI.IN_PLACE, self._whole(tensor), op=self._sum_op(tensor.dtype))
+            return
+        for piece in tensor.reshape(-1).split(MAX_COUNT):
+            self.comm.Allreduce(MPI.IN_PLACE, self._whole(piece), op=self._sum_op(tensor.dtype))
 
     def allgather(self, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
         out = tensor.new_empty(sum(counts))
@@ -277,7 +285,8 @@ class MPIEngine:
         self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
-        self.comm.Bcast(self._whole(tensor), root=root)
+        for piece in (tensor,) if tensor.numel() <= MAX_COUNT else tensor.reshape(-1).split(MAX_COUNT):
+            self.comm.Bcast(self._whole(piece), root=root)
 
     def barrier(self) -> None:
         self.comm.Barrier()

@@ -132,6 +132,9 @@ class TorchEngine:
     def shutdown(self) -> None:
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+            # the rendezvous store (the side channel's) closes its port with its last reference: a later init
+            # serves a new one on the same MASTER_PORT
+            self.side_channel = None
             # Drop the last references to the group and its finished work now: Gloo's worker threads
             # release tensors on their own, and one that does so while Python is finalizing aborts
             # the process ("terminate called without an active exception").

@@ -33,7 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from gpurig.errors import UsageError
+from gpurig.errors import Terminated, UsageError
 from gpurig.launch.iface import IFACE_VARIABLE
 from gpurig.launch.rank_env import host_defaults
 
@@ -41,6 +41,9 @@ IFACE = "eth1"  # the same name in every node, so one GLOO_SOCKET_IFNAME serves 
 MAP_VARIABLE = "GPURIG_EMULATOR_NODES"
 # A file of node addresses, one a line, that are "gone": the rsh agent refuses them as ssh refuses a dead machine.
 DOWN_VARIABLE = "GPURIG_EMULATOR_DOWN"
+# tc's burst is a 32-bit count of bytes, and tbf() asks 10 ms of traffic: 1000 Gbit/s is 1.25 GB of it
+MOST_BITS = 1000 * 10**9
+STOP_S = 20.0   # how long the job's own launcher has to stop its ranks after SIGTERM, before it is killed
 
 
 def parse_rate(text: str) -> int:
@@ -52,6 +55,10 @@ def parse_rate(text: str) -> int:
     Traceback (most recent call last):
     ...
     gpurig.errors.UsageError: --rate '0bit': want at least 1kbit
+    >>> parse_rate("5000gbit")
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: --rate '5000gbit': want at most 1000gbit (beyond it tc's token bucket cannot hold 10 ms of traffic; a faster link is no limit for one machine's memory)
     """
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?)bit", text.strip().lower())
     if not match:
@@ -59,6 +66,9 @@ def parse_rate(text: str) -> int:
     bits = int(float(match.group(1)) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[match.group(2)])
     if bits < 10**3:   # tc's token bucket needs a rate; below a kbit/s no collective would finish
         raise UsageError(f"--rate {text!r}: want at least 1kbit")
+    if bits > MOST_BITS:
+        raise UsageError(f"--rate {text!r}: want at most {MOST_BITS // 10**9}gbit (beyond it tc's token bucket "
+                         "cannot hold 10 ms of traffic; a faster link is no limit for one machine's memory)")
     return bits
 
 
@@ -79,13 +89,19 @@ def tbf(rate: str) -> list[str]:
             "mtu", str(128 * 1024)]
 
 
-def set_rate(rate: str, device: str = IFACE) -> None:
+def set_rate(rate: str, device: str = IFACE, env: dict | None = None) -> None:
     """Limit this node's outgoing traffic to ``rate`` from now on, while the job runs: called by a rank inside
     an emulated node (``gpurig emulate``), e.g. to see what a program does when the network slows down. On two
     nodes, when every node calls it, that is the whole link.
 
     >>> set_rate("100mbit")      # in every rank of `gpurig emulate --nodes 2 --rate 10gbit -- ...`  # doctest: +SKIP
+    >>> set_rate("100mbit", env={})                   # anywhere else: a real host's NIC is not touched
+    Traceback (most recent call last):
+    ...
+    RuntimeError: set_rate limits an emulated node's link: not on one (gpurig emulate sets GPURIG_EMULATOR_NODES)
     """
+    if MAP_VARIABLE not in (os.environ if env is None else env):
+        raise RuntimeError(f"set_rate limits an emulated node's link: not on one (gpurig emulate sets {MAP_VARIABLE})")
     done = subprocess.run(["tc", "qdisc", "replace", "dev", device, "root", *tbf(rate)], capture_output=True,
                           text=True)
     if done.returncode != 0:
@@ -224,7 +240,16 @@ class Cluster:
         nprocs = self.nodes * ranks_per_node
         env = {**(os.environ if env is None else env), MAP_VARIABLE: json.dumps(self.node_map()),
                "GLOO_SOCKET_IFNAME": IFACE, IFACE_VARIABLE: IFACE}
-        env.setdefault(DOWN_VARIABLE, os.path.join(tempfile.mkdtemp(prefix="gpurig-emulate-"), "down"))
+        made = None if DOWN_VARIABLE in env else tempfile.mkdtemp(prefix="gpurig-emulate-")
+        if made:
+            env[DOWN_VARIABLE] = os.path.join(made, "down")
+        try:
+            return self._run(command, engine, ranks_per_node, nprocs, env, max_restarts)
+        finally:
+            if made:
+                shutil.rmtree(made, ignore_errors=True)
+
+    def _run(self, command, engine, ranks_per_node, nprocs, env, max_restarts) -> int:
         # All "nodes" share this machine's cores: more threads than cores makes OpenMP spin against itself.
         env = host_defaults(env, ranks_here=nprocs)
         if engine == "mpi":
@@ -236,7 +261,7 @@ class Cluster:
                         "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4")
             line = self.enter(0) + [sys.executable, "-m", "gpurig", "run", "-n", str(nprocs), "--hosts", hosts,
                                     "--mpi-args", mpi_args, "--max-restarts", str(max_restarts), "--", *command]
-            return subprocess.run(line, env=env).returncode
+            return wait_passing_on(subprocess.Popen(line, env=env))
         return self._run_torch(command, nprocs, ranks_per_node, env, max_restarts)
 
     def _run_torch(self, command: list[str], nprocs: int, ranks_per_node: int, env: dict,
@@ -264,6 +289,7 @@ class Cluster:
 
     def _torch_attempt(self, program: list[str], nprocs: int, ranks_per_node: int, env: dict, port: int):
         """One start of the torch ranks: the first failure (as the ranks reported it), or None."""
+        from gpurig.launch.env import RANK_HOST_VARIABLE
         from gpurig.launch.local import run_local
         from gpurig.launch.rank_env import rank_path
         from gpurig.launch.status import STATUS_DIR_VARIABLE, first_failure
@@ -272,10 +298,32 @@ class Cluster:
             rank_envs = [{**env, "GPURIG_ENGINE": "torch", "RANK": str(rank), "WORLD_SIZE": str(nprocs),
                           "LOCAL_RANK": str(rank % ranks_per_node), "LOCAL_WORLD_SIZE": str(ranks_per_node),
                           "MASTER_ADDR": self.address(0), "MASTER_PORT": str(port), "PATH": rank_path(env),
-                          STATUS_DIR_VARIABLE: status_dir, "GPURIG_EMULATOR_NODE": str(rank // ranks_per_node)}
+                          STATUS_DIR_VARIABLE: status_dir, "GPURIG_EMULATOR_NODE": str(rank // ranks_per_node),
+                          RANK_HOST_VARIABLE: f"node{rank // ranks_per_node + 1}"}
                          for rank in range(nprocs)]
             failure = run_local(program, rank_envs)
             return failure and (first_failure(status_dir) or failure)
+
+
+def wait_passing_on(process: subprocess.Popen, stop_s: float = STOP_S) -> int:
+    """Wait for ``process`` (the job's ``gpurig run``); return its exit code. Told to stop by SIGTERM or SIGHUP
+    (:class:`~gpurig.errors.Terminated`), pass the signal on and give it ``stop_s`` to stop its ranks (Ctrl-C
+    reaches it from the terminal itself); killed only after that.
+
+    >>> wait_passing_on(subprocess.Popen(["true"]))
+    0
+    """
+    try:
+        return process.wait()
+    except Terminated as stopped:
+        process.send_signal(stopped.signum)
+        raise
+    finally:
+        try:
+            process.wait(timeout=stop_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def remove_orphans() -> list[str]:

@@ -8,6 +8,7 @@ the engines and the rank wrapper stay free of launcher details.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 
@@ -31,6 +32,7 @@ TORCH_FROM_MPI = {
 RANK_VARIABLES = ("RANK", *TORCH_FROM_MPI["RANK"], "SLURM_PROCID")
 RESTART_VARIABLES = ("GPURIG_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")  # gpurig's, torchrun's
 MAX_RESTARTS_VARIABLE = "TORCHELASTIC_MAX_RESTARTS"
+RANK_HOST_VARIABLE = "GPURIG_RANK_HOST"  # the host a rank runs on where it is not this machine's name (an emulated node)
 
 
 def slurm_count(value: str) -> int:
@@ -60,6 +62,25 @@ def rank_from_env(env=None) -> int | None:
     3
     """
     return _first_int(os.environ if env is None else env, RANK_VARIABLES)
+
+
+def rank_host(env=None) -> str:
+    """The host a rank runs on: this machine's name, or the emulated node's its launcher named
+    (:data:`RANK_HOST_VARIABLE`: a rank of ``gpurig emulate --engine torch`` is watched from outside its node).
+
+    >>> rank_host({RANK_HOST_VARIABLE: "node2"})
+    'node2'
+    """
+    return (os.environ if env is None else env).get(RANK_HOST_VARIABLE) or socket.gethostname()
+
+
+def size_from_env(env=None) -> int | None:
+    """The job's number of ranks as any launcher announced it.
+
+    >>> size_from_env({"OMPI_COMM_WORLD_SIZE": "4"}), size_from_env({})
+    (4, None)
+    """
+    return _first_int(os.environ if env is None else env, [*TORCH_FROM_MPI["WORLD_SIZE"], "WORLD_SIZE"])
 
 
 def restart_count(env=None) -> int:
@@ -130,7 +151,7 @@ def in_launched_job(env=None) -> bool:
     from gpurig.launch.status import STATUS_DIR_VARIABLE
 
     env = os.environ if env is None else env
-    size = _first_int(env, [*TORCH_FROM_MPI["WORLD_SIZE"], "WORLD_SIZE"])
+    size = size_from_env(env)
     ours = size == 1 and bool(env.get(STATUS_DIR_VARIABLE))  # gpurig run's ranks name their status directory
     return size is not None and (size > 1 or ours) and (launched_by_mpi(env) or "RANK" in env)
 

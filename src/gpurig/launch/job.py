@@ -115,15 +115,27 @@ def check_request(command: list[str], nprocs: int, engine: str, hosts: str | Non
     if unknown:  # else ssh's and Open MPI's daemon messages, 15 lines, and exit 255
         raise UsageError(f"--hosts: cannot resolve {', '.join(map(repr, unknown))} (not an address, and neither DNS "
                          "nor /etc/hosts knows the name)")
-    runs_here = all(is_this_host(host) for host, _ in host_list)
-    if runs_here and not shutil.which(command[0], path=rank_path(env)):
+    if all(is_this_host(host) for host, _ in host_list):
+        check_command(command, env)
+    return host_list
+
+
+def check_command(command: list[str], env: dict) -> None:
+    """Refuse in one line a command the ranks could not start here: not found, not executable, or a Python
+    script that is not there (each rank would print its own error).
+
+    >>> check_command(["no-such-program-here"], {})
+    Traceback (most recent call last):
+    ...
+    gpurig.errors.UsageError: command not found: no-such-program-here
+    """
+    if not shutil.which(command[0], path=rank_path(env)):
         if os.sep in command[0] and os.path.isfile(command[0]):
             raise UsageError(f"{command[0]}: not executable (chmod +x {command[0]}, or run it with its interpreter)")
         raise UsageError(f"command not found: {command[0]}")
     script = _python_script(command)
-    if runs_here and script is not None and not os.path.isfile(script):
+    if script is not None and not os.path.isfile(script):
         raise UsageError(f"{command[0]}: can't open file {script!r}: no such file (from {os.getcwd()})")
-    return host_list
 
 
 def _python_script(command: list[str]) -> str | None:
@@ -332,7 +344,7 @@ class _LocalAttempt:
     def wait(self):
         """The attempt's first failure, or None; its status directory is removed."""
         try:
-            with _termination_as_interrupt():
+            with termination_as_interrupt():
                 failure = watch_local(self.procs, self.envs)
             return failure and (first_failure(self.status_dir) or failure)
         finally:
@@ -366,7 +378,7 @@ class _MpiAttempt:
     def wait(self):
         """The attempt's first failure, or None; its status directory is removed."""
         try:
-            with _termination_as_interrupt():
+            with termination_as_interrupt():
                 failure = run_line(self.line, self.env, started=self.job)
             return failure and (first_failure(self.status_dir) or failure)
         finally:
@@ -381,7 +393,7 @@ class _MpiAttempt:
 def _run_once(command, nprocs, engine, host_list, env, mpi_args, master, node):
     """One attempt of the job: (the first failure or None, how many other ranks were stopped)."""
     with tempfile.TemporaryDirectory(prefix="gpurig-run-", ignore_cleanup_errors=True) as status_dir, \
-            _termination_as_interrupt():
+            termination_as_interrupt():
         env = {**env, STATUS_DIR_VARIABLE: status_dir}
         if engine == "mpi":
             failure, others = run_mpirun(command, nprocs, host_list, env, mpi_args), nprocs - 1
@@ -407,7 +419,7 @@ def summary(failure: RankFailed, others: int) -> str:
 
 
 @contextlib.contextmanager
-def _termination_as_interrupt():
+def termination_as_interrupt():
     """SIGTERM and SIGHUP stop the job as Ctrl-C does (only the main thread can catch signals)."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -8,12 +8,11 @@ leaves its peers waiting out a collective's timeout.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import time
 
 from gpurig.errors import RankFailed
-from gpurig.launch.env import rank_from_env
+from gpurig.launch.env import rank_from_env, rank_host
 from gpurig.launch.processes import stop, wrap
 
 POLL_S = 0.05
@@ -58,7 +57,7 @@ def watch_local(procs: list[subprocess.Popen], rank_envs: list[dict]) -> RankFai
             failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
             if failed is not None:
                 stop(procs)
-                return RankFailed(rank_from_env(rank_envs[failed]), socket.gethostname(), codes[failed])
+                return RankFailed(rank_from_env(rank_envs[failed]), rank_host(rank_envs[failed]), codes[failed])
             if all(code == 0 for code in codes):
                 return None
             time.sleep(POLL_S)

@@ -18,7 +18,11 @@ from gpurig.errors import RankFailed
 
 _RULE = re.compile(r"-{20,}\s*")
 _FAILURE_REPORT = re.compile(r"MPI_ABORT was invoked|\S+ (has exited due to process|noticed that process|detected "
-                             r"that one or more processes)|Primary job\s+terminated normally")
+                             r"that one or more processes)|Primary job\s+terminated normally|An MPI communication peer "
+                             r"process has unexpectedly disconnected")
+# What Open MPI's fatal error handler prints, a line at a time, on a rank whose peer went away (TCP between hosts:
+# "[node1:00000] *** An error occurred in Socket closed"): the rank that failed first is what gpurig's line names.
+_FATAL_HANDLER = re.compile(r"\[[^\]\s]+:\d+\] \*\*\* ")
 _LONGEST_REPORT = 40
 
 _READINGS = [  # (pattern on the block joined into one line, how to read rank / host / returncode from it)
@@ -77,6 +81,9 @@ def relay_stderr(source: BinaryIO, out: TextIO, reports: list[RankFailed]) -> No
     >>> relay_stderr(io.BytesIO(raw.encode()), out, reports)
     >>> out.getvalue(), [str(r) for r in reports]
     ('step 1\\ndone\\n', ['rank 1 exited with code 3'])
+    >>> out = io.StringIO(); relay_stderr(io.BytesIO(b"[node1:00000] *** An error occurred in Socket closed\\nnext\\n"), out, [])
+    >>> out.getvalue()
+    'next\\n'
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     held: list[str] | None = None  # a framed block, while it may still be a failure report
@@ -104,7 +111,8 @@ def _take(line: str, held: list[str] | None, out: TextIO, reports: list[RankFail
     if held is None:
         if _RULE.fullmatch(line.rstrip("\r\n")):
             return [line]
-        _write(out, line)
+        if not _FATAL_HANDLER.match(line):
+            _write(out, line)
         return None
     held.append(line)
     if len(held) == 2 and not _FAILURE_REPORT.match(line) or len(held) > _LONGEST_REPORT:

@@ -26,13 +26,12 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 
 from gpurig.errors import RankFailed
-from gpurig.launch.env import rank_from_env, torch_style_env
+from gpurig.launch.env import rank_from_env, rank_host, torch_style_env
 from gpurig.launch.output import RankOutput
 from gpurig.launch.processes import GRACE_S, die_with_parent, in_terminal_foreground, say
 from gpurig.launch.progress import PROGRESS_VARIABLE, ProgressFile
@@ -67,7 +66,7 @@ def main(argv: list[str]) -> int:
     if not command:
         print("usage: python -m gpurig.launch.rank_wrapper -- CMD ...", file=sys.stderr)
         return 2
-    rank, host = rank_from_env(), socket.gethostname()
+    rank, host = rank_from_env(), rank_host()
     die_with_parent(signal.SIGTERM)
     progress = ProgressFile()
     try:

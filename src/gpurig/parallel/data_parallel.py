@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import statistics
 import time
 import warnings
@@ -307,8 +308,9 @@ class DataParallel(torch.nn.Module):
                  compression: str = "none", nonfinite: str = "stop", shard: str = "none", timeline=None,
                  find_unused_parameters: bool = False):
         super().__init__()
-        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
-            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        if bucket_cap_mb is not None and not 0 < bucket_cap_mb < math.inf:  # NaN fails both
+            raise ValueError(f"bucket_cap_mb must be a positive, finite number of MB, got {bucket_cap_mb}")
+        compression = "none" if compression is None else compression   # as Horovod's Compression.none
         self.nonfinite = numerics.check_action(nonfinite)
         self.finite = True  # whether the last backward's averaged gradients were all finite
         self._candidates = auto.parse(compression)  # ValueError naming the choices
@@ -359,6 +361,9 @@ class DataParallel(torch.nn.Module):
 
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._names = {id(p): name for name, p in module.named_parameters()}
+        # which parameters train, as wrapped: the buckets and hooks hold those (:meth:`_check_trains`)
+        self._all_params = list(module.parameters())
+        self._trains = [p.requires_grad for p in self._all_params]
         self._announced: tuple = ((), [])  # (bucket methods, the signatures announced for them)
         # begun on the background thread, not yet finished
         self._in_flight: CompressedAverage | powersgd.LowRankAverage | None = None
@@ -414,10 +419,26 @@ class DataParallel(torch.nn.Module):
 
     # -- the training-step machinery ----------------------------------------
     def forward(self, *args, **kwargs):
-        # as DDP: only a forward that will train syncs them, so one rank may evaluate alone under torch.no_grad()
-        if self.broadcast_buffers and torch.is_grad_enabled():
-            self.sync_buffers()
+        if torch.is_grad_enabled():
+            self._check_trains()
+            # as DDP: only a forward that will train syncs them, so one rank may evaluate alone under no_grad()
+            if self.broadcast_buffers:
+                self.sync_buffers()
         return self.module(*args, **kwargs)
+
+    def _check_trains(self) -> None:
+        """Refuse a parameter frozen or unfrozen since wrapping: its gradient would not be averaged (the ranks
+        drift apart) or would still be set (momentum and weight decay move a frozen weight). DDP has the same
+        rule; a loop over the flags costs a few µs a step."""
+        if [p.requires_grad for p in self._all_params] == self._trains:
+            return
+        names = {id(p): name for name, p in self.module.named_parameters()}
+        p = next(p for p, was in zip(self._all_params, self._trains) if p.requires_grad != was)
+        change = "unfrozen (requires_grad set)" if p.requires_grad else "frozen (requires_grad cleared)"
+        raise ValueError(f"DataParallel: parameter {names.get(id(p), '?')!r} was {change} after the model was "
+                         f"wrapped, and the buckets hold the parameters that trained then; set requires_grad before "
+                         f"wrapping, or wrap again after the change: model.remove_hooks(); "
+                         f"model = gpurig.DataParallel(model.module)")
 
     def sync_buffers(self) -> None:
         """Copy rank 0's buffers (BatchNorm's running statistics) to every rank; every rank must call it.
@@ -692,7 +713,8 @@ class DataParallel(torch.nn.Module):
                 return
             self._recent.append([waited] + leads)
             if self.auto_choice is None:
-                if self.stats.steps >= AUTO_CALIBRATION_STEPS:
+                # the steps seen here, not the run's: a run resumed before the choice counts its own again
+                if len(self._recent) == self._recent.maxlen:
                     self._choose_methods("calibrated")
             elif (self.stats.steps - self._reviewed_at >= self.auto_review_steps
                   and len(self._recent) == self._recent.maxlen):
@@ -718,7 +740,8 @@ class DataParallel(torch.nn.Module):
         text = f"step {self.stats.steps}: the averaged gradient of {name!r} holds {what}"
         carried = next((self.buckets[self._bucket_of[id(p)]].method for p in self._params
                         if self._names.get(id(p)) == name and id(p) in self._bucket_of), None)
-        if carried == "fp16":  # the codec's range, not necessarily the gradient: say which
+        if carried == "fp16" and what == "Inf":  # the codec's range, not necessarily the gradient (a NaN is not
+            # an overflow: it was there before it travelled): say which
             text += (" (it travelled as fp16, whose largest value is 65504: a larger gradient overflows on the way; "
                      "compression 'bf16' or 'int8' carries it)")
         if self.nonfinite == "stop":

@@ -29,6 +29,9 @@ class State:
     def __init__(self, comm=None):
         self.comm = comm or comm_mod.current()
         self.feedback: dict[int, compression.FeedbackState] = {}
+        # each bucket's gradient shapes when its residuals were made: DDP rebuilds its buckets after the first
+        # step (another order, other sizes), and residuals of the old layout then start again from zero
+        self.layouts: dict[int, list] = {}
 
     def state_dict(self) -> dict:
         return {index: f.saved() for index, f in self.feedback.items()}
@@ -44,7 +47,10 @@ def _hook(method: str):
     def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
         shapes = [g.shape for g in bucket.gradients()]
-        feedback = state.feedback.setdefault(bucket.index(), compression.FeedbackState())
+        index = bucket.index()
+        if state.layouts.setdefault(index, shapes) != shapes:  # restored residuals: taken as this layout's
+            state.feedback[index], state.layouts[index] = compression.FeedbackState(), shapes
+        feedback = state.feedback.setdefault(index, compression.FeedbackState())
         future = torch.futures.Future()
 
         def job():

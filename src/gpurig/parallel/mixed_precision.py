@@ -28,6 +28,7 @@ import contextlib
 
 import torch
 
+from gpurig.comm import started
 from gpurig.errors import UsageError
 from gpurig.parallel import numerics
 from gpurig.perf.precision import check
@@ -84,8 +85,10 @@ class MixedPrecision:
                  nonfinite: str = "stop", init_scale: float = INIT_SCALE, growth_interval: int = GROWTH_INTERVAL,
                  check_finite: bool = False):
         self.precision = check(precision)
-        self.comm = comm
-        self.device = torch.device(device if device is not None else comm.device if comm is not None else "cpu")
+        self.comm = comm  # None: the job's own (:meth:`step` looks it up), which DataParallel starts
+        # autocast needs the device type only: the communicator's rule (a GPU where there is one) without one
+        self.device = torch.device(device if device is not None else comm.device if comm is not None
+                                   else "cuda" if torch.cuda.is_available() else "cpu")
         check_supported(precision, self.device.type)
         self.nonfinite = numerics.check_action(nonfinite)
         if precision == "fp16" and nonfinite == "ignore":
@@ -135,9 +138,10 @@ class MixedPrecision:
         if grads and self.scaling:
             torch._foreach_mul_(grads, 1.0 / self.scale_value)
         finite = numerics.all_finite([g.reshape(-1) for g in grads])
-        if self.comm is not None and self.comm.size > 1:  # the ranks' verdicts, one byte each: skip if any overflowed
+        comm = self.comm if self.comm is not None else started()
+        if comm is not None and comm.size > 1:  # the ranks' verdicts, one byte each: skip if any overflowed
             flag = torch.tensor([0.0 if finite else 1.0])
-            finite = self.comm.allreduce(flag, op="sum", name="loss scaler overflow").item() == 0.0
+            finite = comm.allreduce(flag, op="sum", name="loss scaler overflow").item() == 0.0
         if finite:
             optimizer.step()
             self._clean_steps += 1

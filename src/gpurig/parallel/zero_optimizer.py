@@ -49,16 +49,20 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             raise ValueError("the optimizer is sharded already")
         if any(optimizer.state.values()):
             raise ValueError("wrap the optimizer before its first step (its state would be lost)")
-        in_buckets = {id(p) for bucket in sharded.buckets for p in bucket.params}
+        self._in_buckets = in_buckets = {id(p) for bucket in sharded.buckets for p in bucket.params}
+        # a frozen parameter of the model (``model.parameters()`` holds it) never gets a gradient: a torch
+        # optimizer leaves it alone, and so does this one
+        frozen = {id(p) for p in model.module.parameters() if not p.requires_grad}
         self.optim, self.sharded = optimizer, sharded
         self.whole_groups = [list(group["params"]) for group in optimizer.param_groups]
         group_of = {}
         for g, params in enumerate(self.whole_groups):
             for p in params:
-                if id(p) not in in_buckets:
+                if id(p) not in in_buckets and id(p) not in frozen:
                     raise ValueError(f"the optimizer holds a parameter of shape {list(p.shape)} that the model does "
-                                     "not shard (not one of its parameters, or not requiring grad)")
-                group_of[id(p)] = g
+                                     "not shard (not one of its parameters)")
+                if id(p) in in_buckets:
+                    group_of[id(p)] = g
         self.segments = sharded.segments(group_of)
         for g, group in enumerate(optimizer.param_groups):
             group["params"] = [s.tensor for s in self.segments if s.group == g]
@@ -133,7 +137,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for g, params in enumerate(self.whole_groups):
             indices = []
             for p in params:
-                if merged:
+                if merged and id(p) in self._in_buckets:
                     b, offset = sharded.where(p)
                     entry = {}
                     for key, kind in merged.items():

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from gpurig.files import temporary_beside
 
 MAIN = 0            # a rank's main thread
 PHASES = ("data loading", "forward", "backward", "optimizer", "communication", "wait for slowest rank")
@@ -81,7 +82,7 @@ def write(path: str | os.PathLike, trace: dict) -> Path:
     if path.exists() and not path.is_file():  # renamed over, a device or a FIFO would be replaced by the file
         raise ValueError(f"{path} is not a regular file")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(trace, f)

@@ -37,11 +37,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from gpurig.files import temporary_beside
 
 _TRAILER = re.compile(rb"\n#gpurig-checkpoint sha256=([0-9a-f]{64}) bytes=(\d{20})\n\Z")
 _TRAILER_BYTES = len(b"\n#gpurig-checkpoint sha256= bytes=\n") + 64 + 20
@@ -73,7 +74,7 @@ def save(path: str | os.PathLike, state: dict) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temporary_beside(path, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
@@ -232,7 +233,7 @@ def saved_epochs(directory: str | os.PathLike) -> list[int]:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -35,7 +35,7 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     ('done', 0)
     """
     from gpurig import launch
-    from gpurig.launch.env import detect_engine, in_launched_job, rank_from_env, restart_count
+    from gpurig.launch.env import detect_engine, in_launched_job, rank_from_env, restart_count, size_from_env
     from gpurig.launch.settings import job_environment
 
     if in_launched_job():
@@ -43,6 +43,11 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
         # (started again by a launcher's restart: from the newest checkpoint, train_on_this_rank decides).
         config = dataclasses.replace(config, engine=detect_engine())
         validate(config, nprocs=1)
+        size = size_from_env()
+        # else it silently trains on ``size`` ranks; a restart may have fewer (the hosts that remain)
+        if config.nprocs is not None and size is not None and config.nprocs != size and not restart_count():
+            raise UsageError(f"-n {config.nprocs}: this rank's launcher started {size} ranks (gpurig emulate "
+                             f"--nodes / --ranks-per-node, mpirun -n, torchrun --nproc-per-node): drop -n here")
         if config.max_restarts:  # a flag this rank cannot act on would be a silent mistake
             raise UsageError("--max-restarts: this rank was started by another launcher, which restarts the job "
                              "or not (gpurig run --max-restarts, torchrun --max-restarts)")
