@@ -56,7 +56,13 @@ def assert_tiles(complete: list[dict], pid: int) -> None:
         assert before["ts"] + before["dur"] <= after["ts"] + 0.01, (before, after)
 
 
-@pytest.fixture(params=["torch", "mpi"])
+# the runs below: the engine, and what else the step does (model parallelism's exchanges inside forward and
+# backward, ZeRO's allgather inside the optimizer's step: each cut out of its phase, as the printed split cuts it)
+RUNS = {"torch": ("torch",), "mpi": ("mpi",), "model parallel": ("torch", "--parallel", "model"),
+        "sharded": ("torch", "--shard", "optimizer")}
+
+
+@pytest.fixture(params=list(RUNS))
 def timeline_run(request, tmp_path) -> tuple[dict, Path]:
     """(summary, trace) of gpurig train --timeline on 2 ranks, 512 a step, uncompressed: over Gloo one epoch run
     here; over MPI conftest's mlp_two_epochs_of_512 (2 epochs, recorded with --timeline)."""
@@ -64,10 +70,11 @@ def timeline_run(request, tmp_path) -> tuple[dict, Path]:
         summary = request.getfixturevalue("mlp_two_epochs_of_512")
         assert summary["engine"] == "mpi" and summary["compression"] == "none" and summary["global_batch"] == 512
         return summary, Path(summary["timeline"])
+    engine, *more = RUNS[request.param]
     trace_path = tmp_path / "trace.json"
-    done = gpurig("train", "-n", 2, "--engine", request.param, "--epochs", 1, "--global-batch", 512, "--compression",
+    done = gpurig("train", "-n", 2, "--engine", engine, "--epochs", 1, "--global-batch", 512, "--compression",
                   "none", "--no-predict", "--json", "--checkpoint-dir", tmp_path / "ck", "--timeline", trace_path,
-                  timeout=300)
+                  *more, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), trace_path
 
@@ -78,11 +85,17 @@ def test_train_timeline_matches_the_printed_split(timeline_run):
     complete = check_schema(trace, ranks=2)
     epochs = summary["epochs"]
     steps = len(epochs) * (4000 // 512)
+    sharded = summary.get("shard", "none") != "none"   # buckets reduce-scattered straight from the gradients
+    names = {"reduce-scatter"} if sharded else {"copy in", "allreduce"}
+    collective = "reduce-scatter" if sharded else "allreduce"
     for pid in (0, 1):
         assert_tiles(complete, pid)
         buckets = [e for e in complete if e["pid"] == pid and e["tid"] > 0]
-        assert {e["name"] for e in buckets} == {"copy in", "allreduce"}
-        assert len([e for e in buckets if e["name"] == "allreduce"]) == steps * len({e["tid"] for e in buckets})
+        if summary.get("parallel", "data") != "data":   # model parallelism: no buckets
+            assert not buckets
+            continue
+        assert {e["name"] for e in buckets} == names
+        assert len([e for e in buckets if e["name"] == collective]) == steps * len({e["tid"] for e in buckets})
     # the printed split leaves out the run's first WARMUP_STEPS steps (loading kernels, growing the allocator, an
     # engine's first collective): so do the trace's totals, from the data loading of the step after them
     timed = {name: 0.0 for name in PHASES}

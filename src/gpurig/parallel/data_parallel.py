@@ -326,6 +326,7 @@ class DataParallel(torch.nn.Module):
         self.auto_choice: dict | None = None
         self.module = module
         self.comm = comm or comm_mod.current()
+        self.zero = None
         # a parallel.timeline.Timeline recording each bucket and the wait for them, or None (off: nothing recorded)
         self.timeline = timeline if timeline is not None else timeline_mod.current()
         self.broadcast_buffers = broadcast_buffers
@@ -378,8 +379,20 @@ class DataParallel(torch.nn.Module):
         self._build_buckets()
         # ZeRO: reduce-scatter, this rank's shard of the gradients, parameters allgathered after the step
         self.zero = zero.ShardedBuckets(self.buckets, self.comm, self.shard, self.stats) if self.shard != "none" else None
+        self.timeline = self.timeline   # the shards' allgather records on it too
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
         self._engine_moves_itself = getattr(self.comm.engine, "native_async", False)
+
+    @property
+    def timeline(self):
+        """The :class:`~gpurig.parallel.timeline.Timeline` recording each bucket and the waits, or None (off)."""
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, value) -> None:
+        self._timeline = value
+        if self.zero is not None:
+            self.zero.timeline = value
 
     @property
     def compresses(self) -> bool:
@@ -672,7 +685,8 @@ class DataParallel(torch.nn.Module):
                 if bucket.handle is not None:  # None: allreduced in place already (_inline)
                     bucket.handle.wait()
                     if bucket.method == "none":  # a compressed bucket records its own halves
-                        self._record("allreduce", bucket.launched_at, time.perf_counter(), index)
+                        self._record("allreduce" if self.zero is None else "reduce-scatter", bucket.launched_at,
+                                     time.perf_counter(), index)
             if last is not None:
                 last.wait()
             if self._used is not None:  # after every bucket's collectives, on every rank

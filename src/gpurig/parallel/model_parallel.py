@@ -83,15 +83,22 @@ class Exchanges:
     def __init__(self, comm: comm_mod.Communicator | None = None):
         self.comm = comm or comm_mod.current()
         self.stats = ExchangeStats()
+        # a parallel.timeline.Timeline, or None: an exchange blocks the forward or backward around it, a wait it
+        # records (cut out of that phase, named communication as the printed split names it)
+        self.timeline = None
+        self.in_step = True   # False outside a training step (an evaluation's forward): the timeline keeps steps only
 
     @property
     def ranks(self) -> int:
         return self.comm.size
 
     def _count(self, started: float, nbytes: float) -> None:
+        ended = time.perf_counter()
         self.stats.calls += 1
         self.stats.bytes_sent += int(nbytes)
-        self.stats.seconds += time.perf_counter() - started
+        self.stats.seconds += ended - started
+        if self.timeline is not None and self.in_step:
+            self.timeline.exposed(started, ended)
 
     def _share(self, tensor: torch.Tensor) -> float:
         """(P−1)/P of the tensor's bytes: what one rank sends in a ring allgather or reduce-scatter."""

@@ -107,6 +107,7 @@ class ModelParallel(nn.Module):
         if not self._inputs_checked:
             self._check_same_input(args)
         before = (self.exchanges.stats.bytes_sent, self.exchanges.stats.seconds)
+        self.exchanges.in_step = torch.is_grad_enabled()   # a step's exchanges: to its backward's end (below)
         if self.data_parallel is not None:
             out = self.data_parallel(self.module, *args, **kwargs)
         else:
@@ -134,6 +135,7 @@ class ModelParallel(nn.Module):
             self._own.bytes_sent += self.exchanges.stats.bytes_sent - before[0]
             self._own.exposed_s += seconds
             self._own.last_exposed_s = seconds
+            self.exchanges.in_step = False
 
         torch.autograd.Variable._execution_engine.queue_callback(finish_step)
 

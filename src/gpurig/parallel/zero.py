@@ -144,6 +144,7 @@ class ShardedBuckets:
     def __init__(self, buckets: list, comm, stage: str, stats):
         self.buckets, self.comm, self.stage, self.stats = buckets, comm, stage, stats
         self.optimizer = None  # the ZeroRedundancyOptimizer, once wrapped
+        self.timeline = None   # its DataParallel's (parallel.timeline.Timeline): the allgather is a wait it records
         self.flat_params: list[torch.Tensor] = []
         self.grad_shards: list[torch.Tensor] = []
         self.bounds: list[tuple[int, int]] = []
@@ -278,9 +279,12 @@ class ShardedBuckets:
         for handle in handles:
             handle.wait()
         self.stats.bytes_sent += sum(wire_bytes("none", bucket.shapes, size) // 2 for bucket in self.buckets)
-        waited = time.perf_counter() - began  # nothing hides it (yet): the step's exposed communication
+        ended = time.perf_counter()
+        waited = ended - began  # nothing hides it (yet): the step's exposed communication
         self.stats.exposed_s += waited
         self.stats.last_exposed_s += waited
+        if self.timeline is not None:   # inside the optimizer's span: cut out of it, as printed
+            self.timeline.exposed(began, ended)
 
     def segments(self, group_of: dict) -> list[Segment]:
         """This rank's shard of every bucket cut into :class:`Segment` s: runs of parameters of one group

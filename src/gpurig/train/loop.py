@@ -108,6 +108,8 @@ def train_on_this_rank(config: TrainConfig, on_event=None) -> dict:
     recorder = Timeline(config.timeline, comm) if config.timeline else None  # --timeline: None when off
     if recorder is not None and dp is not None:
         dp.timeline = recorder
+    if recorder is not None and getattr(wrapped, "exchanges", None) is not None:  # model or hybrid parallelism
+        wrapped.exchanges.timeline = recorder
     faults = Injector(comm.rank)
     metrics = MetricsLog(config.checkpoint_dir, config.logdir, enabled=comm.rank == 0, first_epoch=start_epoch,
                          first_step=start.global_step(len(batches)))
