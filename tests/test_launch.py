@@ -450,3 +450,37 @@ def test_gpurig_run_inside_a_job_is_refused_in_one_line(monkeypatch):
     code, out, err = run_cli(["run", "-n", "2", "--", "python", "-c", "pass"])
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "already rank 1 of a job of 2" in err and "unset RANK and WORLD_SIZE" in err, err
+
+
+def test_a_standby_whose_rank_died_is_started_again_when_taken(monkeypatch):
+    """The next attempt waits parked; a rank of it killed meanwhile spent the restart on ranks that were gone
+    (the restart then failed at once). Real processes stand in for its ranks."""
+    monkeypatch.setattr(gpurig.launch.job, "STANDBY_DELAY_S", 0.0)
+    started, discarded = [], []
+
+    class Attempt:
+        def __init__(self):
+            self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+            started.append(self)
+
+        def alive(self):
+            return self.proc.poll() is None
+
+        def discard(self):
+            discarded.append(self)
+            self.proc.kill()
+            self.proc.wait()
+
+    job_over = threading.Event()
+    standby = gpurig.launch.job._Standby(Attempt, job_over)
+    deadline = time.monotonic() + 30
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started[0].proc.kill()          # a standby rank dies while it waits
+    started[0].proc.wait()
+    taken = standby.take()
+    try:
+        assert taken is started[1] and taken.alive() and discarded == [started[0]]
+    finally:
+        taken.discard()
+        job_over.set()

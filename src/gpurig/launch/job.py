@@ -299,9 +299,13 @@ class _Standby:
         self._job_over.wait()
 
     def take(self):
-        """The attempt, started now if the delay has not passed yet."""
+        """The attempt, started now if the delay has not passed yet; started again if a rank of it has ended
+        while it waited (killed, out of memory): a restart is not spent on ranks that are gone."""
         self._wanted.set()
         self._ready.wait()
+        if self._attempt is not None and not self._attempt.alive():
+            self._attempt.discard()
+            self._attempt = self._start()
         return self._attempt
 
     def discard(self) -> None:
@@ -341,6 +345,10 @@ class _LocalAttempt:
         """Let parked ranks run (nothing for ranks started at once)."""
         release(os.path.join(self.status_dir, "go"))
 
+    def alive(self) -> bool:
+        """Whether every rank is still running and none has reported a failure."""
+        return all(p.poll() is None for p in self.procs) and first_failure(self.status_dir) is None
+
     def wait(self):
         """The attempt's first failure, or None; its status directory is removed."""
         try:
@@ -374,6 +382,10 @@ class _MpiAttempt:
     def release(self) -> None:
         """Let parked ranks run (nothing for ranks started at once)."""
         release(os.path.join(self.status_dir, "go"))
+
+    def alive(self) -> bool:
+        """Whether its mpirun is still running and no rank has reported a failure."""
+        return self.job.proc.poll() is None and first_failure(self.status_dir) is None
 
     def wait(self):
         """The attempt's first failure, or None; its status directory is removed."""

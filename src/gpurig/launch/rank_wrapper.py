@@ -36,6 +36,7 @@ from gpurig.launch.output import RankOutput
 from gpurig.launch.processes import GRACE_S, die_with_parent, in_terminal_foreground, say
 from gpurig.launch.progress import PROGRESS_VARIABLE, ProgressFile
 from gpurig.launch.rank_env import rank_path
+from gpurig.launch.standby import still_parked
 from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -102,7 +103,8 @@ def _supervise(command: list[str], rank: int | None, host: str, progress: Progre
     reported, doing, where = progress.read()
     ending = RankFailed(rank, where or host, code, during=doing if code != 0 else None)
     if ending.returncode != 0 and not told_to_stop and not reported:
-        say(f"gpurig: {ending}")
+        if not still_parked():  # a standby rank's end is its launcher's to notice: the job it may replace runs on
+            say(f"gpurig: {ending}")
         record_failure(os.environ.get(STATUS_DIR_VARIABLE), ending)
     return ending.exit_code
 

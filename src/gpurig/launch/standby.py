@@ -102,6 +102,16 @@ def park(env=None) -> bool:
     return wait_if_parked([], {**env, PARKS_ITSELF_VARIABLE: ""})
 
 
+def still_parked(env=None) -> bool:
+    """Whether this is a standby rank its launcher has not released yet.
+
+    >>> still_parked({}), still_parked({PARK_VARIABLE: "/nonexistent/go"})
+    (False, True)
+    """
+    go = (os.environ if env is None else env).get(PARK_VARIABLE)
+    return bool(go) and not os.path.exists(go)
+
+
 def release(go: str | os.PathLike) -> None:
     """Let the standby ranks waiting for ``go`` run.
 
