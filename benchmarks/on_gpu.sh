@@ -5,7 +5,7 @@
 # predict vs measured training steps per precision (and peak memory), codec throughput on the GPU, and
 # DataParallel on CUDA tensors vs DDP (two ranks sharing the GPU), the GPU's busy share of a step. doctor, bench's host<->device copies and
 # GEMM sweep, and `gpurig train` on the GPU ran on an earlier lent H100 (docs/hardware.md); PARTS=all adds them.
-# PARTS=dp,held-out (any of gpu-tests, validation, held-out, codecs, dp, kernels, kernel-classes,
+# PARTS=dp,held-out (any of session52, gpu-tests, validation, held-out, codecs, dp, kernels, kernel-classes,
 # kernel-classes-held-out, train-gloo, train-predict, train-step, codec-chain, train-codecs, all) runs only those: held-out
 # is predict against models it was never tuned on (held_out_models.py); train-gloo is `gpurig train` over Gloo on
 # CUDA tensors, which once ran past 200 s (docs/benchmarks.md), with every rank's Python stacks if it runs long.
@@ -38,6 +38,13 @@ if want gpu-tests; then
   step "the codecs on the GPU: Triton encoders vs the C kernels, CUDA graphs vs eager kernels (pytest)"
   timeout ${GPU_TESTS_S:-240} $PY -m pytest -q -p no:cacheprovider tests/test_gpu_codecs.py tests/test_codecs.py 2>&1 \
     | tail -25 | tee "$OUT/gpu_tests.txt"
+fi
+if want session52; then
+  step "session 52's fixes on CUDA tensors (fp16 average, MixedPrecision's default device, frozen after wrapping)"
+  for engine in torch mpi; do
+    GPURIG_BACKEND=gloo timeout 90 $PY -m gpurig run -n 2 --engine $engine -- $PY benchmarks/gpu_session52.py 2>&1 \
+      | tail -12 | tee "$OUT/session52-$engine.txt"
+  done
 fi
 if want validation; then
   step "predict vs measured training steps on this GPU"
