@@ -173,6 +173,8 @@ def test_cloud_rent_and_break_even():
     (["--candidates", "GTX 980", "--max-gpus", "0"], "--max-gpus must be 1 to 8: a candidate is one machine"),
     (["--candidates", "GTX 980", "--prices", "PRICES"], "date 'June'"),
     (["--candidates", "GTX 980", "--prices", "FUTURE"], "(GTX 980): date 2999-01 is after today"),
+    (["--candidates", "GTX 980", "--prices", "UNDATED"], "(GTX 980): no date: give the day the price was seen"),
+    (["--candidates", "GTX 980", "--prices", "TWICE"], "GTX 980 again (first at --prices"),
     (["--candidates", "GTX 980", "--optimizer", "adagrad"], "--optimizer must be one of"),
     (["--candidates", "GTX 980", "--optimizer-impl", "apex"], "unknown optimizer implementation 'apex'"),
 ])
@@ -181,7 +183,11 @@ def test_bad_input_is_one_line(args, message, tmp_path):
     prices.write_text("name,usd,date\nGTX 980,100,June\n")
     future = tmp_path / "future.csv"
     future.write_text("name,usd,date\nGTX 980,100,2999-01\n")
-    files = {"PRICES": prices, "FUTURE": future}
+    undated = tmp_path / "undated.csv"
+    undated.write_text("name,usd,date,source\nGTX 980,100\n")
+    twice = tmp_path / "twice.csv"
+    twice.write_text("name,usd,date\nGTX 980,100,2026-01\nGTX 980,90,2026-02\n")
+    files = {"PRICES": prices, "FUTURE": future, "UNDATED": undated, "TWICE": twice}
     code, out, err = run_cli(["choose", "--model", "mnist-mlp", *[files.get(a, a) for a in args]])
     assert code == 2 and message in err and "Traceback" not in err + out, err
     assert len(err.strip().splitlines()) == 1
@@ -249,3 +255,35 @@ def test_a_candidate_that_cannot_run_the_precision_is_left_out_not_the_run():
                for note in result["notes"]), result["notes"]
     code, _, err = run_cli(["choose", "--model", "mnist-mlp", "--precision", "fp8", "--candidates", "RTX 3090"])
     assert code == 2 and "needs FP8 tensor cores" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_option_no_machine_holds_goes_last_on_the_most_capable_board():
+    """8 GPUs fit no board of the parts list: such an option ranked first on the cheapest parts (a one-slot AM5
+    board under 8 RTX 3090s), above builds that exist."""
+    result = choose(ChooseRequest(model="mnist-mlp", candidates=("RTX 3090",), max_gpus=8))
+    from gpurig.choose.ranking import unbuildable
+
+    rows = result["rows"]
+    eight = next(r for r in rows if r["gpus"] == 8)
+    assert unbuildable(eight) and not eight["pareto"]
+    assert any(c["rule"] == "board slots" and c["verdict"] == "problem" for c in eight["plan_concerns"])
+    marks = [unbuildable(r) for r in rows]
+    assert marks == sorted(marks) and not marks[0], marks   # every buildable option first
+    board = next(p["name"] for machine in eight["parts"] for p in machine if p["kind"] == "board")
+    assert "one x16 slot" not in board, board
+    code, out, err = run_cli(["choose", "--model", "mnist-mlp", "--candidates", "RTX 3090", "--max-gpus", "8"])
+    assert code == 0 and "✗ no machine holds it (why)" in out and " ✗ │" in out, out
+
+
+def test_the_wide_table_only_where_its_numbers_show_whole(monkeypatch):
+    """From 120 columns the wide table was chosen, and up to 129 it cut $/M, the number the ranking is by."""
+    argv = ["choose", "--model", "bert-base", "--batch", "32", "--tokens", "128", "--precision", "bf16",
+            "--candidates", "RTX 4090, RTX 6000 Ada", "--max-gpus", "2", "--hours", "2000", "--cloud",
+            "--price", "RTX 4090=0.69/h"]
+    for columns in ("120", "125", "160"):
+        monkeypatch.setenv("COLUMNS", columns)
+        code, out, err = run_cli(argv)
+        assert code == 0, err
+        header = next(line for line in out.splitlines() if "option" in line and "$/M" in line)
+        assert len(header) <= int(columns) and header.rstrip().endswith("┃"), (columns, header)
+        assert ("kWh/M" in header) == (columns == "160"), (columns, header)

@@ -91,6 +91,13 @@ def test_cooling_rules():
 def test_slots_connectors_memory_network_and_mixed_models():
     v = run_plan(gpus=[{"model": "4090", "count": 4}], board={"gpu_slots": 4, "slot_pitch": 2})
     assert v["board slots"]["verdict"] == "problem"                  # 3-slot cards 2 slots apart
+    assert "2 cards fit" in v["board slots"]["reason"], v["board slots"]
+    v = run_plan(gpus=[{"model": "4090", "count": 2}], board={"gpu_slots": 4, "slot_pitch": 2})
+    assert v["board slots"]["verdict"] == "ok"                       # slots 1 and 3: a spare slot under each
+    v = run_plan(gpus=[{"model": "RTX A6000", "count": 2}], psu={"pcie_8pin": 4})
+    assert v["power connectors"]["verdict"] == "problem" and "0 × EPS 8-pin" in v["power connectors"]["reason"]
+    v = run_plan(gpus=[{"model": "RTX A6000", "count": 2}], psu={"pcie_8pin": 4, "eps_8pin": 2})
+    assert v["power connectors"]["verdict"] == "ok"
     v = run_plan(gpus=[{"model": "2080ti", "count": 4}], psu={"pcie_8pin": 6})
     assert v["power connectors"]["verdict"] == "problem" and "8 × 8-pin" in v["power connectors"]["number"]
     v = run_plan(gpus=[{"model": "1080 ti", "count": 2}], psu={"pcie_6pin": 0, "pcie_8pin": 4})
@@ -233,3 +240,13 @@ def test_a_spec_with_a_node_without_gpus_plans_its_gpu_machines(tmp_path):
     assert code == 0, err
     report = json.loads(out)
     assert report["nodes"] == 2 and report["gpus"] == [{"model": "GeForce RTX 3090", "count": 4, "cooler": "open"}]
+
+
+def test_a_link_runs_at_the_older_of_the_slot_and_the_card():
+    """A PCIe 3.0 card in a PCIe 5.0 board was priced at 5.0; a GPU a spec describes without a generation was a
+    traceback."""
+    code, out, err = run_cli(["plan", "--gpu", "4x2080ti", "--cpu-lanes", "40", "--pcie-gen", "5.0", "--json"])
+    verdicts = {v["rule"]: v for v in json.loads(out)["verdicts"]}
+    assert code == 0 and "PCIe 3.0" in verdicts["PCIe generation"]["number"], verdicts["PCIe generation"]
+    code, out, err = run_cli(["plan", "--gpu", "2x4090", "--psu-eps", "2", "--json"])   # the flag exists
+    assert code == 0, err

@@ -87,7 +87,9 @@ def machine_parts(machine: Build, book: PriceBook) -> tuple[Build, tuple[Part, .
         scored.append((failing, cpu, board))
         if failing == 0:
             break
-    _, cpu, board = min(scored, key=lambda s: s[0])   # the first (cheapest) of the fewest failing rules
+    # the fewest failing rules; among equals, where none passes, the most capable (slots, then lanes: a 1-slot
+    # board under 8 GPUs fails the same two rules as a 4-slot one), then the cheapest (``pairs`` is in price order)
+    _, cpu, board = min(scored, key=lambda s: (s[0], -(s[2].gpu_slots or 0), -(s[1].pcie_lanes or 0)))
     machine = _with_platform(machine, cpu, board)
 
     psus = sorted((p for p in catalog if p.kind == "psu"), key=lambda p: book.part(p).usd)

@@ -87,7 +87,15 @@ def price_book(flags: tuple[str, ...], path: str | None, today: datetime.date | 
     """The catalog's prices with ``--prices FILE`` over them and ``--price`` flags over both."""
     book = PriceBook(today or datetime.date.today())
     if path is not None:
+        seen: dict[str, str] = {}
         for name, values, where in _file_rows(path):
+            # a file's price is as old as its date says: without one it would pass for today's
+            if not values.get("date") and not (values.get("cloud_usd_per_gpu_hour") and values.get("cloud_date")):
+                raise UsageError(f"{where} ({name}): no date: give the day the price was seen (YYYY-MM-DD, or "
+                                 "YYYY-MM), so an old price is flagged")
+            if name.strip().lower() in seen:
+                raise UsageError(f"{where}: {name} again (first at {seen[name.strip().lower()]}): one row a name")
+            seen[name.strip().lower()] = where
             _apply(book, name, values, where)
     for text in flags:
         for item in (p for p in text.split(";") if p.strip()):

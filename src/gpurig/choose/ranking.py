@@ -6,19 +6,36 @@ from __future__ import annotations
 from gpurig.choose.prices import PriceBook
 from gpurig.choose.request import OBJECTIVES
 from gpurig.errors import UsageError
+from gpurig.hardware.rules import PROBLEM
 from gpurig.perf.precision import MIXED
 
 
 def _key(row: dict, objective: str) -> tuple:
     value = {"cost": row["usd_per_m_samples"], "time": row["hours_per_m_samples"],
              "energy": row["kwh_per_m_samples"]}[objective]
-    return (not row["memory"]["fits"], value is None, value if value is not None else 0.0,
+    return (not row["memory"]["fits"], unbuildable(row), value is None, value if value is not None else 0.0,
             row["hours_per_m_samples"])
 
 
+# plan's rules whose problem means no machine of the parts list holds the option (a slow one still runs: lanes, heat)
+CANNOT_BUILD = ("board slots", "PSU watts", "power connectors")
+
+
+def unbuildable(row: dict) -> bool:
+    """Whether plan finds that nothing in the parts list builds the option's machine: too few slots for its cards,
+    no PSU with the watts or the connectors.
+
+    >>> unbuildable({"plan_concerns": [{"rule": "board slots", "verdict": "problem"}]})
+    True
+    >>> unbuildable({"plan_concerns": [{"rule": "cooling", "verdict": "problem"}]}), unbuildable({})
+    (False, False)
+    """
+    return any(c["rule"] in CANNOT_BUILD and c["verdict"] == PROBLEM for c in row.get("plan_concerns", ()))
+
+
 def rank(rows: list[dict], objective: str) -> None:
-    """Sort ``rows`` in place, best first by ``objective`` (per million samples); rows that do not fit, and rows
-    without the number, go last. Each row gets its ``rank``.
+    """Sort ``rows`` in place, best first by ``objective`` (per million samples); rows that do not fit, then rows
+    no machine of the parts list holds (:func:`unbuildable`), then rows without the number, go last. Each row gets its ``rank``.
 
     >>> rows = [{"memory": {"fits": True}, "usd_per_m_samples": 2.0, "hours_per_m_samples": 1.0, "kwh_per_m_samples": 1},
     ...         {"memory": {"fits": True}, "usd_per_m_samples": 1.0, "hours_per_m_samples": 2.0, "kwh_per_m_samples": 1}]
@@ -41,10 +58,10 @@ def mark_pareto(rows: list[dict]) -> None:
     [True, True, False, False]
     """
     points = [(r["usd_per_m_samples"], r["hours_per_m_samples"]) for r in rows
-              if r["memory"]["fits"] and r["usd_per_m_samples"] is not None]
+              if r["memory"]["fits"] and not unbuildable(r) and r["usd_per_m_samples"] is not None]
     for row in rows:
         cost, time = row["usd_per_m_samples"], row["hours_per_m_samples"]
-        row["pareto"] = bool(row["memory"]["fits"] and cost is not None and not any(
+        row["pareto"] = bool(row["memory"]["fits"] and not unbuildable(row) and cost is not None and not any(
             c <= cost and t <= time and (c < cost or t < time) for c, t in points))
 
 

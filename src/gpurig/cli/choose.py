@@ -144,8 +144,8 @@ def show(result: dict) -> None:
     """The ranking as a rich table (key numbers whole at 80 columns; more columns when wider), each row's
     reasons, the cloud comparison and the notes."""
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+
+    from gpurig.choose.ranking import unbuildable
 
     console = Console()
     work = result["work"]
@@ -156,30 +156,25 @@ def show(result: dict) -> None:
                   f"{result['precision']}, {result['optimizer']}; {doing}; electricity ${result['price_per_kwh']:.2f}/kWh"
                   + (f"; budget ${result['budget_usd']:,.0f}" if result["budget_usd"] else "")
                   + f"; ranked by {result['objective']} per million samples")
-    wide = console.width >= WIDE_COLUMNS
     columns = [("#", lambda r: f"{r['rank']}{'*' if r['pareto'] else ''}"),
                ("option", lambda r: short(r["option"])),
                ("samples/s", lambda r: figures(r['samples_per_s'])),
                ("hours" if by_epochs else "M samples",
                 lambda r: f"{r['hours']:,.1f}" if by_epochs else f"{r['samples'] / 1e6:,.0f}"),
                ("GB/GPU", lambda r: f"{r['memory']['total_gb']:.2g}" + (" ok" if r["memory"]["fits"] else " [bold red]✗[/]")),
-               ("build $", lambda r: _usd(r["build_usd"], any(p.get("stale") for p in r["gpu_prices"]))),
+               ("build $", lambda r: _usd(r["build_usd"], any(p.get("stale") for p in r["gpu_prices"]))
+                + (" ✗" if unbuildable(r) else "")),
                ("$/M", lambda r: _money(r["usd_per_m_samples"]) + (" rent" if r["cost_how"] == "rent" else ""))]
-    if wide:
-        columns[6:6] = [("GPUs $", lambda r: _usd(r["gpu_usd"])), ("energy $", lambda r: _usd(r["energy_usd"])),
-                        ("kWh/M", lambda r: f"{r['kwh_per_m_samples']:.3g}"),
-                        ("speed-up", lambda r: f"{r['speedup']:.2f}x"), ("plan", lambda r: r["plan_overall"])]
-    table = Table(title="* Pareto front; ! price > 1 year old", title_justify="left")
-    cells = [[value(row) for _, value in columns] for row in result["rows"]]
-    for i, (header, _) in enumerate(columns):
-        if header == "option":   # a long cluster name wraps; the numbers stay whole
-            table.add_column(header, overflow="fold", min_width=12)
-        else:
-            widest = max([len(header)] + [len(Text.from_markup(line[i]).plain) for line in cells])
-            table.add_column(header, justify="right", no_wrap=True, min_width=widest)
-    for line in cells:
-        table.add_row(*line)
-    console.print(table)
+    wide_columns = columns[:6] + [("GPUs $", lambda r: _usd(r["gpu_usd"])), ("energy $", lambda r: _usd(r["energy_usd"])),
+                                  ("kWh/M", lambda r: f"{r['kwh_per_m_samples']:.3g}"),
+                                  ("speed-up", lambda r: f"{r['speedup']:.2f}x"),
+                                  ("plan", lambda r: r["plan_overall"])] + columns[6:]
+    # the wide table where the terminal holds it whole, numbers and all (from WIDE_COLUMNS on, it did not always)
+    if console.width >= WIDE_COLUMNS and _table_width(wide_columns, result["rows"]) <= console.width:
+        columns = wide_columns
+    legend = "* Pareto front; ! price > 1 year old" + (
+        "; ✗ no machine holds it (why)" if any(unbuildable(r) for r in result["rows"]) else "")
+    console.print(_whole_numbers_table(legend, columns, result["rows"]))
     console.print("why (the guide's reasons, predict's and plan's numbers):")
     for row in result["rows"]:
         console.print(f"  {row['rank']}. {short(row['option'])}: " + "; ".join(row["reasons"]), highlight=False)
@@ -191,19 +186,50 @@ def show(result: dict) -> None:
         console.print(f"note: {note}", highlight=False)
 
 
-def _show_cloud(console, rows: list[dict]) -> None:
-    from rich.table import Table
+def _cells(columns, rows: list[dict]) -> list[list[str]]:
+    return [[value(row) for _, value in columns] for row in rows]
 
-    table = Table(title="buy or rent (the same work)", title_justify="left")
-    for header in ("option", "$/h", "rent $", "buy+energy $", "break-even h"):
-        table.add_column(header, justify="left" if header == "option" else "right", no_wrap=True)
-    for row in rows:
-        if row["cloud_usd_per_hour"] is None:
-            continue
+
+def _table_width(columns, rows: list[dict]) -> int:
+    """Columns the table of ``columns`` needs with every number whole (the option's name at 12, wrapping)."""
+    from rich.text import Text
+
+    cells = _cells(columns, rows)
+    widths = [12 if header == "option" else max([len(header)] + [len(Text.from_markup(line[i]).plain) for line in cells])
+              for i, (header, _) in enumerate(columns)]
+    return sum(widths) + 3 * len(widths) + 1   # a space either side of each cell, a rule between and around
+
+
+def _whole_numbers_table(title: str, columns, rows: list[dict]):
+    """A rich table of ``columns`` (header, cell of a row) over ``rows``: the option's name wraps, numbers stay whole."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    cells = _cells(columns, rows)
+    for i, (header, _) in enumerate(columns):
+        if header == "option":   # a long cluster name wraps; the numbers stay whole
+            table.add_column(header, overflow="fold", min_width=12)
+        else:
+            widest = max([len(header)] + [len(Text.from_markup(line[i]).plain) for line in cells])
+            table.add_column(header, justify="right", no_wrap=True, min_width=widest)
+    for line in cells:
+        table.add_row(*line)
+    return table
+
+
+def _show_cloud(console, rows: list[dict]) -> None:
+    def break_even(row):
         even = row["break_even_hours"]
-        stale = "!" if any(p["stale"] for p in row["cloud_prices"]) else ""
-        table.add_row(short(row["option"]), f"{row['cloud_usd_per_hour']:.2f}{stale}", _money(row["rent_usd"]),
-                      _usd(row["own_usd"]), "never" if row["break_even_never"] else "—" if even is None else f"{even:,.0f}")
+        return "never" if row["break_even_never"] else "—" if even is None else f"{even:,.0f}"
+
+    columns = [("option", lambda r: short(r["option"])),
+               ("$/h", lambda r: f"{r['cloud_usd_per_hour']:.2f}" + ("!" if any(p["stale"] for p in r["cloud_prices"])
+                                                                    else "")),
+               ("rent $", lambda r: _money(r["rent_usd"])), ("buy+energy $", lambda r: _usd(r["own_usd"])),
+               ("break-even h", break_even)]
+    table = _whole_numbers_table("buy or rent (the same work)", columns,
+                                 [row for row in rows if row["cloud_usd_per_hour"] is not None])
     if table.row_count:
         console.print(table)
         console.print("break-even: the hours of use after which buying (and paying its electricity) costs less "

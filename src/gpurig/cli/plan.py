@@ -63,6 +63,9 @@ def add_parser(subparsers) -> None:
     c.add_argument("--psu-6pin", type=int, metavar="N", help="PCIe 6-pin connectors on the PSU")
     c.add_argument("--psu-8pin", type=int, metavar="N", help="PCIe 8-pin (6+2) connectors on the PSU")
     c.add_argument("--psu-16pin", type=int, metavar="N", help="12VHPWR / 12V-2x6 connectors on the PSU")
+    c.add_argument("--psu-eps", type=int, metavar="N",
+                   help="EPS 8-pin (CPU) connectors on the PSU beyond the CPU's own: workstation and data-centre "
+                        "PCIe cards (RTX A6000, A100 PCIe) take these")
     c.add_argument("--slots", type=int, metavar="N", help="x16-size GPU slots on the board")
     c.add_argument("--slot-pitch", type=int, metavar="N", help="slots from one GPU slot to the next (2 = double spacing)")
     c.add_argument("--lanes", metavar="L,L,..", help="lanes each GPU gets, e.g. 16,8,8,8")
@@ -119,7 +122,7 @@ def flags_to_data(args) -> dict:
         "cpu": table(cores=args.cpu_cores,
                      threads=args.cpu_threads, ghz=args.cpu_ghz, tdp_w=args.cpu_tdp, pcie_lanes=args.cpu_lanes),
         "psu": table(watts=args.psu_watts, efficiency=args.psu_efficiency, pcie_6pin=args.psu_6pin,
-                     pcie_8pin=args.psu_8pin, pcie_16pin=args.psu_16pin),
+                     pcie_8pin=args.psu_8pin, pcie_16pin=args.psu_16pin, eps_8pin=args.psu_eps),
         "board": table(gpu_slots=args.slots, slot_pitch=args.slot_pitch, pcie_gen=args.pcie_gen,
                        sockets=args.sockets, pcie_switches=args.pcie_switches,
                        lanes=_lane_list(args.lanes) if args.lanes else None),

@@ -20,6 +20,7 @@ from gpurig.units import BINARY, tensor_bytes
 OK, WARNING, PROBLEM, INFO = "ok", "warning", "problem", "info"
 VERDICTS = (OK, WARNING, PROBLEM, INFO)
 THREADS_PER_GPU = {"during": 4, "before": 2}     # preprocessing while training / before training
+DEFAULT_PCIE_GEN = "3.0"  # a link whose generation no part states: the oldest still common
 ASSUMED_CPU_TDP_W = 150                            # the guide's example CPU, when none is given
 IMAGENET_BATCH = (32, 225, 225, 3)                 # the guide's example mini-batch (fp32)
 GUIDE_STEP_MS = 216                                # the guide's ResNet-152 forward + backward on its GPU
@@ -146,7 +147,7 @@ def power_connectors(build: Build):
     per_adapter = EIGHT_PIN_PER_16PIN[450] if big <= 450 else EIGHT_PIN_PER_16PIN[600]
     spare8 -= missing16 * per_adapter
     spare8 -= max(0, need["6"] - have6)
-    have = f"PSU: {have6} × 6-pin, {have8} × 8-pin, {have16} × 16-pin"
+    have = f"PSU: {have6} × 6-pin, {have8} × 8-pin, {have16} × 16-pin" + (f", {eps} × EPS 8-pin" if need["8cpu"] else "")
     if spare8 < 0 or eps < need["8cpu"] and need["8cpu"]:
         return Verdict("power connectors", PROBLEM, f"need {wanted}", f"{have}: not enough")
     if missing16:
@@ -262,7 +263,7 @@ def pcie_lanes(build: Build):
         return Verdict("PCIe lanes", PROBLEM, f"{shown}: {max(devices)} devices on one CPU",
                        f"a CPU's lanes drive at most {topology.DEVICES_PER_CPU} devices (16/8/8/8 or 16/16/8): "
                        "more GPUs need a second CPU or PCIe switches, or a second machine")
-    gen = board.pcie_gen or min(g.pcie_gen for g in build.each_gpu())
+    gen = link_generation(build)
     worst = min(lanes)
     slowest = _slowest_gpu(build)
     step_ms = 1e3 * reference.compute_seconds(slowest)
@@ -278,6 +279,19 @@ def pcie_lanes(build: Build):
                    f"PCIe {gen}, {wiring}; {'hardly matters for 1–3 GPUs' if n < 4 else '≥ 8 lanes each'}; {share}")
 
 
+def link_generation(build: Build) -> str:
+    """The PCIe generation the GPUs' links run at: the lower of the board's and the oldest GPU's (a PCIe 3.0 card
+    in a 5.0 slot runs at 3.0); a GPU described without one takes the board's, and with neither known, 3.0.
+
+    >>> from gpurig.hardware.plan import inputs
+    >>> old_card = inputs(description="4 x RTX 2080 Ti", flags={"board": {"pcie_gen": "5.0"}})   # a 3.0 card
+    >>> link_generation(old_card), link_generation(inputs(description="2 x RTX 4090"))
+    ('3.0', '4.0')
+    """
+    known = [gen for gen in (build.board.pcie_gen, *(g.pcie_gen for g in build.each_gpu())) if gen]
+    return min(known, key=float) if known else DEFAULT_PCIE_GEN
+
+
 def _slowest_gpu(build: Build):
     models = list({g.gpu.name: g.gpu for g in build.gpus}.values())
     return models[0] if len(models) == 1 else max(models, key=reference.compute_seconds)
@@ -287,7 +301,7 @@ def pcie_generation(build: Build):
     """PCIe 3.0 for several GPUs: PCIe 2.0 costs a data-parallel net about 15 % at 2 GPUs (more at 3–4); the cost
     is ``predict``'s, on these GPUs and lanes. Across sockets GPU pairs copy through host memory."""
     board = build.board
-    gen = board.pcie_gen or min(g.pcie_gen for g in build.each_gpu())
+    gen = link_generation(build)
     n = build.gpu_count
     lanes = gpu_lanes(build) or [min(g.pcie_lanes or 16 for g in build.each_gpu())] * n
     worst = min(lanes) if lanes else 16
@@ -387,8 +401,15 @@ def slots(build: Build):
     if build.board.gpu_slots < n:
         return Verdict("board slots", PROBLEM, f"{build.board.gpu_slots} < {n}", "not enough GPU slots")
     if build.board.slot_pitch is not None and build.board.slot_pitch < width:
-        return Verdict("board slots", PROBLEM, f"{width}-slot cards, slots {build.board.slot_pitch} apart",
-                       "each card covers the next slot")
+        # each card covers the slots under it: every ``step``-th slot takes one (two 3-slot cards in slots 1 and 3
+        # of a 4-slot board spaced 2 apart)
+        step = -(-width // build.board.slot_pitch)
+        room = -(-build.board.gpu_slots // step)
+        if room < n:
+            return Verdict("board slots", PROBLEM, f"{width}-slot cards, slots {build.board.slot_pitch} apart",
+                           f"each card covers the next slot: {count(room, 'card')} fit")
+        return Verdict("board slots", OK, f"{count(build.board.gpu_slots, 'slot')} for {n}",
+                       f"{width}-slot cards in every {'other' if step == 2 else f'{step}th'} slot")
     if n > 4:
         return Verdict("board slots", WARNING, f"{n} GPUs", "boards usually support 4 GPUs at most")
     return Verdict("board slots", OK, f"{count(build.board.gpu_slots, 'slot')} for {n}", f"{width}-slot cards fit")

@@ -330,8 +330,10 @@ def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficienc
 
     node = spec.nodes[0]
     gpu = node.gpu
-    pcie = pcie_bytes_per_s or pcie_rate(node.pcie_gen or (gpu.pcie_gen if gpu else None) or "3.0",
-                                         node.pcie_lanes or (gpu.pcie_lanes if gpu else None) or 16)
+    # a link runs at the lower of the slot's and the card's generation and width (a PCIe 3.0 card in a 5.0 slot: 3.0)
+    gens = [g for g in (node.pcie_gen, gpu.pcie_gen if gpu else None) if g]
+    widths = [w for w in (node.pcie_lanes, gpu.pcie_lanes if gpu else None) if w]
+    pcie = pcie_bytes_per_s or pcie_rate(min(gens, key=float) if gens else "3.0", min(widths) if widths else 16)
     pcie_link = Link(LATENCY_S["pcie"], pcie * LINK_EFFICIENCY)
     local = pcie_link
     if gpu is not None and getattr(gpu, "gpu_link_gbs", None) and node.gpus > 1:

@@ -39,12 +39,14 @@ def read_toml(path: str | Path) -> dict:
 
 def write_toml(path: str | Path, data: dict, header: str = "") -> None:
     """Write ``data`` to ``path`` as TOML, with ``header`` as comment lines on top."""
-    import tomli_w
+    from gpurig.errors import UsageError
 
+    try:
+        import tomli_w
+    except ModuleNotFoundError:  # a declared dependency; missing where gpurig runs from a tree (PYTHONPATH=src)
+        raise UsageError(f"cannot write {path}: writing TOML needs tomli-w (pip install tomli-w)") from None
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     try:
         Path(path).write_text(comment + ("\n" if comment else "") + tomli_w.dumps(data))
     except OSError as error:  # a full disk, a read-only file system: one line, not a traceback
-        from gpurig.errors import UsageError
-
         raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
