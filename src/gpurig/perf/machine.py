@@ -336,7 +336,10 @@ def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficienc
     pcie = pcie_bytes_per_s or pcie_rate(min(gens, key=float) if gens else "3.0", min(widths) if widths else 16)
     pcie_link = Link(LATENCY_S["pcie"], pcie * LINK_EFFICIENCY)
     local = pcie_link
-    if gpu is not None and getattr(gpu, "gpu_link_gbs", None) and node.gpus > 1:
+    # a PCIe card's NVLink bridge joins two cards: with more, a ring crosses PCIe between the pairs (SXM modules
+    # meet on NVSwitch or a mesh)
+    if gpu is not None and getattr(gpu, "gpu_link_gbs", None) and node.gpus > 1 and \
+            (node.gpus == 2 or getattr(gpu, "form_factor", None) != "pcie"):
         # NVLink's catalog figure is both directions together: half each way.
         local = Link(LATENCY_S["nvlink"], gpu.gpu_link_gbs * 1e9 / 2 * LINK_EFFICIENCY)
     network = pcie_link

@@ -246,19 +246,32 @@ def _host_copy_rate(node) -> float:
     lanes' rate, or its share of the x16 uplink of the PCIe switch it sits behind.
 
     >>> from gpurig.spec.describe import parse_description
-    >>> own, shared = (parse_description(d).nodes[0] for d in ("8 K20, PCIe 3.0 x16", "8 K20, PCIe 3.0 x16, 2 PLX"))
+    >>> own, shared = (parse_description(d).nodes[0] for d in ("8 K40, PCIe 3.0 x16", "8 K40, PCIe 3.0 x16, 2 PLX"))
     >>> round(_host_copy_rate(own) / 1e9, 2), round(_host_copy_rate(shared) / 1e9, 2)   # 4 GPUs per switch
     (15.75, 3.94)
     """
     from gpurig.hardware import topology
     from gpurig.perf.transfer import pcie_bytes_per_s
 
-    gen = node.pcie_gen or node.gpu.pcie_gen or "3.0"
-    rate = pcie_bytes_per_s(gen, node.pcie_lanes or node.gpu.pcie_lanes or 16)
+    gen, lanes = pcie_of(node)
+    rate = pcie_bytes_per_s(gen, lanes)
     if node.pcie_switches:
         behind = topology.spread(node.gpus, node.pcie_switches)[0]
         rate = min(rate, pcie_bytes_per_s(gen, topology.SWITCH_UPLINK_LANES) / behind)
     return rate
+
+
+def pcie_of(node) -> tuple[str, int]:
+    """The PCIe generation and lanes a node's GPUs run at: the lower of the slot's and the card's (a PCIe 3.0
+    card in a 5.0 slot runs at 3.0, an x8 card in an x16 slot at x8); 3.0 x16 where neither says.
+
+    >>> from gpurig.spec.describe import parse_description
+    >>> pcie_of(parse_description("4 x RTX 2080 Ti, PCIe 5.0 x16").nodes[0])
+    ('3.0', 16)
+    """
+    gens = [g for g in (node.pcie_gen, node.gpu.pcie_gen) if g]
+    widths = [w for w in (node.pcie_lanes, node.gpu.pcie_lanes) if w]
+    return (min(gens, key=float) if gens else "3.0"), (min(widths) if widths else 16)
 
 
 def _local_link(node, ranks: int):
@@ -268,8 +281,11 @@ def _local_link(node, ranks: int):
     from gpurig.perf.collectives import Link
 
     gpu = node.gpu
-    pcie = gpu_pcie_link(node.pcie_gen or gpu.pcie_gen or "3.0", node.pcie_lanes or gpu.pcie_lanes or 16)
-    nvlink = bool(getattr(gpu, "gpu_link_gbs", None)) and node.gpus > 1
+    pcie = gpu_pcie_link(*pcie_of(node))
+    # a PCIe card's NVLink bridge joins two cards: a ring over more crosses PCIe between the pairs (SXM modules
+    # meet on NVSwitch or a mesh)
+    nvlink = bool(getattr(gpu, "gpu_link_gbs", None)) and node.gpus > 1 and \
+        (ranks <= 2 or getattr(gpu, "form_factor", None) != "pcie")
     kind = topology.hop(node.gpus, ranks, node.sockets, node.pcie_switches, nvlink)
     if kind == "nvlink":  # the catalog's figure is both directions together: half each way
         return Link(machine.LATENCY_S["nvlink"], gpu.gpu_link_gbs * 1e9 / 2 * machine.LINK_EFFICIENCY)
