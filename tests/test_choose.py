@@ -125,16 +125,16 @@ def test_budget_keeps_what_it_buys_and_adds_the_most_of_each():
     from gpurig.choose.options import option
     from gpurig.choose.prices import price_book
 
-    result = choose(ChooseRequest(model="mnist-mlp", candidates=("GTX 980",), max_gpus=8, budget=6000), today=TODAY)
+    result = choose(ChooseRequest(model="mnist-mlp", candidates=("GTX 980",), max_gpus=8, budget=6500), today=TODAY)
     counts = sorted(r["gpus"] for r in result["rows"])
-    assert all(r["build_usd"] <= 6000 for r in result["rows"]) and "8 × GeForce GTX 980" in result["over_budget"]
+    assert all(r["build_usd"] <= 6500 for r in result["rows"]) and "8 × GeForce GTX 980" in result["over_budget"]
     most = max(counts)
     assert most not in (1, 2, 4, 8)   # one big build against several small ones at the same money
 
     def cost(n):
         return purchase(option(f"{n} x GTX 980"), price_book((), None, TODAY))["build_usd"]
 
-    assert cost(most) <= 6000 < cost(most + 1)
+    assert cost(most) <= 6500 < cost(most + 1)
 
 
 def test_cloud_rent_and_break_even():
@@ -287,3 +287,14 @@ def test_the_wide_table_only_where_its_numbers_show_whole(monkeypatch):
         header = next(line for line in out.splitlines() if "option" in line and "$/M" in line)
         assert len(header) <= int(columns) and header.rstrip().endswith("┃"), (columns, header)
         assert ("kWh/M" in header) == (columns == "160"), (columns, header)
+
+
+def test_a_gpu_a_spec_describes_is_priced_by_its_own_name(tmp_path):
+    """choose said "give --price 'NAME=USD'" for a GPU the catalog lacks, then refused the name it asked for."""
+    spec = tmp_path / "mine.toml"
+    spec.write_text('[[nodes]]\ngpus = 2\npcie_gen = "4.0"\n[nodes.gpu]\nname = "MyCard"\nfp32_tflops = 30\n'
+                    'memory_bandwidth_gbs = 900\nmemory_gb = 24\ntdp_w = 300\nsource = "me"\n')
+    code, out, err = run_cli(["choose", "--model", "mnist-mlp", "--cluster", spec, "--price", "mycard=1000", "--json"])
+    assert code == 0, err
+    row = json.loads(out)["rows"][0]
+    assert row["gpu_usd"] == 2000 and row["gpu_prices"][0]["source"] == "--price", row["gpu_prices"]

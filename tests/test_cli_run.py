@@ -410,7 +410,8 @@ def test_a_failed_job_starts_again_up_to_max_restarts(engine, marker):
 def test_a_train_rank_of_another_launcher_refuses_max_restarts():
     """Restarting is the launcher's: a rank that torchrun or mpirun started cannot act on the flag."""
     done = subprocess.run([*GPURIG, "train", "--max-restarts", "1", "--no-predict"], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"})
+                          timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                           "MASTER_PORT": "29500"})   # as torchrun starts a rank
     assert done.returncode == 2 and done.stderr.splitlines() == [
         "gpurig: error: --max-restarts: this rank was started by another launcher, which restarts the job or not "
         "(gpurig run --max-restarts, torchrun --max-restarts)"]

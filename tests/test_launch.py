@@ -484,3 +484,13 @@ def test_a_standby_whose_rank_died_is_started_again_when_taken(monkeypatch):
     finally:
         taken.discard()
         job_over.set()
+
+
+def test_train_with_left_over_rank_variables_is_refused_not_hung(monkeypatch):
+    """RANK and WORLD_SIZE left in the shell by another job made `gpurig train` act as rank 0 of 2 and wait for ever."""
+    for name in ("MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, out, err = run_cli(["train", "-n", "2", "--epochs", "1", "--no-predict"])
+    assert code == 2 and "left over from another job?" in err and len(err.strip().splitlines()) == 1, err

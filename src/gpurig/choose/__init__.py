@@ -27,8 +27,8 @@ SCHEMA = "gpurig.choose/1"
 def choose(request: ChooseRequest, today: datetime.date | None = None) -> dict:
     """Every option predicted, built, priced and ranked by ``request.objective`` (``--json``'s object)."""
     check(request)
-    book = price_book(request.prices, request.prices_file, today)
     options = gpu_options(request) + [option(cluster) for cluster in dict.fromkeys(request.clusters)]
+    book = price_book(request.prices, request.prices_file, today, described=_described_gpus(options))
     if request.budget is not None and request.gpus is None:
         options += _most_the_budget_buys(request, book, options)
     bought = [(o, purchase(o, book)) for o in options]
@@ -56,6 +56,21 @@ def choose(request: ChooseRequest, today: datetime.date | None = None) -> dict:
             "cloud": request.cloud, "today": book.today.isoformat(), "rows": rows, "over_budget": over,
             "notes": notes(rows, book) + [f"left out {', '.join(label for label, said in cannot if said == why)}: {why}"
                                           for why in dict.fromkeys(why for _, why in cannot)]}
+
+
+def _described_gpus(options) -> tuple[str, ...]:
+    """The GPUs the options' specs describe that the catalog lacks (``[nodes.gpu]`` with a name of its own)."""
+    from gpurig.spec import catalog
+    from gpurig.spec.fields import SpecError
+
+    names = []
+    for o in options:
+        for name in o.gpu_models():
+            try:
+                catalog.gpu(name)
+            except SpecError:
+                names.append(name)
+    return tuple(dict.fromkeys(names))
 
 
 def _most_the_budget_buys(request: ChooseRequest, book: PriceBook, options: list[Option]) -> list[Option]:

@@ -97,7 +97,9 @@ def machine_parts(machine: Build, book: PriceBook) -> tuple[Build, tuple[Part, .
         machine, psu=PSU(watts=p.watts))))), max(psus, key=lambda p: p.watts))
     machine = dataclasses.replace(machine, psu=dataclasses.replace(machine.psu, watts=psu.watts,
                                                                    efficiency=psu.efficiency))
-    rams = sorted((p for p in catalog if p.kind == "ram"), key=lambda p: book.part(p).usd)
+    # memory the platform takes (TRX50: registered DIMMs only; AM5: unbuffered)
+    rams = sorted((p for p in catalog if p.kind == "ram" and p.platform in (None, cpu.platform)),
+                  key=lambda p: book.part(p).usd)
     ram = next((p for p in rams if _passes(rules.ram_size(dataclasses.replace(machine, ram_gb=p.ram_gb)))),
                max(rams, key=lambda p: p.ram_gb))
     machine = dataclasses.replace(machine, ram_gb=ram.ram_gb)

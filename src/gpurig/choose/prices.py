@@ -51,6 +51,7 @@ class PriceBook:
     buy_override: dict[str, Price] = field(default_factory=dict)     # catalog GPU name -> price
     cloud_override: dict[str, Price] = field(default_factory=dict)
     part_override: dict[str, Price] = field(default_factory=dict)    # part name, lower case -> price
+    described: tuple[str, ...] = ()   # GPUs specs describe that the catalog lacks: priced by their own names
 
     def buy(self, gpu_name: str) -> Price | None:
         """What one GPU costs to buy: the user's price, else the street price, else the launch price."""
@@ -83,9 +84,15 @@ class PriceBook:
 _FLAG = re.compile(r"^\s*(?P<name>[^=]+?)\s*=\s*\$?(?P<usd>[0-9][0-9,]*(?:\.[0-9]+)?)\s*(?P<hourly>/\s*h(?:our)?)?\s*$", re.I)
 
 
-def price_book(flags: tuple[str, ...], path: str | None, today: datetime.date | None = None) -> PriceBook:
-    """The catalog's prices with ``--prices FILE`` over them and ``--price`` flags over both."""
-    book = PriceBook(today or datetime.date.today())
+def price_book(flags: tuple[str, ...], path: str | None, today: datetime.date | None = None,
+               described: tuple[str, ...] = ()) -> PriceBook:
+    """The catalog's prices with ``--prices FILE`` over them and ``--price`` flags over both; ``described``: GPUs a
+    ``--cluster`` spec describes that the catalog lacks, whose prices the user gives by their names.
+
+    >>> price_book(("MyCard=1000",), None, described=("MyCard",)).buy("MyCard").usd
+    1000.0
+    """
+    book = PriceBook(today or datetime.date.today(), described=tuple(described))
     if path is not None:
         seen: dict[str, str] = {}
         for name, values, where in _file_rows(path):
@@ -135,16 +142,17 @@ def _apply(book: PriceBook, name: str, values: dict, where: str) -> None:
             raise UsageError(f"{where} ({name}): a part needs usd")
         book.part_override[part.name.lower()] = Price(_positive(values["usd"], where, name), date, source, stale)
         return
+    own = next((d for d in book.described if d.lower() == name.strip().lower()), None)
     try:
-        gpu = catalog.gpu(name)
+        gpu_name = own or catalog.gpu(name).name
     except SpecError as error:
         raise UsageError(f"{where}: {error} (or a part: {', '.join(p.name for p in parts()[:3])}, …)") from None
     if values.get("usd") is not None:
-        book.buy_override[gpu.name] = Price(_positive(values["usd"], where, name), date, source, stale)
+        book.buy_override[gpu_name] = Price(_positive(values["usd"], where, name), date, source, stale)
     if values.get("cloud_usd_per_gpu_hour") is not None:
         cloud_date = str(values.get("cloud_date") or date)
         _check_date(cloud_date, f"{where} ({name})", book.today)
-        book.cloud_override[gpu.name] = Price(_positive(values["cloud_usd_per_gpu_hour"], where, name), cloud_date,
+        book.cloud_override[gpu_name] = Price(_positive(values["cloud_usd_per_gpu_hour"], where, name), cloud_date,
                                               str(values.get("cloud_source") or source),
                                               is_stale(cloud_date, book.today))
     if values.get("usd") is None and values.get("cloud_usd_per_gpu_hour") is None:

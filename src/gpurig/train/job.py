@@ -35,9 +35,15 @@ def launch_training(config: TrainConfig, on_event=lambda event: None) -> tuple[i
     ('done', 0)
     """
     from gpurig import launch
-    from gpurig.launch.env import detect_engine, in_launched_job, rank_from_env, restart_count, size_from_env
+    from gpurig.launch.env import (detect_engine, in_launched_job, launched_by_mpi, rank_from_env, restart_count,
+                                   size_from_env)
     from gpurig.launch.settings import job_environment
 
+    if in_launched_job() and not launched_by_mpi() and not ({"MASTER_ADDR", "MASTER_PORT"} & set(os.environ)):
+        # torchrun, gpurig run and srun all name the rendezvous: RANK and WORLD_SIZE alone are another job's
+        raise UsageError(f"RANK={os.environ.get('RANK')} and WORLD_SIZE={os.environ.get('WORLD_SIZE')} are set but "
+                         "no MASTER_ADDR or MASTER_PORT: left over from another job? Unset RANK and WORLD_SIZE to "
+                         "start the job from here (this rank would wait for ever for its peers)")
     if in_launched_job():
         # Started as one rank by gpurig run / gpurig emulate / mpirun / srun / torchrun: train here, as that rank
         # (started again by a launcher's restart: from the newest checkpoint, train_on_this_rank decides).
