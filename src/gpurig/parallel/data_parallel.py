@@ -379,7 +379,8 @@ class DataParallel(torch.nn.Module):
         self._build_buckets()
         # ZeRO: reduce-scatter, this rank's shard of the gradients, parameters allgathered after the step
         self.zero = zero.ShardedBuckets(self.buckets, self.comm, self.shard, self.stats) if self.shard != "none" else None
-        self.timeline = self.timeline   # the shards' allgather records on it too
+        if self.zero is not None:   # the shards' allgather records on the same timeline
+            self.zero.timeline = self.timeline
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
         self._engine_moves_itself = getattr(self.comm.engine, "native_async", False)
 
@@ -445,10 +446,9 @@ class DataParallel(torch.nn.Module):
         rule; a loop over the flags costs a few µs a step."""
         if [p.requires_grad for p in self._all_params] == self._trains:
             return
-        names = {id(p): name for name, p in self.module.named_parameters()}
         p = next(p for p, was in zip(self._all_params, self._trains) if p.requires_grad != was)
         change = "unfrozen (requires_grad set)" if p.requires_grad else "frozen (requires_grad cleared)"
-        raise ValueError(f"DataParallel: parameter {names.get(id(p), '?')!r} was {change} after the model was "
+        raise ValueError(f"DataParallel: parameter {self._names.get(id(p), '?')!r} was {change} after the model was "
                          f"wrapped, and the buckets hold the parameters that trained then; set requires_grad before "
                          f"wrapping, or wrap again after the change: model.remove_hooks(); "
                          f"model = gpurig.DataParallel(model.module)")
