@@ -190,29 +190,35 @@ def _cells(columns, rows: list[dict]) -> list[list[str]]:
     return [[value(row) for _, value in columns] for row in rows]
 
 
-def _table_width(columns, rows: list[dict]) -> int:
-    """Columns the table of ``columns`` needs with every number whole (the option's name at 12, wrapping)."""
+OPTION_WIDTH = 12   # the option's name wraps at this width; the numbers never do
+
+
+def _widths(columns, cells: list[list[str]]) -> list[int]:
+    """Each column's width with its numbers whole (the option's: :data:`OPTION_WIDTH`)."""
     from rich.text import Text
 
-    cells = _cells(columns, rows)
-    widths = [12 if header == "option" else max([len(header)] + [len(Text.from_markup(line[i]).plain) for line in cells])
-              for i, (header, _) in enumerate(columns)]
+    return [OPTION_WIDTH if header == "option" else
+            max([len(header)] + [len(Text.from_markup(line[i]).plain) for line in cells])
+            for i, (header, _) in enumerate(columns)]
+
+
+def _table_width(columns, rows: list[dict]) -> int:
+    """Columns the table of ``columns`` needs with every number whole."""
+    widths = _widths(columns, _cells(columns, rows))
     return sum(widths) + 3 * len(widths) + 1   # a space either side of each cell, a rule between and around
 
 
 def _whole_numbers_table(title: str, columns, rows: list[dict]):
     """A rich table of ``columns`` (header, cell of a row) over ``rows``: the option's name wraps, numbers stay whole."""
     from rich.table import Table
-    from rich.text import Text
 
     table = Table(title=title, title_justify="left")
     cells = _cells(columns, rows)
-    for i, (header, _) in enumerate(columns):
-        if header == "option":   # a long cluster name wraps; the numbers stay whole
-            table.add_column(header, overflow="fold", min_width=12)
+    for (header, _), width in zip(columns, _widths(columns, cells)):
+        if header == "option":
+            table.add_column(header, overflow="fold", min_width=width)
         else:
-            widest = max([len(header)] + [len(Text.from_markup(line[i]).plain) for line in cells])
-            table.add_column(header, justify="right", no_wrap=True, min_width=widest)
+            table.add_column(header, justify="right", no_wrap=True, min_width=width)
     for line in cells:
         table.add_row(*line)
     return table

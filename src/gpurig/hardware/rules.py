@@ -20,7 +20,6 @@ from gpurig.units import BINARY, tensor_bytes
 OK, WARNING, PROBLEM, INFO = "ok", "warning", "problem", "info"
 VERDICTS = (OK, WARNING, PROBLEM, INFO)
 THREADS_PER_GPU = {"during": 4, "before": 2}     # preprocessing while training / before training
-DEFAULT_PCIE_GEN = "3.0"  # a link whose generation no part states: the oldest still common
 ASSUMED_CPU_TDP_W = 150                            # the guide's example CPU, when none is given
 IMAGENET_BATCH = (32, 225, 225, 3)                 # the guide's example mini-batch (fp32)
 GUIDE_STEP_MS = 216                                # the guide's ResNet-152 forward + backward on its GPU
@@ -288,8 +287,7 @@ def link_generation(build: Build) -> str:
     >>> link_generation(old_card), link_generation(inputs(description="2 x RTX 4090"))
     ('3.0', '4.0')
     """
-    known = [gen for gen in (build.board.pcie_gen, *(g.pcie_gen for g in build.each_gpu())) if gen]
-    return min(known, key=float) if known else DEFAULT_PCIE_GEN
+    return transfer.slower_link((build.board.pcie_gen, *(g.pcie_gen for g in build.each_gpu())), ())[0]
 
 
 def _slowest_gpu(build: Build):

@@ -314,6 +314,19 @@ def gpu_device(gpu, precision: str = "fp32", efficiency: GpuEfficiency | None = 
                   cudnn_nhwc_batch_norm=cudnn_nhwc_batch_norm(precision, memory_format))
 
 
+def nvlink_ring(gpu, gpus: int, ranks: int) -> bool:
+    """Whether a ring over ``ranks`` of a node's ``gpus`` GPUs runs on NVLink: the GPU has it, and either the ring
+    joins two cards or they are SXM modules (NVSwitch, or DGX-1's mesh). A PCIe card's NVLink bridge joins two
+    cards; a ring over more crosses PCIe between the pairs.
+
+    >>> from gpurig.spec import catalog
+    >>> [nvlink_ring(catalog.gpu(g), 4, r) for g, r in (("RTX 3090", 2), ("RTX 3090", 4), ("A100", 4), ("RTX 4090", 2))]
+    [True, False, True, False]
+    """
+    return bool(getattr(gpu, "gpu_link_gbs", None)) and gpus > 1 and ranks > 1 and \
+        (ranks <= 2 or getattr(gpu, "form_factor", None) != "pcie")
+
+
 def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficiency: float | None = None) -> Topology:
     """Nodes, GPUs per node and the links between them, from a cluster spec.
 
@@ -326,20 +339,15 @@ def spec_topology(spec, pcie_bytes_per_s: float | None = None, network_efficienc
     >>> t.nodes, t.gpus_per_node, round(t.network.bytes_per_s / 1e9, 2), t.staging is not None
     (2, 4, 4.5, True)
     """
-    from gpurig.perf.transfer import pcie_bytes_per_s as pcie_rate
+    from gpurig.perf.transfer import pcie_bytes_per_s as pcie_rate, slower_link
 
     node = spec.nodes[0]
     gpu = node.gpu
-    # a link runs at the lower of the slot's and the card's generation and width (a PCIe 3.0 card in a 5.0 slot: 3.0)
-    gens = [g for g in (node.pcie_gen, gpu.pcie_gen if gpu else None) if g]
-    widths = [w for w in (node.pcie_lanes, gpu.pcie_lanes if gpu else None) if w]
-    pcie = pcie_bytes_per_s or pcie_rate(min(gens, key=float) if gens else "3.0", min(widths) if widths else 16)
+    pcie = pcie_bytes_per_s or pcie_rate(*slower_link((node.pcie_gen, gpu.pcie_gen if gpu else None),
+                                                      (node.pcie_lanes, gpu.pcie_lanes if gpu else None)))
     pcie_link = Link(LATENCY_S["pcie"], pcie * LINK_EFFICIENCY)
     local = pcie_link
-    # a PCIe card's NVLink bridge joins two cards: with more, a ring crosses PCIe between the pairs (SXM modules
-    # meet on NVSwitch or a mesh)
-    if gpu is not None and getattr(gpu, "gpu_link_gbs", None) and node.gpus > 1 and \
-            (node.gpus == 2 or getattr(gpu, "form_factor", None) != "pcie"):
+    if gpu is not None and nvlink_ring(gpu, node.gpus, node.gpus):
         # NVLink's catalog figure is both directions together: half each way.
         local = Link(LATENCY_S["nvlink"], gpu.gpu_link_gbs * 1e9 / 2 * LINK_EFFICIENCY)
     network = pcie_link

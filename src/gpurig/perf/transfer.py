@@ -58,6 +58,18 @@ def pcie_bytes_per_s(generation: str | float, lanes: int) -> float:
     return lanes * pcie_lane_bytes_per_s(gen.gigatransfers_per_s, gen.encoding)
 
 
+def slower_link(generations, widths) -> tuple[str, int]:
+    """The PCIe generation and lanes a link runs at: the lowest of those its ends give (a PCIe 3.0 card in a 5.0
+    slot runs at 3.0, an x8 card in an x16 slot at x8), ``None`` where an end does not say; 3.0 x16 where none does.
+
+    >>> slower_link(("5.0", "3.0"), (16, None)), slower_link((None,), ())
+    (('3.0', 16), ('3.0', 16))
+    """
+    gens = [g for g in generations if g]
+    lanes = [w for w in widths if w]
+    return (min(gens, key=float) if gens else "3.0"), (min(lanes) if lanes else 16)
+
+
 def pcie_gbytes_per_s(generation: str | float, lanes: int) -> float:
     """The same rate in GB/s (10^9 bytes), the unit PCI-SIG and the source write it in.
 

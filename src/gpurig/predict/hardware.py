@@ -269,9 +269,9 @@ def pcie_of(node) -> tuple[str, int]:
     >>> pcie_of(parse_description("4 x RTX 2080 Ti, PCIe 5.0 x16").nodes[0])
     ('3.0', 16)
     """
-    gens = [g for g in (node.pcie_gen, node.gpu.pcie_gen) if g]
-    widths = [w for w in (node.pcie_lanes, node.gpu.pcie_lanes) if w]
-    return (min(gens, key=float) if gens else "3.0"), (min(widths) if widths else 16)
+    from gpurig.perf.transfer import slower_link
+
+    return slower_link((node.pcie_gen, node.gpu.pcie_gen), (node.pcie_lanes, node.gpu.pcie_lanes))
 
 
 def _local_link(node, ranks: int):
@@ -282,10 +282,7 @@ def _local_link(node, ranks: int):
 
     gpu = node.gpu
     pcie = gpu_pcie_link(*pcie_of(node))
-    # a PCIe card's NVLink bridge joins two cards: a ring over more crosses PCIe between the pairs (SXM modules
-    # meet on NVSwitch or a mesh)
-    nvlink = bool(getattr(gpu, "gpu_link_gbs", None)) and node.gpus > 1 and \
-        (ranks <= 2 or getattr(gpu, "form_factor", None) != "pcie")
+    nvlink = machine.nvlink_ring(gpu, node.gpus, ranks)
     kind = topology.hop(node.gpus, ranks, node.sockets, node.pcie_switches, nvlink)
     if kind == "nvlink":  # the catalog's figure is both directions together: half each way
         return Link(machine.LATENCY_S["nvlink"], gpu.gpu_link_gbs * 1e9 / 2 * machine.LINK_EFFICIENCY)
