@@ -144,6 +144,7 @@ def test_ctrl_c_stops_every_rank(engine, marker, tmp_path):
     job.send_signal(signal.SIGINT)
     _, err = job.communicate(timeout=END_S)
     assert job.returncode == 130 and err.splitlines()[-1] == "gpurig: interrupted"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err   # one line, not one trace per rank
     assert leftovers(marker) == []
 
 

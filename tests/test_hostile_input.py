@@ -358,3 +358,27 @@ def test_a_damaged_profile_is_one_line(path, value, why, tmp_path):
     damaged.write_text(json.dumps(profile))
     code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", str(damaged)])
     assert code == 2 and err.count("\n") == 1 and why in err and ".".join(path) in err, err
+
+
+@pytest.mark.parametrize("variable,value,message", [
+    ("GPURIG_FAILURE_TIMEOUT", "abc", "GPURIG_FAILURE_TIMEOUT must be a number of seconds"),
+    ("GPURIG_STALL_TIMEOUT", "-1", "GPURIG_STALL_TIMEOUT must be a number of seconds"),
+    ("GPURIG_CHECK", "maybe", "GPURIG_CHECK must be 0 or 1"),
+    ("GPURIG_LOG_DIR", "/dev/null/x", "GPURIG_LOG_DIR /dev/null/x: cannot create it"),
+])
+def test_a_bad_setting_left_in_the_environment_is_one_line_from_the_launcher(variable, value, message, tmp_path,
+                                                                             monkeypatch):
+    # refused before any rank starts (each rank used to print its own traceback and the job exit 1)
+    monkeypatch.setenv(variable, value)
+    code, out, err = run_cli(["run", "-n", "2", "--", sys.executable, "-c", "print('ran')"])
+    assert code == 2 and err.strip().startswith("gpurig: error: ") and message in err, (code, err[-1000:])
+    assert "Traceback" not in out + err and "ran" not in out
+
+
+def test_a_rank_number_that_is_not_one_is_refused_not_waited_on():
+    import subprocess
+
+    env = {**os.environ, "RANK": "abc", "WORLD_SIZE": "2"}
+    done = subprocess.run([sys.executable, "-c", "import gpurig; gpurig.init(engine='torch')"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "RANK='abc' with WORLD_SIZE=2: a rank is a whole number from 0 to 1" in done.stderr

@@ -131,6 +131,26 @@ def test_what_would_help_lists_only_what_is_predicted_faster(monkeypatch):
     assert "--parallel model" in slower and "--parallel hybrid" not in slower
 
 
+def test_the_header_and_json_name_the_catalog_gpu_a_short_name_found(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "8 A100", "--precision", "FP16"])
+    assert code == 0, err
+    assert "of 8 A100 = A100 SXM4 40 GB (catalog)" in " ".join(out.split()) and ", fp16," in out
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "8 A100", "--json"])
+    assert code == 0 and json.loads(out)["gpu"] == "A100 SXM4 40 GB"
+
+
+def test_a_network_named_for_one_machine_is_said_to_carry_nothing(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "4 RTX 3090, 10 GbE", "--json"])
+    result = json.loads(out)
+    assert code == 0 and result["nodes"] == 1 and "the 10 Gigabit Ethernet carries nothing" in result["hardware_note"]
+    assert "'4 nodes x 1 GeForce RTX 3090, 10 Gigabit Ethernet'" in result["hardware_note"]
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "4 nodes x 1 GeForce RTX 3090, "
+                              "10 Gigabit Ethernet", "--json"])   # what the note suggests reads as 4 machines
+    assert code == 0 and json.loads(out)["nodes"] == 4 and json.loads(out)["hardware_note"] == ""
+
+
 @pytest.mark.parametrize("args,message", [
     (["--model", "resnet51", "--cluster", "2 V100"], "closest: resnet50"),
     (["--model", "resnet50", "--cluster", "2 V101"], "unknown GPU"),

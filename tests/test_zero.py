@@ -6,7 +6,7 @@ import pytest
 
 from conftest import assert_all_ok, run_cases
 
-CASES = 4 * 2 + 10
+CASES = 4 * 2 + 10 + 3 * 2   # + clip_grad_norm_ unsharded and both stages, 2- and inf-norm
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])

@@ -267,4 +267,39 @@ def _():
         raise AssertionError("no error")
 
 
+def reference_clipped(batches, max_norm, norm_type):
+    """Plain torch on the whole global batch, ``clip_grad_norm_`` between backward and the step."""
+    model = mlp(0)
+    opt = adam(model.parameters())
+    norms = []
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)))
+        opt.step()
+    return model, norms
+
+
+for shard in ("none", "optimizer", "gradients"):
+    for norm_type in (2.0, float("inf")):
+        @case(f"clip_grad_norm_{shard}_{norm_type}_equals_torch_on_the_whole_batch")
+        def _(shard=shard, norm_type=norm_type):
+            batches, max_norm = data(STEPS), 0.01
+            dp = gpurig.DataParallel(mlp(R), bucket_cap_mb=BUCKET_MB, shard=shard)
+            opt = adam(dp.parameters())
+            if shard != "none":
+                opt = gpurig.ZeroRedundancyOptimizer(opt, dp)
+            norms = []
+            for x, y in batches:
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(dp(mine(x, y)[0]), mine(x, y)[1]).backward()
+                norms.append(float(dp.clip_grad_norm_(max_norm, norm_type)))
+                opt.step()
+            model, expected = reference_clipped(batches, max_norm, norm_type)
+            assert all(n > max_norm for n in expected), expected   # every step clipped: the test can fail
+            assert all(abs(a - b) <= 1e-5 * b for a, b in zip(norms, expected)), (norms, expected)
+            assert_close(dp.module, model)
+            assert_same_everywhere(dp.module)
+
+
 write(R)

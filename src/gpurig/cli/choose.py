@@ -41,7 +41,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tokens", type=int, default=None, help="sequence length for token models")
     p.add_argument("--sample", default=None,
                    help="one sample's input for a module:factory model, as predict takes it: 3x224x224, 128:int64")
-    p.add_argument("--precision", default="fp32", help="fp32 (default), tf32, fp16, bf16 or fp8, as predict takes it")
+    p.add_argument("--precision", default="fp32", type=str.lower, help="fp32 (default), tf32, fp16, bf16 or fp8, as predict takes it")
     p.add_argument("--optimizer", default=None,
                    help="sgd, momentum, adam, adamw or lamb (default: the model's usual one, as in gpurig predict)")
     p.add_argument("--optimizer-impl", default=None,

@@ -51,7 +51,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--parallel", default="data", help="data (default), model or hybrid")
     p.add_argument("--compression", default="none",
                    help="none (default), fp16, bf16, int8, int8-dynamic, powersgd or powersgd:R")
-    p.add_argument("--precision", default="fp32",
+    p.add_argument("--precision", default="fp32", type=str.lower,
                    help="fp32 (default: PyTorch's, convolutions in TF32 on Ampere and later, matmuls in FP32), tf32, "
                         "fp16 or bf16 (automatic mixed precision), fp8 (Transformer Engine; Ada, Hopper and later)")
     p.add_argument("--software", default="current",
@@ -161,7 +161,9 @@ def show(result: dict) -> None:
     console.print(f"[bold]gpurig predict[/]: {result['model']} ({result['parameters'] / 1e6:.1f} M parameters"
                   f"{frozen}), "
                   f"{result['batch_per_gpu']} samples per {unit}, on {result['gpus']} {unit}(s) in {result['nodes']} "
-                  f"node(s) of {result['hardware']} ({result['calibration']}); {result['parallel']} parallel, "
+                  f"node(s) of {result['hardware']}"
+                  + (f" = {result['gpu']}" if result.get("gpu") and result["gpu"] not in result["hardware"] else "")
+                  + f" ({result['calibration']}); {result['parallel']} parallel, "
                   f"{result['precision']}, compression {result['compression']}"
                   + (f", {result['optimizer']}" if result.get("optimizer") else "")
                   + (f" ({result['optimizer_impl']})" if result.get("optimizer_impl") else "")
@@ -169,6 +171,8 @@ def show(result: dict) -> None:
                   + (f", on {result['software']}" if result.get("software", "current") != "current" else "")
                   + (f", {result['memory_format']}" if result.get("memory_format", "contiguous") != "contiguous"
                      else ""))
+    if result.get("hardware_note"):
+        console.print(f"cluster: {result['hardware_note']}")
     if result.get("precision_note"):
         console.print(f"precision: {result['precision_note']}")
     columns = [("samples/s", None), ("step", "step_ms"), ("compute", "compute_ms"), ("comm", "comm_ms"),
@@ -211,7 +215,7 @@ def show(result: dict) -> None:
     console.print(f"bottleneck at {result['gpus']} {unit}(s): [bold]{result['bottleneck']}[/]")
     helps = [item for item in result["advice"] if not predicted_slower(item)]
     slower = [item for item in result["advice"] if predicted_slower(item)]
-    for title, items in (("what would help (predicted)", helps), ("predicted not to help", slower)):
+    for title, items in (("what would help (predicted)", helps), ("predicted not to help (2 % or less)", slower)):
         if items:
             table = Table(title=title)
             for column in ("change", "samples/s", "why"):
@@ -223,16 +227,20 @@ def show(result: dict) -> None:
 
 
 def predicted_slower(item: dict) -> bool:
-    """Whether an advice item was priced and came out no faster than the configuration asked about: it is
-    shown apart, so "what would help" lists only what would.
+    """Whether an advice item was priced and came out no more than :data:`NO_GAIN` faster than the configuration
+    asked about (within what the prediction can tell apart): it is shown apart, so "what would help" lists only
+    what would.
 
     >>> predicted_slower({"samples_per_s_gain": 0.25}), predicted_slower({"samples_per_s_gain": 1.3})
     (True, False)
-    >>> predicted_slower({"samples_per_s_gain": None})
-    False
+    >>> predicted_slower({"samples_per_s_gain": 1.001}), predicted_slower({"samples_per_s_gain": None})
+    (True, False)
     """
     gain = item.get("samples_per_s_gain")
-    return gain is not None and gain <= 1.0
+    return gain is not None and gain <= NO_GAIN
+
+
+NO_GAIN = 1.02   # a 2 % gain or less is no gain worth a change (the kernel choices' rule: docs/predict.md)
 
 
 def peak_parts(parts_gb: dict) -> str:

@@ -122,7 +122,7 @@ def add_parser(subparsers) -> None:
                    help="as DDP's: a parameter no rank's forward used keeps no gradient, so the optimizer leaves it "
                         "alone, as in one process (one small allreduce a step; your own model with branches or "
                         "heads a batch may skip)")
-    p.add_argument("--precision", default="fp32",
+    p.add_argument("--precision", default="fp32", type=str.lower,
                    help="fp32 (default), tf32 (NVIDIA GPUs), bf16 or fp16: automatic mixed precision (torch.autocast; "
                         "FP32 master weights; fp16 with a loss scaler whose skipped steps every rank agrees on); "
                         "the words gpurig predict takes")

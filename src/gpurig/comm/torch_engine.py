@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from gpurig.comm.sidechannel import rendezvous_store
 from gpurig.comm.signature import COLLECTIVES
+from gpurig.errors import UsageError
 from gpurig.launch.env import torch_launch_info
 
 # torch 2.13 renamed these; older releases only have the old names.
@@ -52,6 +53,10 @@ class TorchEngine:
                 dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
                                         device_id=device)
             else:
+                if info.rank is None or not 0 <= info.rank < info.size:
+                    raise UsageError(f"RANK={os.environ.get('RANK')!r} with WORLD_SIZE={info.size}: a rank is a whole "
+                                     f"number from 0 to {info.size - 1} (left over from another job? unset RANK and "
+                                     "WORLD_SIZE, or start the job with `gpurig run` or torchrun)")
                 os.environ.setdefault("RANK", str(info.rank))
                 os.environ.setdefault("WORLD_SIZE", str(info.size))
                 # The rendezvous store, bound to MASTER_ADDR's interface only, is also gpurig's side channel.

@@ -37,14 +37,17 @@ def output_env(env: dict, log_dir: str | None, tag: bool) -> dict:
     env[COLUMNS_VARIABLE] = str(shutil.get_terminal_size().columns if sys.stdout.isatty() else 0)
     if tag:
         env[TAG_VARIABLE] = "1"
+    said = "--log-dir"
+    if log_dir is None and env.get(LOG_DIR_VARIABLE):   # left in the environment: checked here, not by each rank
+        log_dir, said = env[LOG_DIR_VARIABLE], LOG_DIR_VARIABLE
     if log_dir is not None:
         path = Path(log_dir)
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise UsageError(f"--log-dir {log_dir}: cannot create it ({error.strerror})") from None
+            raise UsageError(f"{said} {log_dir}: cannot create it ({error.strerror})") from None
         if not os.access(path, os.W_OK):
-            raise UsageError(f"--log-dir {log_dir}: not writable")
+            raise UsageError(f"{said} {log_dir}: not writable")
         env[LOG_DIR_VARIABLE] = str(path.resolve())
     return env
 

@@ -107,9 +107,9 @@ def main(argv: list[str]) -> None:
         if status:
             _failed(status)
             raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:   # Ctrl-C reached every rank: the launcher says so once, no rank's traceback
         _failed(130)
-        raise
+        sys.exit(130)
     except CollectiveFailed as error:  # most often the consequence of another rank's end: one line, no traceback
         _failed(1, secondary=True, cause=f"exited with code 1: {error}")
         line = f"gpurig: rank {rank_from_env()} on host {socket.gethostname()}: {error}{_location(error.__traceback__)}"

@@ -81,11 +81,13 @@ class Settings:
 
 
 def job_environment(**timeouts: float | None) -> dict:
-    """This process's environment plus the variable of every timeout given (None: left as it is), for the ranks.
+    """This process's environment plus the variable of every timeout given (None: left as it is), for the ranks;
+    a bad value left in the environment is refused here, in one line, not by every rank.
 
     >>> job_environment(failure_timeout=4.0, stall_timeout=None)["GPURIG_FAILURE_TIMEOUT"]
     '4.0'
     """
     env = dict(os.environ)
     env.update({VARIABLES[field]: str(value) for field, value in timeouts.items() if value is not None})
+    Settings.from_env(env)
     return env

@@ -786,6 +786,21 @@ class DataParallel(torch.nn.Module):
             if state.lowrank and not all(bool(torch.isfinite(q).all()) for q in state.lowrank):
                 state.lowrank = None  # PowerSGD starts its factors afresh (they are averaged: the same on every rank)
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale the averaged gradients so that their norm over the whole model is at most ``max_norm``; return
+        that norm before clipping (``torch.nn.utils.clip_grad_norm_``, FSDP's ``model.clip_grad_norm_``).
+
+        Call it after ``backward()``, before the optimizer's step. With ``shard=...`` each rank holds only its
+        shard of the gradients (``param.grad`` is None), so torch's own function would find nothing to clip:
+        this one sums every rank's part of the norm (one tiny collective) and scales each shard.
+
+        >>> loss.backward(); model.clip_grad_norm_(1.0); optimizer.step()     # doctest: +SKIP
+        tensor(3.2160)
+        """
+        if self.zero is None:   # every rank holds the same averaged gradients
+            return torch.nn.utils.clip_grad_norm_(self._params, max_norm, norm_type)
+        return self.zero.clip_grad_norm_(float(max_norm), float(norm_type))
+
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """``optimizer.step()`` unless the last backward's gradients held NaN or Inf; return whether it stepped.
 

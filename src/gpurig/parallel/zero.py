@@ -39,6 +39,7 @@ matrices, which do not cut into shards; ``auto`` may pick it: both are refused.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -257,6 +258,26 @@ class ShardedBuckets:
         found = [f for f in found if f]
         return False, (tuple(found[0]) if found else None)
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float) -> torch.Tensor:
+        """The whole model's gradient norm from every rank's shards (:meth:`DataParallel.clip_grad_norm_`); each
+        shard scaled by ``max_norm / norm`` where that is below 1."""
+        shards = [g for g in self.grad_shards if g.numel()]
+        if math.isinf(norm_type):
+            local = torch.stack([g.detach().abs().max().float() for g in shards]).max() if shards else torch.zeros(())
+            total = self.comm.allgather(local.reshape(1).cpu(), name=CLIP).max() if self.comm.size > 1 else local
+        else:
+            local = sum((g.detach().float().norm(norm_type) ** norm_type for g in shards), torch.zeros(()))
+            summed = local.reshape(1).cpu()
+            if self.comm.size > 1:
+                self.comm.allreduce(summed, op="sum", name=CLIP)
+            total = summed[0] ** (1.0 / norm_type)
+        coefficient = max_norm / (float(total) + 1e-6)
+        if coefficient < 1.0:
+            with torch.no_grad():
+                for g in shards:
+                    g.mul_(coefficient)
+        return total.reshape(())
+
     def drop_gradients(self) -> None:
         """A skipped step: the optimizer sees no gradient, so it leaves the weights and its state alone."""
         if self.optimizer is not None:
@@ -323,6 +344,7 @@ class ShardedBuckets:
 
 
 FINITE = "sharded gradients finite"
+CLIP = "sharded gradient norm"
 
 
 def _gather_name(index: int) -> str:

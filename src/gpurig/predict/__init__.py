@@ -122,6 +122,7 @@ def predict(request: PredictRequest) -> dict:
         "model": spec.name, "parameters": spec.parameters, "trainable_parameters": spec.trainable_parameters,
         "batch_per_gpu": batch, "gpus": top, "unit": hardware.unit,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
+        "gpu": hardware.gpu.name if hardware.gpu is not None else None, "hardware_note": hardware.note,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
         "shard": request.shard, "software": request.software, "memory_format": request.memory_format,
         "optimizer": request.optimizer,

@@ -38,6 +38,23 @@ class Hardware:
     # a profile's GPU, found in the catalog by the name bench recorded: its memory, for "will it fit"
     device_memory_gb: float | None = None
     unit: str = "GPU"  # what one rank computes on, as the header names it ("CPU rank" for a CPU profile)
+    note: str = ""     # what the description said that plays no part (a network on one machine)
+
+
+def one_machine_note(spec) -> str:
+    """What to say when a cluster of one machine names a network: nothing crosses it.
+
+    >>> from gpurig.spec.describe import parse_description
+    >>> one_machine_note(parse_description("4 RTX 3090, 10 GbE"))
+    "one machine: its 4 GPUs talk inside it and the 10 Gigabit Ethernet carries nothing (4 machines of one GPU each: '4 nodes x 1 GeForce RTX 3090, 10 Gigabit Ethernet')"
+    >>> one_machine_note(parse_description("2 nodes x 4 RTX 3090, 10 GbE"))
+    ''
+    """
+    if spec.node_count != 1 or spec.network is None:
+        return ""
+    node, network = spec.nodes[0], spec.network.name
+    return (f"one machine: its {node.gpus} GPUs talk inside it and the {network} carries nothing "
+            f"({node.gpus} machines of one GPU each: '{node.gpus} nodes x 1 {node.gpu.name}, {network}')")
 
 
 def load_hardware(request: PredictRequest) -> Hardware:
@@ -73,7 +90,9 @@ def load_hardware(request: PredictRequest) -> Hardware:
                              "parts, such as --cluster '1 x A100'")
 
     if spec is not None and any(node.gpu is not None and node.gpus for node in spec.nodes):
-        return _spec_hardware(spec, profile, request)
+        hardware = _spec_hardware(spec, profile, request)
+        hardware.note = one_machine_note(spec)
+        return hardware
     if profile is None:
         raise UsageError("a machine without GPUs needs measurements: run `gpurig bench` and pass its profile "
                          "(--cluster runs/bench/profile.json)")
