@@ -130,3 +130,27 @@ def test_a_rank_that_raises_is_named_with_its_exception_not_as_finished(tmp_path
     # the launcher's last line: what it raised, and after which collective (as for a rank killed in one)
     assert done.stderr.strip().splitlines()[-1] == (f"gpurig run: rank 1 on host {HOST} raised ValueError: a bug in "
                                                     f"step 4 after allreduce #3 (step, 16 B); stopped the other 1 rank")
+
+
+DDP_HOOKED = """
+import os, signal, sys, torch, torch.distributed as dist  # {marker}
+import gpurig
+dist.init_process_group("gloo")                  # the script's own group, as a torchrun script makes it
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+model.register_comm_hook(gpurig.hooks.State(), gpurig.hooks.fp16)
+for step in range(1, 1000):
+    if dist.get_rank() == 1 and step == 5:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    model(torch.randn(8, 64)).sum().backward()
+"""
+
+
+def test_a_ddp_script_with_gpurigs_hooks_is_watched_on_its_own_group(marker):
+    """A torchrun-style DDP script that made its process group itself, with gpurig's compression hooks: the watch
+    shares the group's TCPStore (it used to say "found no address for the side channel" and watch nothing)."""
+    done = gpurig("run", "-n", 2, "--engine", "torch", "--failure-timeout", TIMEOUT_S, "--", sys.executable, "-c",
+                  DDP_HOOKED.format(marker=marker), timeout=120)
+    assert done.returncode != 0 and "failure detection is off" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"gpurig run: rank 1 on host {HOST} stopped responding"), \
+        done.stderr[-3000:]
+    assert leftovers(marker) == []

@@ -234,6 +234,27 @@ def test_a_sample_of_the_wrong_type_says_what_the_model_said(sample, expected):
     assert len(err.strip().splitlines()) == 1
 
 
+class TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x, y):
+        return self.fc(x) + self.fc(y)
+
+
+class DictInput(TwoInputs):
+    def forward(self, batch):
+        return self.fc(batch["x"])
+
+
+@pytest.mark.parametrize("factory", ["TwoInputs", "DictInput"])
+def test_a_model_of_several_inputs_is_told_so_not_asked_for_another_shape(factory):
+    code, out, err = run_cli(["predict", "--model", f"test_predict:{factory}", "--sample", "16", "--cluster", "1 x A100"])
+    assert code == 2 and "its forward takes more than one input, and --sample describes one tensor" in err, err
+    assert len(err.strip().splitlines()) == 1 and "is that the input it takes" not in err
+
+
 class Gru(torch.nn.Module):
     def __init__(self):
         super().__init__()

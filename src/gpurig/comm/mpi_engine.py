@@ -99,10 +99,10 @@ def mpi_is_cuda_aware() -> bool:
         libmpi = ctypes.CDLL(None)
         query = getattr(libmpi, "MPIX_Query_cuda_support", None)
         if query is None:
-            for line in open("/proc/self/maps"):
-                if "libmpi.so" in line:
-                    query = getattr(ctypes.CDLL(line.split()[-1]), "MPIX_Query_cuda_support", None)
-                    break
+            with open("/proc/self/maps") as maps:
+                found = next((line.split()[-1] for line in maps if "libmpi.so" in line), None)
+            if found is not None:
+                query = getattr(ctypes.CDLL(found), "MPIX_Query_cuda_support", None)
         return bool(query()) if query is not None else False
     except OSError:
         return False

@@ -13,10 +13,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from gpurig.comm.sidechannel import rendezvous_store
+from gpurig.comm.sidechannel import SideChannel, rendezvous_store
 from gpurig.comm.signature import COLLECTIVES
 from gpurig.errors import UsageError
-from gpurig.launch.env import torch_launch_info
+from gpurig.launch.env import restart_count, torch_launch_info
 
 # torch 2.13 renamed these; older releases only have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -63,6 +63,8 @@ class TorchEngine:
                 store, self.side_channel = rendezvous_store(info.rank, info.size, timeout.total_seconds())
                 dist.init_process_group(self.backend, store=store, rank=info.rank, world_size=info.size,
                                         timeout=timeout, device_id=device)
+        else:   # the script made the group itself (a torchrun-style DDP script): share its store, when a TCPStore
+            self.side_channel = _side_channel_of_users_group()
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
         self.local_rank = info.local_rank if info.local_rank is not None else self.rank
@@ -144,3 +146,22 @@ class TorchEngine:
             # release tensors on their own, and one that does so while Python is finalizing aborts
             # the process ("terminate called without an active exception").
             gc.collect()
+
+
+def _side_channel_of_users_group() -> SideChannel | None:
+    """A side channel on the TCPStore behind a process group the script initialised itself (``env://``, as torchrun
+    and ``gpurig run`` set it up), under keys of its own; None for any other store (a file, a hash store).
+
+    >>> _side_channel_of_users_group().prefix     # doctest: +SKIP
+    'gpurig/attempt_0/'
+    """
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):   # a private function: any other release, no channel
+        return None
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if not isinstance(store, dist.TCPStore):
+        return None
+    # under its own keys, and an attempt's own where torchrun's agent store outlives attempts
+    return SideChannel(store.host, store.port, prefix=f"gpurig/attempt_{restart_count()}/")

@@ -271,8 +271,14 @@ def _input_hint(x: torch.Tensor, said: str, sample: str) -> str:
 
     >>> _input_hint(torch.empty(1, 32, device="meta"), "RuntimeError: Expected 'indices' to be Long, Int", "32")
     'it takes token ids, e.g. 32:int64'
+    >>> _input_hint(torch.empty(1, 32), "TypeError: Net.forward() missing 1 required positional argument: 'y'", "32")
+    'its forward takes more than one input, and --sample describes one tensor: wrap the model in a module whose forward takes one (a factory can build it)'
     """
     lowered = said.lower()
+    if "required positional argument" in lowered or "invalid data type 'str'" in lowered:
+        # forward(x, y), or forward(batch: dict) indexed by key
+        return ("its forward takes more than one input, and --sample describes one tensor: wrap the model in a "
+                "module whose forward takes one (a factory can build it)")
     if not x.is_floating_point() and "type" in lowered:  # "dtype", "scalar type", "Input type (long int)"
         return f"it takes floating-point values, e.g. {sample}"
     if x.is_floating_point() and any(word in lowered for word in ("indices", "long", "int64")):

@@ -8,12 +8,27 @@ the global batch exactly once.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from gpurig import comm as comm_mod
+
+
+def _users_level() -> int:
+    """The ``stacklevel`` that makes a warning name the user's line: the first caller outside gpurig's package.
+
+    >>> _users_level()      # called from outside gpurig: the line that called it
+    1
+    """
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class BatchSizeWarning(UserWarning):
@@ -154,7 +169,7 @@ class Shard:
                       f"{min(sizes)} samples): the ranks' gradients are averaged with equal weights, so a step is not "
                       f"the global batch's mean; use a multiple of {len(sizes)}")
         if advice and self.comm.rank == 0:
-            warnings.warn(advice, BatchSizeWarning, stacklevel=3)
+            warnings.warn(advice, BatchSizeWarning, stacklevel=_users_level())
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffled order to use (as ``DistributedSampler.set_epoch``)."""
@@ -170,11 +185,11 @@ class Shard:
             return
         if left < self.parts:
             warnings.warn(f"the last {left} sample(s) make fewer than one per rank: they are left out",
-                          BatchSizeWarning, stacklevel=4)
+                          BatchSizeWarning, stacklevel=_users_level())
         elif left % self.parts:
             warnings.warn(f"the last global batch of {left} splits unevenly over {self.parts} ranks: its ranks' "
                           f"gradients are averaged with equal weights, so that step is not its mean",
-                          BatchSizeWarning, stacklevel=4)
+                          BatchSizeWarning, stacklevel=_users_level())
 
     def __len__(self) -> int:
         if self.batches is not None:
