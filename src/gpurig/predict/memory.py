@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from gpurig.models import model_spec, step_peak
@@ -36,11 +37,23 @@ def memory(spec, request: PredictRequest, hardware: Hardware, ranks: int) -> dic
     out = {"parts_gb": {k: round(v / 2**30, 3) for k, v in parts.items()}, "total_gb": round(total / 2**30, 2),
            "gpu_gb": gpu_gb}
     if gpu_gb:
+        def largest_at(at_spec, at_traced) -> int:
+            # what the split layers leave out is the same at any batch: as much more room for the rest
+            return largest_fitting_batch(at_spec, request.optimizer, mixed, data_ranks, gpu_gb + saved / 2**30,
+                                         shard=request.shard, traced=at_traced, workspaces=workspaces,
+                                         implementation=implementation)
+
+        largest = largest_at(spec, traced)
+        # the peak's growth traced at a batch far from the answer (a small one's peak holds more that does not grow)
+        # is traced again near it, so the answer does not depend on the batch asked about: at the power of two
+        # nearest the answer, which many GPUs share (choose prices dozens; each trace takes seconds)
+        near_batch = 2 ** round(math.log2(largest)) if largest else 0
+        if traced is not None and largest and not spec.batch / 2 <= near_batch <= 2 * spec.batch:
+            near = step_peak(request.model, near_batch, tokens=request.tokens, sample=request.sample, mixed=mixed)
+            if near is not None:
+                largest = largest_at(replace(spec, batch=near_batch), near)
         out.update(usable_gb=round(usable_bytes(gpu_gb) / 2**30, 2), fits=total <= usable_bytes(gpu_gb),
-                   # what the split layers leave out is the same at any batch: as much more room for the rest
-                   largest_batch=largest_fitting_batch(spec, request.optimizer, mixed, data_ranks,
-                                                       gpu_gb + saved / 2**30, shard=request.shard, traced=traced, workspaces=workspaces,
-                                                       implementation=implementation))
+                   largest_batch=largest)
     return out
 
 
