@@ -158,7 +158,9 @@ def show(result: dict) -> None:
     unit = result.get("unit", "GPU")
     trainable = result.get("trainable_parameters", result["parameters"])
     frozen = f", {trainable:,} of them trainable" if trainable != result["parameters"] else ""
-    console.print(f"[bold]gpurig predict[/]: {result['model']} ({result['parameters'] / 1e6:.1f} M parameters"
+    count = result["parameters"]
+    console.print(f"[bold]gpurig predict[/]: {result['model']} ("
+                  + (f"{count / 1e6:.1f} M" if count >= 100_000 else f"{count:,}") + " parameters"
                   f"{frozen}), "
                   f"{result['batch_per_gpu']} samples per {unit}, on {result['gpus']} {unit}(s) in {result['nodes']} "
                   f"node(s) of {result['hardware']}"
