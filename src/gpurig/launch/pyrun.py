@@ -107,8 +107,10 @@ def main(argv: list[str]) -> None:
         if status:
             _failed(status)
             raise
-    except KeyboardInterrupt:   # Ctrl-C reached every rank: the launcher says so once, no rank's traceback
+    except KeyboardInterrupt as error:   # Ctrl-C reached every rank: the launcher says so once, no rank's traceback
         _failed(130)
+        # the other ranks' watches say this rank was interrupted, not that it "finished its program"
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
         sys.exit(130)
     except CollectiveFailed as error:  # most often the consequence of another rank's end: one line, no traceback
         _failed(1, secondary=True, cause=f"exited with code 1: {error}")
