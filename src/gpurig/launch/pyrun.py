@@ -38,7 +38,7 @@ from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
 from gpurig.launch.progress import ProgressWriter, last_collective
 from gpurig.launch.standby import wait_if_parked
-from gpurig.launch.status import STATUS_DIR_VARIABLE, record_failure
+from gpurig.launch.status import STATUS_DIR_VARIABLE, ended_by, record_failure
 
 
 def _run(argv: list[str]) -> None:
@@ -109,8 +109,7 @@ def main(argv: list[str]) -> None:
             raise
     except KeyboardInterrupt as error:   # Ctrl-C reached every rank: the launcher says so once, no rank's traceback
         _failed(130)
-        # the other ranks' watches say this rank was interrupted, not that it "finished its program"
-        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
+        ended_by(error)
         sys.exit(130)
     except CollectiveFailed as error:  # most often the consequence of another rank's end: one line, no traceback
         _failed(1, secondary=True, cause=f"exited with code 1: {error}")
@@ -123,9 +122,7 @@ def main(argv: list[str]) -> None:
         _failed(1, cause=f"raised {type(error).__name__}{': ' + what if what else ''}")
         error = error.with_traceback(_user_frames(error.__traceback__))
         sys.excepthook(type(error), error, error.__traceback__)
-        # as the interpreter does for an exception nobody caught: the communicator's exit then tells the other
-        # ranks this one raised, not that it finished (gpurig.comm.watch)
-        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
+        ended_by(error)
         sys.exit(1)
     _succeed()
 

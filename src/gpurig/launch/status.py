@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -59,3 +60,14 @@ def first_failure(status_dir: str | os.PathLike) -> RankFailed | None:
     first = min(reports, key=lambda report: (bool(report.get("secondary")), report["time"]))
     return RankFailed(first["rank"], first["host"], first["returncode"], first.get("cause"), first.get("during"),
                       bool(first.get("secondary")))
+
+
+def ended_by(error: BaseException) -> None:
+    """Leave ``error`` where the interpreter leaves an exception nobody caught (``sys.last_value``), for a rank
+    that ends by it without a traceback: the communicator's exit then tells the other ranks this one raised or
+    was interrupted, not that it "finished its program" (:meth:`gpurig.comm.watch.Watch.stop`).
+
+    >>> ended_by(KeyboardInterrupt()); type(sys.last_value).__name__
+    'KeyboardInterrupt'
+    """
+    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__

@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import json
 import signal
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -24,6 +23,7 @@ from gpurig import comm as comm_mod
 from gpurig.launch import standby
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
+from gpurig.launch.status import ended_by
 from gpurig.parallel import (DataParallel, NonFiniteGradientError, ZeroRedundancyOptimizer, optimizer_state_bytes,
                              parameter_bytes, shard)
 from gpurig.parallel.mixed_precision import MixedPrecision
@@ -329,7 +329,6 @@ def main(argv: list[str]) -> int:
         run_rank(config)
     except KeyboardInterrupt as error:  # Ctrl-C reached every rank: the launcher says it; finished epochs are kept
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's own SIGINT follows the terminal's: shut down
-        # the other ranks' watches say this rank was interrupted, not that it "finished its program"
-        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
+        ended_by(error)   # the others say this rank was interrupted, not that it "finished its program"
         return 130
     return 0
