@@ -354,12 +354,29 @@ def test_two_torch_nodes_meet_as_torchrun_nodes_do(tmp_path):
     assert [sorted(out.splitlines()) for out, _ in outputs] == [["0 0 4", "1 1 4"], ["2 0 4", "3 1 4"]]
 
 
-def test_iface_names_the_interface_to_gloo_and_nccl():
-    """(Open MPI's runtime refuses loopback for its out-of-band channel: under MPI --iface must name a real NIC.)"""
-    done = gpurig_run("-n", 2, "--engine", "torch", "--iface", "lo", "--", "python", "-c", ENV_DUMP)
+@pytest.mark.parametrize("engine,named", [("torch", "flag"), ("mpi", "flag"), ("torch", "variable")])
+def test_iface_names_the_interface_to_gloo_and_nccl(engine, named, monkeypatch):
+    """``--iface`` or GPURIG_IFACE. Loopback under MPI keeps to shared memory: Open MPI's runtime refuses
+    loopback as its only out-of-band interface."""
+    if named == "variable":
+        monkeypatch.setenv("GPURIG_IFACE", "lo")
+    done = gpurig_run("-n", 2, "--engine", engine, *(["--iface", "lo"] if named == "flag" else []), "--", "python",
+                      "-c", ENV_DUMP)
     assert done.returncode == 0, done.stderr
     envs = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(e["GLOO_SOCKET_IFNAME"], e["NCCL_SOCKET_IFNAME"], e["MASTER_ADDR"]) for e in envs] == [("lo", "lo", "127.0.0.1")] * 2
+
+
+@pytest.mark.parametrize("variable,value,said", [
+    ("GPURIG_IFACE", "no-such-iface0", "GPURIG_IFACE 'no-such-iface0': no such network interface here"),
+    ("GPURIG_COMM_TIMEOUT", "0", "GPURIG_COMM_TIMEOUT must be a number of seconds above 0"),
+    ("GPURIG_COMM_TIMEOUT", "soon", "GPURIG_COMM_TIMEOUT must be a number of seconds above 0")])
+def test_a_bad_variable_is_refused_once_by_the_launcher(variable, value, said, monkeypatch):
+    monkeypatch.setenv(variable, value)
+    done = gpurig_run("-n", 2, "--engine", "torch", "--", "python", "-c", "print('ran')")
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gpurig: error: {said}"), done.stderr
 
 
 @pytest.mark.parametrize("engine", ["mpi", "torch"])

@@ -299,6 +299,50 @@ def test_a_python_ranks_traceback_is_the_users(tmp_path):
     assert proc.stderr.splitlines()[:2] == ["Traceback (most recent call last):", '  File "<string>", line 1, in <module>']
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank,said", [
+    (0, ["rank 0 of 2 has waited 2 s for the other ranks to join at 127.0.0.1:{port}",
+         "rank 0 of 2: the other ranks did not join at 127.0.0.1:{port} within 4 s"]),
+    (1, ["rank 1 of 2 has waited 2 s to reach rank 0 at 127.0.0.1:{port}",
+         "rank 1 of 2 could not reach rank 0 at 127.0.0.1:{port} within 4 s"])])
+def test_a_rendezvous_nobody_joins_says_so_and_ends_in_one_line(rank, said):
+    """RANK and WORLD_SIZE left over from another job: the rank says where it waits, then gives up in one line
+    (exit 2), not torch's traceback after ten minutes of silence."""
+    port = _free_port()
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "GPURIG_COMM_TIMEOUT": "4"}
+    env.pop("GPURIG_ENGINE", None)
+    proc = subprocess.run(as_rank_program([sys.executable, "-c", "import gpurig; gpurig.init()"]), env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    gpurig_lines = [line for line in proc.stderr.splitlines() if line.startswith("gpurig: ")]
+    assert len(gpurig_lines) == 2 and all(part.format(port=port) in line for part, line in zip(said, gpurig_lines)), \
+        proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_rendezvous_waits_for_a_late_rank_0():
+    """Rank 1 started first waits for rank 0's store to listen, then both join and reduce."""
+    port = _free_port()
+    code = ("import torch, gpurig; c = gpurig.init(); t = torch.ones(2) * (c.rank + 1); c.allreduce(t, op='sum'); "
+            "print(c.rank, t.tolist())")
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env.pop("GPURIG_ENGINE", None)
+    late = subprocess.Popen(as_rank_program([sys.executable, "-c", code]), env={**env, "RANK": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    first = subprocess.run(as_rank_program([sys.executable, "-c", code]), env={**env, "RANK": "0"},
+                           capture_output=True, text=True, timeout=60)
+    out, err = late.communicate(timeout=60)
+    assert (first.returncode, late.returncode) == (0, 0), (first.stderr, err)
+    assert (first.stdout, out) == ("0 [3.0, 3.0]\n", "1 [3.0, 3.0]\n")
+
+
 def test_open_mpi_failure_reports_are_read_and_kept_off_screen():
     out, reports = _relay(f"epoch 1\n{OPEN_MPI_ABORT}gpurig: rank 1 on host vm exited with code 3\n")
     assert out == "epoch 1\ngpurig: rank 1 on host vm exited with code 3\n"

@@ -9,6 +9,9 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import socket
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -17,6 +20,8 @@ from gpurig.comm.sidechannel import SideChannel, rendezvous_store
 from gpurig.comm.signature import COLLECTIVES
 from gpurig.errors import UsageError
 from gpurig.launch.env import restart_count, torch_launch_info
+from gpurig.launch.processes import say
+from gpurig.launch.settings import Settings
 
 # torch 2.13 renamed these; older releases only have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -41,7 +46,7 @@ class TorchEngine:
     def __init__(self, backend: str | None = None, timeout_s: float | None = None):
         info = torch_launch_info()
         self.backend = backend or os.environ.get("GPURIG_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-        timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("GPURIG_COMM_TIMEOUT", "600")))
+        timeout = datetime.timedelta(seconds=timeout_s or Settings.from_env().comm_timeout)
         self._owns_group = not dist.is_initialized()
         self.side_channel = None
         if self._owns_group:
@@ -59,10 +64,7 @@ class TorchEngine:
                                      "WORLD_SIZE, or start the job with `gpurig run` or torchrun)")
                 os.environ.setdefault("RANK", str(info.rank))
                 os.environ.setdefault("WORLD_SIZE", str(info.size))
-                # The rendezvous store, bound to MASTER_ADDR's interface only, is also gpurig's side channel.
-                store, self.side_channel = rendezvous_store(info.rank, info.size, timeout.total_seconds())
-                dist.init_process_group(self.backend, store=store, rank=info.rank, world_size=info.size,
-                                        timeout=timeout, device_id=device)
+                self.side_channel = _join(self.backend, info.rank, info.size, timeout, device)
         else:   # the script made the group itself (a torchrun-style DDP script): share its store, when a TCPStore
             self.side_channel = _side_channel_of_users_group()
         self.rank = dist.get_rank()
@@ -146,6 +148,69 @@ class TorchEngine:
             # release tensors on their own, and one that does so while Python is finalizing aborts
             # the process ("terminate called without an active exception").
             gc.collect()
+
+
+FIRST_REPORT_S = 15.0   # a rendezvous still waiting after this says so (then every minute)
+_DIST_ERROR = getattr(dist, "DistError", RuntimeError)   # DistStoreError, DistNetworkError
+
+
+def _join(backend: str, rank: int, size: int, timeout: datetime.timedelta, device) -> SideChannel:
+    """Join the default process group at ``MASTER_ADDR:MASTER_PORT`` as ``rank`` of ``size``; return the side channel.
+
+    The rendezvous store, bound to MASTER_ADDR's interface only, is also gpurig's side channel. A rendezvous
+    that waits says so on stderr after 15 s (half the timeout, when shorter) and every minute; one that times out is a one-line
+    :class:`UsageError` saying where it waited, not torch's traceback ten minutes later.
+
+    >>> channel = _join("gloo", 0, 2, datetime.timedelta(seconds=30), None)   # doctest: +SKIP
+    """
+    where = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"
+    seconds = timeout.total_seconds()
+    if rank == 0:
+        waiting = f"rank 0 of {size} has waited {{:.0f}} s for the other ranks to join at {where}"
+        failed = (f"rank 0 of {size}: the other ranks did not join at {where} within {seconds:.0f} s "
+                  "(RANK, WORLD_SIZE and MASTER_ADDR/PORT left over from another job? start a job with "
+                  "`gpurig run` or torchrun)")
+    else:
+        waiting = f"rank {rank} of {size} has waited {{:.0f}} s to reach rank 0 at {where}"
+        failed = (f"rank {rank} of {size} could not reach rank 0 at {where} within {seconds:.0f} s (is rank 0 "
+                  "running, and MASTER_ADDR an address of its machine that this one can reach?)")
+    done = threading.Event()
+    threading.Thread(target=_report_waiting, args=(done, waiting, seconds), name="gpurig-rendezvous",
+                     daemon=True).start()
+    try:
+        if rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            _wait_for_listener(where, seconds)   # here, not in torch's client: it logs each try in C++
+        store, channel = rendezvous_store(rank, size, seconds)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout, device_id=device)
+    except (_DIST_ERROR, TimeoutError):
+        raise UsageError(failed) from None
+    finally:
+        done.set()
+    return channel
+
+
+def _wait_for_listener(where: str, timeout_s: float) -> None:
+    """Return once something accepts connections at ``where`` (HOST:PORT); TimeoutError after ``timeout_s``."""
+    host, port = where.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=min(1.0, timeout_s)).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(where) from None
+            time.sleep(0.2)
+
+
+def _report_waiting(done: threading.Event, line: str, timeout_s: float) -> None:
+    """Say ``line`` (its ``{}`` the seconds waited) after :data:`FIRST_REPORT_S` (or half the timeout, when shorter)
+    and every minute, until ``done``."""
+    waited, step = 0.0, min(FIRST_REPORT_S, timeout_s / 2)
+    while not done.wait(step):
+        waited += step
+        say(f"gpurig: {line.format(waited)} (gives up after {timeout_s:.0f} s, GPURIG_COMM_TIMEOUT)")
+        step = 60.0
 
 
 def _side_channel_of_users_group() -> SideChannel | None:

@@ -8,6 +8,7 @@ engines are told the same interface (Gloo: ``GLOO_SOCKET_IFNAME``; Open MPI:
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 import psutil
@@ -17,19 +18,19 @@ from gpurig.errors import UsageError
 IFACE_VARIABLE = "GPURIG_IFACE"
 
 
-def interface_address(name: str) -> str:
-    """The IPv4 address of interface ``name``; a one-line :class:`UsageError` if it has none.
+def interface_address(name: str, said: str = "--iface") -> str:
+    """The IPv4 address of interface ``name``; a one-line :class:`UsageError` (naming it as ``said``) if it has none.
 
     >>> interface_address("lo")
     '127.0.0.1'
     """
     addresses = psutil.net_if_addrs()
     if not name or name not in addresses:
-        raise UsageError(f"--iface {name!r}: no such network interface here (have: {', '.join(sorted(addresses))})")
+        raise UsageError(f"{said} {name!r}: no such network interface here (have: {', '.join(sorted(addresses))})")
     for address in addresses[name]:
         if address.family == socket.AF_INET:
             return address.address
-    raise UsageError(f"--iface {name!r} has no IPv4 address")
+    raise UsageError(f"{said} {name!r} has no IPv4 address")
 
 
 def local_addresses() -> set[str]:
@@ -82,7 +83,8 @@ def confine(env: dict, engine: str, all_here: bool, iface: str | None, mpi_args:
     """The ranks' environment and mpirun arguments that keep the job's sockets on ``iface``, or on loopback.
 
     With ``iface``: Gloo, NCCL's sockets, Open MPI's TCP transport and its runtime,
-    gpurig's side channel and the torch rendezvous (``MASTER_ADDR``) all use that interface.
+    gpurig's side channel and the torch rendezvous (``MASTER_ADDR``) all use that interface; ``GPURIG_IFACE`` in
+    ``env`` stands for ``iface`` when it is not given.
     Without it, a job whose ranks all run here keeps to loopback: Gloo on ``lo``,
     and Open MPI moves data through shared memory only (its TCP transport would
     listen on every interface). mpirun arguments the user gave about these win.
@@ -90,19 +92,26 @@ def confine(env: dict, engine: str, all_here: bool, iface: str | None, mpi_args:
     >>> env, args = confine({}, "mpi", True, None, "")
     >>> args
     '--mca btl self,vader'
-    >>> env = confine({}, "torch", False, "lo", "")[0]
-    >>> env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]
-    ('127.0.0.1', 'lo', 'lo')
+    >>> env, args = confine({"GPURIG_IFACE": "lo"}, "mpi", True, None, "")
+    >>> env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"], args
+    ('127.0.0.1', 'lo', 'lo', '--mca btl self,vader')
     """
     env = dict(env)
+    loopback = False
+    said = "--iface"
+    if iface is None:   # the variable is the flag's default: checked here, once, not by every rank
+        iface, said = env.get(IFACE_VARIABLE) or None, IFACE_VARIABLE
     if iface is not None:
-        address = interface_address(iface)
+        address = interface_address(iface, said)
         # NCCL's own socket traffic (bootstrap, and data where there is no InfiniBand) too: the one users fight most
         env.update({IFACE_VARIABLE: iface, "GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface,
                     "MASTER_ADDR": address})
-        if engine == "mpi" and "if_include" not in mpi_args and "if_exclude" not in mpi_args:
+        loopback = ipaddress.ip_address(address).is_loopback
+        if loopback and not all_here:
+            raise UsageError(f"{said} {iface!r} is loopback: ranks on other hosts cannot reach this one through it")
+        if engine == "mpi" and not loopback and "if_include" not in mpi_args and "if_exclude" not in mpi_args:
             mpi_args = f"{mpi_args} --mca btl_tcp_if_include {iface} --mca oob_tcp_if_include {iface}".strip()
-    elif all_here:
+    if (iface is None or loopback) and all_here:   # Open MPI's runtime refuses loopback as its only interface
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         if engine == "mpi" and "btl" not in mpi_args:
             # shared memory is "vader" in Open MPI 4 and "sm" in 5, which still takes "vader" as an alias (4's "sm"

@@ -33,7 +33,7 @@ import threading
 import types
 from pathlib import Path
 
-from gpurig.errors import CollectiveFailed, RankFailed
+from gpurig.errors import CollectiveFailed, RankFailed, UsageError
 from gpurig.launch.env import rank_from_env
 from gpurig.launch.processes import say
 from gpurig.launch.progress import ProgressWriter, last_collective
@@ -113,10 +113,12 @@ def main(argv: list[str]) -> None:
         sys.exit(130)
     except CollectiveFailed as error:  # most often the consequence of another rank's end: one line, no traceback
         _failed(1, secondary=True, cause=f"exited with code 1: {error}")
-        line = f"gpurig: rank {rank_from_env()} on host {socket.gethostname()}: {error}{_location(error.__traceback__)}"
-        say(line)
-        ProgressWriter().reported(line)  # said: the wrapper need not say it again
+        _say_once(error)
         sys.exit(1)
+    except UsageError as error:   # gpurig refused how it was called (a rendezvous nobody joined): one line, as the CLI
+        _failed(2, cause=f"exited with code 2: {error}")
+        _say_once(error)
+        sys.exit(2)
     except BaseException as error:
         what = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
         _failed(1, cause=f"raised {type(error).__name__}{': ' + what if what else ''}")
@@ -125,6 +127,13 @@ def main(argv: list[str]) -> None:
         ended_by(error)
         sys.exit(1)
     _succeed()
+
+
+def _say_once(error: BaseException) -> None:
+    """One line on stderr naming this rank, the error and where in the program it was raised."""
+    line = f"gpurig: rank {rank_from_env()} on host {socket.gethostname()}: {error}{_location(error.__traceback__)}"
+    say(line)
+    ProgressWriter().reported(line)  # said: the wrapper need not say it again
 
 
 def _succeed() -> None:

@@ -11,6 +11,9 @@ same variables:
   GPURIG_STALL_SHUTDOWN   seconds after which such a stall ends the job (default 0: never)
   GPURIG_CHECK            0 turns off the check that all ranks submit the same
                           collectives (default 1)
+  GPURIG_COMM_TIMEOUT     seconds the torch engine's rendezvous and each of its
+                          collectives wait before giving up (default 600, as
+                          torch.distributed's own)
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from dataclasses import dataclass
 from gpurig.errors import UsageError
 
 VARIABLES = {"failure_timeout": "GPURIG_FAILURE_TIMEOUT", "stall_timeout": "GPURIG_STALL_TIMEOUT",
-             "stall_shutdown": "GPURIG_STALL_SHUTDOWN", "check": "GPURIG_CHECK"}
+             "stall_shutdown": "GPURIG_STALL_SHUTDOWN", "check": "GPURIG_CHECK",
+             "comm_timeout": "GPURIG_COMM_TIMEOUT"}
 LONGEST_S = 7 * 24 * 3600.0
 
 
@@ -57,13 +61,14 @@ class Settings:
     stall_timeout: float = 60.0
     stall_shutdown: float = 0.0
     check: bool = True
+    comm_timeout: float = 600.0
 
     @classmethod
     def from_env(cls, env=None) -> "Settings":
         """The settings the variables give (defaults for those not set); one-line error for a bad value.
 
-        >>> Settings.from_env({"GPURIG_CHECK": "0"}).check
-        False
+        >>> Settings.from_env({"GPURIG_CHECK": "0"}).check, Settings.from_env({}).comm_timeout
+        (False, 600.0)
         """
         env = os.environ if env is None else env
         values = {}
@@ -75,6 +80,14 @@ class Settings:
                 if text not in ("0", "1"):
                     raise UsageError(f"{variable} must be 0 or 1, got {text!r}")
                 values[field] = text == "1"
+            elif field == "comm_timeout":   # no "off": torch.distributed needs a limit
+                try:
+                    values[field] = seconds(text, variable)
+                except UsageError:
+                    values[field] = 0.0
+                if values[field] == 0:
+                    raise UsageError(f"{variable} must be a number of seconds above 0 (at most {LONGEST_S:.0f}), "
+                                     f"got {text!r}")
             else:
                 values[field] = seconds(text, variable)
         return cls(**values)
