@@ -518,9 +518,17 @@ def source_spread(cases: list[Case]) -> dict:
                      "high": [high.published, high.batch, high.source.split(";")[0]],
                      "low": [low.published, low.batch, low.source.split(";")[0]]})
     spreads = [r["spread_pct"] for r in rows]
+    # the same configuration down to the batch, published twice (two systems of one table, or two tables)
+    same = defaultdict(list)
+    for c in cases:
+        if c.gpus == 1:
+            same[(c.gpu, c.model, c.precision, c.batch, c.tokens)].append(c.published)
+    twice = [math.sqrt(max(v) / min(v)) - 1 for v in same.values() if len(v) > 1]
     return {"configurations": len(rows), "median_spread_pct": statistics.median(spreads) if rows else 0.0,
             "worst_spread_pct": max(spreads, default=0.0),
-            "worst_floor_pct": max((r["floor_pct"] for r in rows), default=0.0), "rows": rows}
+            "worst_floor_pct": max((r["floor_pct"] for r in rows), default=0.0), "rows": rows,
+            "same_batch_configurations": len(twice),
+            "same_batch_floor_pct": round(100 * max(twice, default=0.0), 1)}
 
 
 def memory_check(cases: list[Case]) -> dict:
@@ -607,7 +615,9 @@ def main() -> int:
     console.print(f"the sources themselves: {spread['configurations']} GPU / model / precision triples published by "
                   f"two or more sources differ by a median {spread['median_spread_pct']:.0f} %, at most "
                   f"{spread['worst_spread_pct']:.0f} %: no one prediction of the worst is within "
-                  f"{spread['worst_floor_pct']:.0f} % of both")
+                  f"{spread['worst_floor_pct']:.0f} % of both; {spread['same_batch_configurations']} configurations "
+                  f"published twice at the same batch: no one prediction is within {spread['same_batch_floor_pct']:.0f} "
+                  "% of both values of the worst")
     results["memory"] = memory_check(single)
     m = results["memory"]
     console.print(f"memory: {m['fit']} of {m['rows']} published single-GPU batches fit gpurig's estimate; published "
