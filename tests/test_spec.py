@@ -42,7 +42,9 @@ def test_every_name_and_alias_finds_its_own_row():
     ("2080ti", "GeForce RTX 2080 Ti"), ("RTX 2080 Ti", "GeForce RTX 2080 Ti"), ("rtx2080 ti", "GeForce RTX 2080 Ti"),
     ("NVIDIA GeForce RTX 2080 Ti", "GeForce RTX 2080 Ti"), ("Tesla V100-SXM2-16GB", "Tesla V100 SXM2 16 GB"),
     ("NVIDIA A100 80GB PCIe", "A100 PCIe 80 GB"), ("NVIDIA H100 80GB HBM3", "H100 SXM5 80 GB"),
-    ("gtx titan", "GeForce GTX Titan"), ("Titan RTX", "Titan RTX"), ("mi300x", "Instinct MI300X")])
+    ("gtx titan", "GeForce GTX Titan"), ("Titan RTX", "Titan RTX"), ("mi300x", "Instinct MI300X"),
+    # a Cyrillic А, Greek Η, full-width digits: pasted from a web page or typed on another keyboard
+    ("\u0410100 80GB", "A100 PCIe 80 GB"), ("\u0397100 PCIe", "H100 PCIe"), ("RTX \uff14\uff10\uff19\uff10", "GeForce RTX 4090")])
 def test_loose_lookup(query, name):
     assert catalog.gpu(query).name == name
 

@@ -16,6 +16,7 @@ import difflib
 import functools
 import io
 import re
+import unicodedata
 from importlib import resources
 
 from gpurig.spec.fields import SpecError, from_mapping
@@ -53,9 +54,23 @@ def name_key(name: str, drop: set[str] = frozenset()) -> str:
     return " ".join(sorted(_words(name, drop)))
 
 
+# Letters of other scripts drawn as Latin ones, as a name pasted from a web page or typed on another keyboard has
+# them ("А100" with a Cyrillic А): read as the Latin letter they look like. Full-width forms ("Ａ１００") NFKC folds.
+_LOOKALIKES = str.maketrans("АВЕКМНОРСТХаеорсухіІΑΒΕΗΙΚΜΝΟΡΤΥΧΖ", "ABEKMHOPCTXaeopcyxiIABEHIKMNOPTYXZ")
+
+
+def latin(name: str) -> str:
+    """``name`` with full-width forms folded (NFKC) and Cyrillic and Greek letters that look Latin made Latin.
+
+    >>> latin("А100"), latin("Ａ１００ ＳＸＭ")
+    ('A100', 'A100 SXM')
+    """
+    return unicodedata.normalize("NFKC", name).translate(_LOOKALIKES)
+
+
 def _words(name: str, drop=frozenset()) -> list[str]:
     """``name``'s words in order, lower case, letters and digits split, ``drop`` words removed."""
-    return [w for w in re.findall(r"[a-z]+|[0-9]+(?:\.[0-9]+)?", name.lower()) if w not in drop]
+    return [w for w in re.findall(r"[a-z]+|[0-9]+(?:\.[0-9]+)?", latin(name).lower()) if w not in drop]
 
 
 class Lookup:
@@ -85,9 +100,9 @@ class Lookup:
         found = self._matches(name)
         if len(found) == 1:
             return found[0]
-        sized = _MEMORY.search(name)
+        sized = _MEMORY.search(latin(name))
         if sized:
-            rest = _MEMORY.sub(" ", name).strip(" -_")
+            rest = _MEMORY.sub(" ", latin(name)).strip(" -_")
             fitting = [e for e in self._matches(rest) if abs((getattr(e, "memory_gb", None) or 0) - float(sized[1])) < 1]
             if len(fitting) == 1:
                 return fitting[0]
