@@ -135,7 +135,7 @@ def test_the_header_and_json_name_the_catalog_gpu_a_short_name_found(monkeypatch
     monkeypatch.setenv("COLUMNS", "160")
     code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "8 A100", "--precision", "FP16"])
     assert code == 0, err
-    assert "of 8 A100 = A100 SXM4 40 GB (catalog)" in " ".join(out.split()) and ", fp16," in out
+    assert "on 8 GPUs in 1 node: 8 A100 = A100 SXM4 40 GB (catalog)" in " ".join(out.split()) and ", fp16," in out
     code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "8 A100", "--json"])
     assert code == 0 and json.loads(out)["gpu"] == "A100 SXM4 40 GB"
 

@@ -162,8 +162,9 @@ def show(result: dict) -> None:
     console.print(f"[bold]gpurig predict[/]: {result['model']} ("
                   + (f"{count / 1e6:.1f} M" if count >= 100_000 else f"{count:,}") + " parameters"
                   f"{frozen}), "
-                  f"{result['batch_per_gpu']} samples per {unit}, on {result['gpus']} {unit}(s) in {result['nodes']} "
-                  f"node(s) of {result['hardware']}"
+                  f"{result['batch_per_gpu']} samples per {unit}, on {result['gpus']} {unit}"
+                  f"{'s' if result['gpus'] != 1 else ''} in {result['nodes']} node{'s' if result['nodes'] != 1 else ''}"
+                  f": {result['hardware']}"
                   + (f" = {result['gpu']}" if result.get("gpu") and result["gpu"] not in result["hardware"] else "")
                   + f" ({result['calibration']}); {result['parallel']} parallel, "
                   f"{result['precision']}, compression {result['compression']}"
@@ -193,7 +194,7 @@ def show(result: dict) -> None:
     if needed.get("gpu_gb"):
         verdict = "fits" if needed["fits"] else "[bold red]does NOT fit[/]"
         console.print(f"memory per GPU: {needed['total_gb']:.1f} GiB of {needed['usable_gb']:.1f} usable "
-                      f"({needed['gpu_gb']:g} GB): {verdict}; the largest batch that fits: {needed['largest_batch']}")
+                      f"({needed['gpu_gb']:g} GB): {verdict}; the largest batch that fits: {needed['largest_batch']:,}")
         console.print(f"  at the step's peak: {peak_parts(needed['parts_gb'])}")
     used = result.get("utilization") or {}
     if used.get("mfu") is not None:

@@ -107,20 +107,20 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
     why = f"{needed['total_gb']:.1f} GiB per GPU needed, {needed['usable_gb']:.1f} GiB usable: it does not fit"
     items = []
     if needed["largest_batch"]:
-        items.append({"what": f"per-GPU batch {needed['largest_batch']}", "why": why, "samples_per_s_gain": None,
+        items.append({"what": f"per-GPU batch {needed['largest_batch']:,}", "why": why, "samples_per_s_gain": None,
                       "fits": True})
     if request.precision not in MIXED:
         sixteen = "bf16" if hardware.gpu is not None and hardware.gpu.bf16_tflops else "fp16"
         mixed = memory(spec, replace(request, precision=sixteen), hardware, ranks)
         items.append({"what": f"--precision {sixteen} (mixed precision)", "why": f"16-bit activations: "
-                      f"{mixed['total_gb']:.1f} GiB, largest batch {mixed['largest_batch']}",
+                      f"{mixed['total_gb']:.1f} GiB, largest batch {mixed['largest_batch']:,}",
                       "samples_per_s_gain": None, "fits": mixed["fits"]})
     if hardware.gpu is not None and optimizer_impl(request) != "fused" and needed["parts_gb"].get("optimizer_working"):
         # the peak is the optimizer's step, and part of it the working copy a fused kernel does not make
         fused = memory(spec, replace(request, optimizer_impl="fused"), hardware, ranks)
         items.append({"what": "--optimizer-impl fused", "why": f"the step's peak is the optimizer's: its "
                       f"{needed['parts_gb']['optimizer_working']:.1f} GiB working copy is none in a fused kernel; "
-                      f"{fused['total_gb']:.1f} GiB, largest batch {fused['largest_batch']}",
+                      f"{fused['total_gb']:.1f} GiB, largest batch {fused['largest_batch']:,}",
                       "samples_per_s_gain": None, "fits": fused["fits"]})
     if ranks > 1 and request.parallel == "data" and request.shard != "gradients":
         for shard, what in (("optimizer", "optimizer state"), ("gradients", "optimizer state and gradients")):
@@ -128,7 +128,7 @@ def fit_advice(spec, request: PredictRequest, hardware: Hardware, ranks: int, ne
                 continue
             sharded = memory(spec, replace(request, shard=shard), hardware, ranks)
             items.append({"what": f"--shard {shard} (ZeRO: {what} split over the {ranks} GPUs)",
-                          "why": f"{sharded['total_gb']:.1f} GiB per GPU, largest batch {sharded['largest_batch']}; "
+                          "why": f"{sharded['total_gb']:.1f} GiB per GPU, largest batch {sharded['largest_batch']:,}; "
                                  "the same bytes on the wire (a reduce-scatter and an allgather instead of the "
                                  "allreduce)", "samples_per_s_gain": None, "fits": sharded["fits"]})
     if not items:
