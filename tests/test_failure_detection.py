@@ -116,20 +116,22 @@ comm.allreduce(torch.ones(4), name="step")
 """
 
 
-def test_a_rank_that_raises_is_named_with_its_exception_not_as_finished(tmp_path, engine="torch"):
-    """Rank 1 raises between collectives while rank 0 waits in the next one: rank 0's watch says what rank 1
-    raised (the launcher's last line names the rank); it did not "finish its program"."""
+@pytest.mark.parametrize("how,said_how", [("raise ValueError('a bug in step 4')", "raised ValueError: a bug in step 4"),
+                                          ("sys.exit(3)", "exited with code 3")])
+def test_a_rank_that_raises_is_named_with_its_exception_not_as_finished(tmp_path, how, said_how, engine="torch"):
+    """Rank 1 raises (or exits with a code) between collectives while rank 0 waits in the next one: rank 0's watch
+    says what rank 1 did (the launcher's last line names the rank); it did not "finish its program"."""
     script = tmp_path / "raises.py"
-    script.write_text(RAISES)
+    script.write_text(RAISES.replace("raise ValueError(\"a bug in step 4\")", how))
     done = gpurig("run", "-n", 2, "--engine", engine, "--failure-timeout", TIMEOUT_S, "--", sys.executable, script,
                   timeout=120)
     assert done.returncode != 0
     said = " ".join(done.stderr.split())
-    assert f"rank 1 on host {HOST} raised ValueError: a bug in step 4 after collective #3" in said, said[-3000:]
+    assert f"rank 1 on host {HOST} {said_how} after collective #3" in said, said[-3000:]
     assert "finished its program" not in said
     # the launcher's last line: what it raised, and after which collective (as for a rank killed in one)
-    assert done.stderr.strip().splitlines()[-1] == (f"gpurig run: rank 1 on host {HOST} raised ValueError: a bug in "
-                                                    f"step 4 after allreduce #3 (step, 16 B); stopped the other 1 rank")
+    assert done.stderr.strip().splitlines()[-1] == (f"gpurig run: rank 1 on host {HOST} {said_how} "
+                                                    f"after allreduce #3 (step, 16 B); stopped the other 1 rank")
 
 
 DDP_HOOKED = """

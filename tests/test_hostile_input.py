@@ -235,6 +235,10 @@ def test_ranks_listen_only_on_loopback_or_the_named_interface(engine, iface):
 # Found by going through every verb's flags (issue 29): a traceback, a flag taken and then ignored, an absurd count.
 SWEEP = [
     (["train", "--checkpoint-dir", "/dev/null/runs"], "--checkpoint-dir /dev/null/runs: /dev/null is not a directory"),
+    # root's access() says yes to /proc and /sys; making the directory says no (a QA sweep, session 54)
+    (["train", "--checkpoint-dir", "/proc/gpurig-runs"], "--checkpoint-dir /proc/gpurig-runs: cannot make the directory"),
+    (["train", "--logdir", "/proc/gpurig-tb"], "--logdir /proc/gpurig-tb: cannot make the directory"),
+    (["train", "--epochs", "1", "--bogus"], "unrecognized arguments: --bogus (see gpurig train --help)"),
     (["train", "-n", "2", "--parallel", "model", "--bucket-mb", "4"], "--bucket-mb: gradients travel in buckets"),
     (["predict", "--model", "mnist-mlp", "--cluster", "1 GTX 980", "--compression", "int8"], "on 1 GPU none are"),
     (["predict", "--model", "mnist-mlp", "--cluster", "2 GTX 980", "--parallel", "model", "--compression", "int8"],

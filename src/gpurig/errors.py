@@ -107,10 +107,11 @@ class RankFailed(Exception):
         return f"{who} {how}" + (f" {self.during}" if self.during else "")
 
 
-def check_directory(path: str, flag: str, shown: str | None = None, make: bool = False) -> None:
+def check_directory(path: str, flag: str, shown: str | None = None, make: bool = False, probe: bool = False) -> None:
     """A directory ``flag`` will write into: it exists or can be made (its nearest existing parent is a writable
     directory), and is not a file. ``shown``: the path the message names (default ``path``). ``make``: make it now
-    (where a writable-looking parent still refuses, as /proc does root).
+    (where a writable-looking parent still refuses, as /proc does root); ``probe``: make it and remove again what
+    was made, to know without leaving anything.
 
     >>> check_directory("/dev/null/runs", "--checkpoint-dir")
     Traceback (most recent call last):
@@ -125,11 +126,16 @@ def check_directory(path: str, flag: str, shown: str | None = None, make: bool =
         raise UsageError(f"{flag} {shown or path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK):
         raise UsageError(f"{flag} {shown or path}: {existing} is not writable")
-    if make:
+    if make or probe:
         try:
             target.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UsageError(f"{flag} {shown or path}: cannot make the directory ({error.strerror or error})") from None
+        if probe and not make:
+            for made in (target, *target.parents):
+                if made == existing:
+                    break
+                made.rmdir()
 
 
 def check_writable(path: str, flag: str, make_directory: bool = False) -> None:

@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)
+    for command in subparsers.choices.values():
+        command.set_defaults(_prog=command.prog)
     return parser
 
 
@@ -59,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:   # argparse would blame the top parser: point to the command's own help
+            prog = getattr(args, "_prog", None) or parser.prog
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see {prog} --help)")
         if not hasattr(args, "handler"):
             parser.print_help(sys.stderr)
             return 2

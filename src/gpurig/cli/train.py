@@ -265,7 +265,9 @@ class _TrainView:
             if not self.console.is_terminal:
                 # a log or a pipe: 80 columns would cut the table's numbers; a line is one line (grep finds it)
                 self.console = Console(width=None if "COLUMNS" in os.environ else WIDE_COLUMNS, soft_wrap=True)
+        # the bar is the run's (resumed: what is left of it); the epoch is said beside it
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("steps of the run"),
                                  TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
                                  console=self.console, transient=True, disable=as_rank)
         self.task = None

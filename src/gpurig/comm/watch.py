@@ -167,8 +167,10 @@ class Watch:
         raised = getattr(sys, "last_value", None)   # set when the program ends by an exception it did not catch
         if raised is not None and self._failure is None:   # the others say so, not that this rank "finished"
             what = str(raised).strip().splitlines()[0] if str(raised).strip() else ""
-            self._failure = (f"rank {self.rank} on host {self.host} raised {type(raised).__name__}"
-                             f"{': ' + what if what else ''} after collective #{self.guard.progress.seq}")
+            how = (f"exited with code {raised.code}" if isinstance(raised, SystemExit) and isinstance(raised.code, int)
+                   else f"exited: {what}" if isinstance(raised, SystemExit)
+                   else f"raised {type(raised).__name__}{': ' + what if what else ''}")
+            self._failure = f"rank {self.rank} on host {self.host} {how} after collective #{self.guard.progress.seq}"
         try:
             self._publish(finished=True)
             self._store.set(f"done/{self.rank}", "1")

@@ -106,6 +106,7 @@ def main(argv: list[str]) -> None:
         status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
         if status:
             _failed(status)
+            ended_by(done)   # the others say this rank exited with its code, not that it finished its program
             raise
     except KeyboardInterrupt as error:   # Ctrl-C reached every rank: the launcher says so once, no rank's traceback
         _failed(130)

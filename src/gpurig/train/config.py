@@ -156,6 +156,10 @@ def validate(config: TrainConfig, nprocs: int) -> None:
     _validate_shard(config)
     _validate_reliability(config)
     _validate_step(config, nprocs)
+    # made and removed again: root's access() says yes to /proc and /sys, making a directory there says no
+    check_directory(config.checkpoint_dir, "--checkpoint-dir", probe=True)
+    if config.logdir is not None:
+        check_directory(config.logdir, "--logdir", probe=True)
 
 
 def resume_problem(state: dict, path, config: TrainConfig) -> str | None:
