@@ -20,9 +20,13 @@ $(BIN)/.gpurig-installed: pyproject.toml
 install: $(BIN)/.gpurig-installed
 
 train: install
+	$(BIN)/python -m compileall -q src > /dev/null
 	$(BIN)/gpurig train $(ARGS)
 
+# Bytecode made once here, not by each of the suite's thousands of rank processes (where PYTHONDONTWRITEBYTECODE
+# is set, as in many containers, an editable install's modules are otherwise compiled again by every process).
 test: install
+	$(BIN)/python -m compileall -q src > /dev/null
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: install

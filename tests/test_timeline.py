@@ -114,15 +114,19 @@ def test_train_timeline_matches_the_printed_split(timeline_run):
         assert abs(traced_ms - printed) <= 0.05 * printed + 0.002, (part, traced_ms, printed)
 
 
+WRAP = """
+model = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 512),
+                                                torch.nn.Linear(512, 512)),  # 3 buckets
+                            bucket_cap_mb=0.01, compression={compression!r})
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
 SCRIPT = textwrap.dedent("""
     import torch, gpurig
     comm = gpurig.init()
     torch.manual_seed(0)
+    {before}
     with gpurig.timeline({path!r}) as timeline:
-        model = gpurig.DataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 512),
-                                                        torch.nn.Linear(512, 512)),  # 3 buckets
-                                    bucket_cap_mb=0.01, compression={compression!r})
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        {inside}
         for step in range(3):
             with timeline.span("forward"):
                 loss = model(torch.randn(8, 64)).square().mean()
@@ -133,13 +137,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("compression", ["none", "int8"])
-def test_own_script_records_with_gpurig_timeline(tmp_path, compression):
+@pytest.mark.parametrize("compression,wrapped_before", [("none", False), ("int8", True)])
+def test_own_script_records_with_gpurig_timeline(tmp_path, compression, wrapped_before):
     """The library: a script's own spans and DataParallel's buckets (several), both ranks, under gpurig run (MPI);
-    compressed buckets record their two halves."""
+    compressed buckets record their two halves; a model wrapped before the block records in it too."""
     trace_path = tmp_path / "own.json"
     script = tmp_path / "own.py"
-    script.write_text(SCRIPT.format(path=str(trace_path), compression=compression))
+    wrap = WRAP.format(compression=compression)
+    before, inside = (wrap, "") if wrapped_before else ("", textwrap.indent(wrap, " " * 4).strip())
+    script.write_text(SCRIPT.format(path=str(trace_path), before=before, inside=inside))
     done = gpurig("run", "-n", 2, "--", "python", script, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     complete = check_schema(strict_json(trace_path), ranks=2)

@@ -327,8 +327,8 @@ class DataParallel(torch.nn.Module):
         self.module = module
         self.comm = comm or comm_mod.current()
         self.zero = None
-        # a parallel.timeline.Timeline recording each bucket and the wait for them, or None (off: nothing recorded)
-        self.timeline = timeline if timeline is not None else timeline_mod.current()
+        # a parallel.timeline.Timeline recording each bucket and the wait for them, or None: the one recording now
+        self.timeline = timeline
         self.broadcast_buffers = broadcast_buffers
         self.stats = CommStats()
         self._sync = True
@@ -380,20 +380,20 @@ class DataParallel(torch.nn.Module):
         # ZeRO: reduce-scatter, this rank's shard of the gradients, parameters allgathered after the step
         self.zero = zero.ShardedBuckets(self.buckets, self.comm, self.shard, self.stats) if self.shard != "none" else None
         if self.zero is not None:   # the shards' allgather records on the same timeline
-            self.zero.timeline = self.timeline
+            self.zero.timeline_of = lambda: self.timeline
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
         self._engine_moves_itself = getattr(self.comm.engine, "native_async", False)
 
     @property
     def timeline(self):
-        """The :class:`~gpurig.parallel.timeline.Timeline` recording each bucket and the waits, or None (off)."""
-        return self._timeline
+        """The :class:`~gpurig.parallel.timeline.Timeline` recording each bucket and the waits: the one given, else
+        the one a ``with gpurig.timeline(...)`` block records now (a model wrapped before the block records in
+        it too), else None (off: nothing recorded)."""
+        return self._timeline if self._timeline is not None else timeline_mod.current()
 
     @timeline.setter
     def timeline(self, value) -> None:
         self._timeline = value
-        if self.zero is not None:
-            self.zero.timeline = value
 
     @property
     def compresses(self) -> bool:

@@ -130,7 +130,7 @@ def current() -> Timeline | None:
 def timeline(path, comm: comm_mod.Communicator | None = None):
     """Record the block's steps on every rank; at its end rank 0 writes ``path`` (Chrome trace JSON).
 
-    DataParallel models made inside the block record their buckets. A block left by an
+    DataParallel models record their buckets while the block runs, made before it or inside. A block left by an
     exception writes nothing (the other ranks may not be there to gather with).
 
     >>> with timeline("/tmp/trace.json") as recorder:    # doctest: +SKIP

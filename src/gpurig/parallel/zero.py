@@ -145,7 +145,9 @@ class ShardedBuckets:
     def __init__(self, buckets: list, comm, stage: str, stats):
         self.buckets, self.comm, self.stage, self.stats = buckets, comm, stage, stats
         self.optimizer = None  # the ZeroRedundancyOptimizer, once wrapped
-        self.timeline = None   # its DataParallel's (parallel.timeline.Timeline): the allgather is a wait it records
+        # a function giving its DataParallel's timeline now (parallel.timeline.Timeline, or None): the allgather is
+        # a wait it records
+        self.timeline_of = lambda: None
         self.flat_params: list[torch.Tensor] = []
         self.grad_shards: list[torch.Tensor] = []
         self.bounds: list[tuple[int, int]] = []
@@ -304,8 +306,9 @@ class ShardedBuckets:
         waited = ended - began  # nothing hides it (yet): the step's exposed communication
         self.stats.exposed_s += waited
         self.stats.last_exposed_s += waited
-        if self.timeline is not None:   # inside the optimizer's span: cut out of it, as printed
-            self.timeline.exposed(began, ended)
+        timeline = self.timeline_of()
+        if timeline is not None:   # inside the optimizer's span: cut out of it, as printed
+            timeline.exposed(began, ended)
 
     def segments(self, group_of: dict) -> list[Segment]:
         """This rank's shard of every bucket cut into :class:`Segment` s: runs of parameters of one group
