@@ -32,7 +32,8 @@ examples:
 Each step is reported split into compute, communication not hidden under the
 backward pass (comm), waiting for slower ranks (wait) and data loading (data),
 and each epoch's achieved TFLOP/s (the model's forward and backward FLOPs per
-second, all ranks; in --json: tflops, mfu, flops_per_step, peak) and MFU, of the
+second, all ranks; in --json: tflops, mfu, flops_per_step, peak_flops_per_s (one
+rank's, null when unknown) and peak, where it comes from) and MFU, of the
 peak: the catalog's on a GPU, on CPU ranks the GEMM rate this job's calibration
 measured (else runs/bench/profile.json from gpurig bench; with neither, as with
 --no-predict, MFU is not known). --timeline FILE draws every rank's steps.

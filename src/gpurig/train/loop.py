@@ -228,7 +228,7 @@ def train_on_this_rank(config: TrainConfig, on_event=None) -> dict:
         "loss_scale": mixed.scale_value if mixed.scaling else None,
         "weights_digest": weights_digest(whole_model_state(wrapped)),
         "timeline": config.timeline,
-        "flops_per_step": model_flops, "peak": peak_source,
+        "flops_per_step": model_flops, "peak": peak_source, "peak_flops_per_s": peak,
     }
     if profile_path is not None and comm.rank == 0:
         summary["predicted"] = prediction(config, comm, profile_path, dp, tuple(data.x_train.shape[1:]))
