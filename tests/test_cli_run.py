@@ -274,6 +274,16 @@ def test_version_and_help():
     assert helped.returncode == 0 and "gpurig run -n 4 -- python train.py" in helped.stdout
 
 
+@pytest.mark.parametrize("verb", ["", "train", "run", "emulate", "plan", "doctor", "bench", "predict", "choose"])
+def test_every_help_fits_80_columns(verb):
+    """The description and examples wrap to the terminal (a QA sweep found 412-character lines), and long lists of
+    choices are written out in the help, not in the usage line."""
+    helped = subprocess.run([*GPURIG, *filter(None, [verb]), "--help"], capture_output=True, text=True, timeout=30,
+                            env={**os.environ, "COLUMNS": "80"})
+    assert helped.returncode == 0 and "examples:" in helped.stdout
+    assert [line for line in helped.stdout.splitlines() if len(line) > 80] == []
+
+
 def test_srun_tasks_become_torch_ranks_that_meet():
     """What ``srun -n 2 gpurig run --engine torch -- ...`` does: one launcher per task, SLURM's variables each."""
     script = ("import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); t = torch.ones(1); "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpurig.cli.common import WIDE_COLUMNS
+from gpurig.cli.common import HelpFormatter, WIDE_COLUMNS
 
 EPILOG = """\
 examples:
@@ -36,7 +36,7 @@ def add_parser(subparsers) -> None:
         description="Measure this machine: collectives across ranks by message size, point-to-point bandwidth, "
                     "GEMM throughput by batch size, host<->device copies (GPU), data loading and disk reads; save "
                     "a machine profile.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("-n", "--nprocs", type=int, default=2, help="ranks for the communication parts (default 2)")
     p.add_argument("--engine", default="mpi", help="mpi, torch, or both as mpi,torch (default mpi)")
     p.add_argument("--parts", default=",".join(PARTS),

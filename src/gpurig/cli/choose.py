@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpurig.cli.common import WIDE_COLUMNS, check_plot_path, figures, users_prints_aside
+from gpurig.cli.common import HelpFormatter, WIDE_COLUMNS, check_plot_path, figures, users_prints_aside
 
 EPILOG = """\
 examples:
@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
         "choose", help="what to buy (or rent): GPUs and builds ranked by cost, time or energy for a model",
         description="Rank GPUs and whole builds for a model, a budget and a deadline: each option predicted "
                     "(gpurig predict), built by the hardware guide's rules (gpurig plan), priced, with the reasons.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="a built-in model (as gpurig predict takes it) or module:factory")
     p.add_argument("--batch", type=int, default=None, help="samples per GPU per step (predict's default: 64)")
     p.add_argument("--tokens", type=int, default=None, help="sequence length for token models")

@@ -7,8 +7,11 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import re
 import sys
+import textwrap
 from pathlib import Path
 
 from gpurig.errors import UsageError, check_writable
@@ -16,6 +19,30 @@ from gpurig.errors import UsageError, check_writable
 # From this terminal width on, tables show every column; below it (80 columns) each verb keeps its key numbers
 # whole and leaves the rest out.
 WIDE_COLUMNS = 120
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help with the description and the examples as written, each line too long for the terminal
+    wrapped: a paragraph under its own indent, an example's comment under the comment's column.
+
+    >>> HelpFormatter("gpurig", width=60)._fill_text("  gpurig train --epochs 8   # continue to epoch 8 from "
+    ...                                               "the last checkpoint", 60, "").splitlines()
+    ['  gpurig train --epochs 8   # continue to epoch 8 from the', '                              last checkpoint']
+    """
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for line in text.splitlines():
+            line = indent + line
+            if len(line) <= width:
+                out.append(line)
+                continue
+            lead = len(line) - len(line.lstrip())
+            comment = re.search(r"\s#\s", line)
+            hang = comment.end() if comment and comment.end() < width - 20 else lead + (2 if lead else 0)
+            out.extend(textwrap.wrap(line.strip(), width, initial_indent=" " * lead, subsequent_indent=" " * hang,
+                                     break_on_hyphens=False, break_long_words=False))
+        return "\n".join(out)
 
 
 def figures(value: float) -> str:

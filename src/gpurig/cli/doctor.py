@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from gpurig.cli.common import HelpFormatter
+from gpurig.spec.build import USE_CASES
+
 EPILOG = """\
 examples:
   gpurig doctor                              # what this machine is, and what is wrong with it for deep learning
@@ -28,11 +31,10 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "doctor", help="probe this machine (CPU, RAM, disks, GPUs via NVML, MPI, network) and check it",
         description="Probe this machine and hold it against the hardware guide's rules.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("--write-spec", metavar="FILE", help="write the facts as a cluster spec (TOML)")
-    p.add_argument("--use-case", choices=["sota-research", "architecture-research", "research", "kaggle", "startup",
-                                          "company-prototyping", "company-training"],
-                   help="also check the GPUs' memory for this use")
+    p.add_argument("--use-case", choices=list(USE_CASES), metavar="USE",
+                   help=f"also check the GPUs' memory for this use: {', '.join(USE_CASES)}")
     p.add_argument("--preprocessing", choices=["during", "before"], default="during",
                    help="preprocessing during training (default: 4 threads per GPU) or before (2)")
     p.add_argument("--json", action="store_true", help="print facts and verdicts as JSON")

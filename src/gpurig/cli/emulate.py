@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from gpurig.cli.common import HelpFormatter
+
 EPILOG = """\
 examples:
   gpurig emulate --nodes 2 --rate 1gbit -- gpurig train --compression int8
@@ -30,7 +32,7 @@ def add_parser(subparsers) -> None:
         "emulate", help="run a job on N emulated nodes joined by a rate-limited network (needs root)",
         description="Bring up N network namespaces joined by links limited to RATE, run COMMAND with "
                     "RANKS-PER-NODE ranks on each over the chosen engine, and tear everything down.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("--nodes", type=int, default=2, help="emulated machines (default 2)")
     p.add_argument("--rate", default="1gbit", help="link rate, tc syntax: 1gbit (default), 10gbit, 100mbit")
     p.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each node (default 1)")
@@ -43,7 +45,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     """Run ``gpurig emulate``; return the job's exit code."""
-    from gpurig.cli.common import command_after_dashes
+    from gpurig.cli.common import HelpFormatter, command_after_dashes
     from gpurig.errors import UsageError
     from gpurig.launch.emulator import Cluster, parse_rate
     from gpurig.launch.job import check_command, check_ranks_here, termination_as_interrupt

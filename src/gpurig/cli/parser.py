@@ -14,6 +14,7 @@ import sys
 
 from gpurig import __version__
 from gpurig.cli import bench, choose, doctor, emulate, plan, predict, run, train
+from gpurig.cli.common import HelpFormatter
 from gpurig.errors import Terminated, UsageError
 
 class _Parser(argparse.ArgumentParser):
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  gpurig bench --quick              # measure links, GEMMs, loading, disk\n"
                "  gpurig choose --model resnet50    # which GPUs to buy (or rent) for a model\n"
                "  gpurig <command> --help           # each command's flags",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"gpurig {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for add in SUBCOMMANDS:

@@ -6,7 +6,8 @@ import argparse
 import json
 import re
 
-from gpurig.cli.common import WIDE_COLUMNS
+from gpurig.cli.common import HelpFormatter, WIDE_COLUMNS
+from gpurig.spec.build import USE_CASES
 
 EPILOG = """\
 examples:
@@ -40,7 +41,7 @@ def add_parser(subparsers) -> None:
         "plan", help="check a parts list against the hardware guide's rules (PSU, RAM, CPU, lanes, cooling, energy)",
         description="Check a multi-GPU build against every rule of the hardware guide: a verdict (ok / warning / "
                     "problem / info) per rule, with the number and the reason.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=HelpFormatter)
     src = p.add_argument_group("where the parts come from (at most one; flags override it)")
     src.add_argument("--build", metavar="FILE", help="a TOML parts list (see examples/)")
     src.add_argument("--spec", metavar="FILE", help="a cluster spec, e.g. from gpurig doctor --write-spec")
@@ -78,8 +79,8 @@ def add_parser(subparsers) -> None:
     c.add_argument("--hdd-gb", type=float, metavar="GB")
     u = p.add_argument_group("use")
     u.add_argument("--preprocessing", choices=["during", "before"], help="preprocess during training (default) or before")
-    u.add_argument("--use-case", choices=["sota-research", "architecture-research", "research", "kaggle", "startup",
-                                          "company-prototyping", "company-training"])
+    u.add_argument("--use-case", choices=list(USE_CASES), metavar="USE",
+                   help=f"what the machine is for, which sets the GPU memory it needs: {', '.join(USE_CASES)}")
     u.add_argument("--fp16", action="store_true", default=None, help="16-bit training (doubles what fits)")
     u.add_argument("--hours", type=float, metavar="H", help="training hours, for energy (two weeks = 336)")
     u.add_argument("--price-per-kwh", type=float, metavar="P", help="electricity price (the guide: 0.20 €)")

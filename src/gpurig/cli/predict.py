@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpurig.cli.common import WIDE_COLUMNS, check_plot_path, figures, users_prints_aside
+from gpurig.cli.common import HelpFormatter, WIDE_COLUMNS, check_plot_path, figures, users_prints_aside
 
 EPILOG = """\
 examples:
@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
         description="Predict a training step before running it: per-layer compute, gradient communication per "
                     "link tier and how much of it hides under backward, compression, data loading; speed-up "
                     "and scaling efficiency for 1..N GPUs, the bottleneck, and advice.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("--model", required=True,
                    help="a built-in model (mnist-mlp, mnist-cnn, mnist-wide-cnn, alexnet, vgg16, resnet50, resnet152, "
                         "resnext101, se-resnext101, ssd300, bert-base, bert-large, gpt2, transformer-xl-base, "

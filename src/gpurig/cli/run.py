@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpurig.cli.common import add_reliability_flags, add_restart_flags, command_after_dashes, reliability_env
+from gpurig.cli.common import HelpFormatter, add_reliability_flags, add_restart_flags, command_after_dashes, reliability_env
 
 RUN_EPILOG = """\
 examples:
@@ -62,7 +62,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "run", help="launch your own script on N ranks (like horovodrun / torchrun)",
         description="Launch COMMAND on N ranks, over MPI (mpirun) or torch.distributed.",
-        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=RUN_EPILOG, formatter_class=HelpFormatter)
     p.add_argument("-n", "-np", "--nprocs", type=int, default=None, metavar="N",
                    help="number of ranks (default: all --hosts slots, else one per GPU, else 2)")
     p.add_argument("-H", "--hosts", default=None, metavar="HOST:SLOTS,...",

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from gpurig.cli.common import WIDE_COLUMNS
+from gpurig.cli.common import HelpFormatter, WIDE_COLUMNS
 
 
 EPILOG = """\
@@ -64,7 +64,7 @@ def add_parser(subparsers) -> None:
                     "the global batch and gradients are averaged during the backward pass), model parallelism "
                     "(the fully connected layers' weights split over the ranks, all on the same batch) or both "
                     "(Krizhevsky's scheme).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("-n", "--nprocs", type=int, default=None,
                    help="number of ranks (default: one per GPU, else 2 CPU ranks)")
     p.add_argument("--engine", default="mpi", help="mpi (default, via mpi4py) or torch (torch.distributed)")

@@ -64,11 +64,11 @@ def tile_advice(per_rank: int) -> str | None:
     >>> tile_advice(64) is None
     True
     >>> tile_advice(16)
-    'per-rank batch 16 is below 64: each rank gets too little work per step (the source: 128 over 8 GPUs wastes them)'
+    'per-rank batch 16 is below 64: each GPU gets too little work per step (a global batch of 128 over 8 GPUs leaves them idle)'
     """
     if per_rank < 64:
-        return (f"per-rank batch {per_rank} is below 64: each rank gets too little work per step "
-                f"(the source: 128 over 8 GPUs wastes them)")
+        return (f"per-rank batch {per_rank} is below 64: each GPU gets too little work per step "
+                f"(a global batch of 128 over 8 GPUs leaves them idle)")
     if per_rank % 32:
         return f"per-rank batch {per_rank} is not a multiple of 32: the matrix tiles (a GPU's 64 × 128) run partly empty"
     return None
@@ -161,7 +161,8 @@ class Shard:
         return None
 
     def _warn(self, sizes: list[int]) -> None:
-        advice = tile_advice(min(sizes))
+        # the tile rule is a GPU's: CPU ranks (a small experiment, a test) are not told it at every run
+        advice = tile_advice(min(sizes)) if torch.cuda.is_available() else None
         if len(set(sizes)) > 1:
             # DataParallel averages the ranks' gradients with equal weights, as DDP and Horovod do: with unequal
             # parts that is not the mean over the global batch
