@@ -7,6 +7,7 @@ and with PYTHONUNBUFFERED print() writes piece by piece, so a rank here writes e
 import json
 import os
 import pty
+import re
 import select
 import signal
 import socket
@@ -387,6 +388,20 @@ def test_a_bad_variable_is_refused_once_by_the_launcher(variable, value, said, m
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"gpurig: error: {said}"), done.stderr
+
+
+def test_unbuffered_ranks_lines_stay_whole(tmp_path):
+    """PYTHONUNBUFFERED (set in many containers) makes print write its text and its newline apart; two torch ranks
+    sharing the launcher's stdout then spliced lines ("rank 0 …rank 1 …", 8 in 40,000 here). Each rank's Python
+    streams are line-buffered instead: one write a line."""
+    script = ("import os, sys; r = os.environ['RANK']; print(sys.stdout.line_buffering, sys.stderr.line_buffering)\n"
+              "for i in range(20000): print(f'rank {r} line {i:05d} ' + 'x' * 60)")
+    done = gpurig_run("-n", 2, "--engine", "torch", "--", "python", "-c", script, env={"PYTHONUNBUFFERED": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines.count("True True") == 2 and len(lines) == 40002
+    spliced = [line for line in lines if line != "True True" and not re.fullmatch(r"rank [01] line \d{5} x{60}", line)]
+    assert spliced == []
 
 
 @pytest.mark.parametrize("engine", ["mpi", "torch"])

@@ -24,6 +24,7 @@ import atexit
 import builtins
 import ctypes
 import gc
+import io
 import os
 import runpy
 import socket
@@ -57,6 +58,18 @@ def _run(argv: list[str]) -> None:
         sys.argv = argv
         sys.path[0] = str(Path(argv[0]).resolve().parent)
         runpy.run_path(argv[0], run_name="__main__")
+
+
+def _whole_lines() -> None:
+    """Unbuffered output (``PYTHONUNBUFFERED``, ``python -u``, as many containers set) writes ``print``'s text and
+    its newline as two writes, between which another rank's line can land ("rank 0 …rank 1 …"): each stream
+    becomes line-buffered instead, one write a line (a ``\\r`` flushes too, so progress bars still move)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(getattr(stream, "buffer", None), io.FileIO):   # buffered already, or replaced
+            continue
+        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(stream.buffer), encoding=stream.encoding,
+                                            errors=stream.errors, line_buffering=True))
 
 
 def _failed(status: int, secondary: bool = False, cause: str | None = None) -> None:
@@ -100,6 +113,7 @@ def main(argv: list[str]) -> None:
         print("usage: python -m gpurig.launch.pyrun (SCRIPT | -m MODULE | -c CODE | -) [ARG ...]", file=sys.stderr)
         sys.exit(2)
     wait_if_parked(argv)  # a standby rank of a job that may restart: warm, until the launcher needs it
+    _whole_lines()
     try:
         _run(argv)
     except SystemExit as done:
