@@ -23,6 +23,9 @@ _FAILURE_REPORT = re.compile(r"MPI_ABORT was invoked|\S+ (has exited due to proc
 # What Open MPI's fatal error handler prints, a line at a time, on a rank whose peer went away (TCP between hosts:
 # "[node1:00000] *** An error occurred in Socket closed"): the rank that failed first is what gpurig's line names.
 _FATAL_HANDLER = re.compile(r"\[[^\]\s]+:\d+\] \*\*\* ")
+# What mpirun says when told to stop (gpurig's launcher passing on a SIGTERM): an instruction for the user at a
+# terminal that gpurig's own line ("gpurig: stopped by SIGTERM") replaces.
+_ABORTING = re.compile(r"\s*Abort is in progress\.\.\.hit ctrl-c again to forcibly terminate\s*")
 _LONGEST_REPORT = 40
 
 _READINGS = [  # (pattern on the block joined into one line, how to read rank / host / returncode from it)
@@ -84,6 +87,9 @@ def relay_stderr(source: BinaryIO, out: TextIO, reports: list[RankFailed]) -> No
     >>> out = io.StringIO(); relay_stderr(io.BytesIO(b"[node1:00000] *** An error occurred in Socket closed\\nnext\\n"), out, [])
     >>> out.getvalue()
     'next\\n'
+    >>> out = io.StringIO(); relay_stderr(io.BytesIO(b"Abort is in progress...hit ctrl-c again to forcibly terminate\\n"), out, [])
+    >>> out.getvalue()
+    ''
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     held: list[str] | None = None  # a framed block, while it may still be a failure report
@@ -111,7 +117,7 @@ def _take(line: str, held: list[str] | None, out: TextIO, reports: list[RankFail
     if held is None:
         if _RULE.fullmatch(line.rstrip("\r\n")):
             return [line]
-        if not _FATAL_HANDLER.match(line):
+        if not _FATAL_HANDLER.match(line) and not _ABORTING.fullmatch(line):
             _write(out, line)
         return None
     held.append(line)
