@@ -500,3 +500,11 @@ def test_a_board_of_two_devices_trains_as_two_gpus_of_half_each():
     board = predict(PredictRequest(model="resnet50", cluster="1 x Tesla K80", batch=32))
     assert 1.6 < board["samples_per_s"] / half["samples_per_s"] <= 2.0
     assert predict(PredictRequest(model="resnet50", cluster="1 x MI250", batch=32))["memory"]["gpu_gb"] == 64
+
+
+def test_a_cluster_of_a_hundred_thousand_machines_is_priced_by_its_kinds():
+    """"100000 nodes x 8 A100" took 5 minutes (every machine priced one by one at every GPU count); the machines of
+    one [[nodes]] table are priced once, and the curve still counts them (a QA sweep, session 53)."""
+    result = predict(PredictRequest(model="mnist-mlp", cluster="100000 nodes x 8 A100, 100 Gb InfiniBand"))
+    assert (result["gpus"], result["nodes"]) == (800_000, 100_000)
+    assert [(row["gpus"], row["nodes"]) for row in result["scaling"]][-2:] == [(524_288, 65_536), (800_000, 100_000)]

@@ -193,15 +193,17 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     from gpurig.perf.transfer import host_copy_efficiency
 
     spec = _as_devices(spec)
-    machines = [node for node in spec.nodes if node.gpu is not None and node.gpus for _ in range(node.count)]
+    # each [[nodes]] table once, with how many machines it is (a cluster of 100,000 is not a list of 100,000)
+    kinds = [node for node in spec.nodes if node.gpu is not None and node.gpus and node.count]
     base = machine.spec_topology(spec, network_efficiency=request.network_efficiency)
-    first = machines[0]
+    first = kinds[0]
     measured = profile is not None and profile.get("device") not in (None, "cpu")
     if measured:
         check_measured(profile, request.profile or request.cluster, "compute")
-        _check_same_gpu(profile, machines, request.profile or request.cluster)
-    if spec.network is None and len(machines) > 1:   # priced over PCIe it would beat any real network
-        raise UsageError(f"--cluster: {len(machines)} machines and no network between them: name it, e.g. "
+        _check_same_gpu(profile, kinds, request.profile or request.cluster)
+    count = sum(node.count for node in kinds)
+    if spec.network is None and count > 1:   # priced over PCIe it would beat any real network
+        raise UsageError(f"--cluster: {count} machines and no network between them: name it, e.g. "
                          "'..., 10 GbE' or '..., InfiniBand HDR' (network = ... in a spec file)")
 
     def device_of(gpu, ranks):
@@ -209,25 +211,32 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
         return machine.profile_device(profile, ranks, catalog) if measured else catalog
 
     def placed(n: int) -> list[tuple]:
+        """(node, ranks on each, how many such machines) as ``n`` ranks fill the machines in the spec's order."""
         out, left = [], n
-        for node in machines:
+        for node in kinds:
+            whole = min(node.count, left // node.gpus)
+            if whole:
+                out.append((node, node.gpus, whole))
+                left -= whole * node.gpus
+            if 0 < left and whole < node.count:   # a machine partly used: the ranks end there
+                out.append((node, left, 1))
+                left = 0
             if left <= 0:
                 break
-            out.append((node, min(left, node.gpus)))
-            left -= node.gpus
         return out
 
     def topology_for(n: int) -> Topology:
         used = placed(n)
-        local = min((_local_link(node, r) for node, r in used), key=lambda link: link.bytes_per_s)
-        return replace(base, nodes=len(used), gpus_per_node=math.ceil(n / len(used)), local=local)
+        local = min((_local_link(node, r) for node, r, _ in used), key=lambda link: link.bytes_per_s)
+        nodes = sum(copies for _, _, copies in used)
+        return replace(base, nodes=nodes, gpus_per_node=math.ceil(n / nodes), local=local)
 
-    models = {node.gpu.name: node.gpu for node in machines}
+    models = {node.gpu.name: node.gpu for node in kinds}
     devices_in_use = None
     if len(models) > 1 and not measured:
         def devices_in_use(n):
-            return [_catalog_model(gpu, request) for gpu in {node.gpu.name: node.gpu for node, _ in placed(n)}.values()]
-    h2d = min(_host_copy_rate(node) for node in machines) * host_copy_efficiency(request.pinned)
+            return [_catalog_model(gpu, request) for gpu in {node.gpu.name: node.gpu for node, _, _ in placed(n)}.values()]
+    h2d = min(_host_copy_rate(node) for node in kinds) * host_copy_efficiency(request.pinned)
     disk = _disk_rate(spec, profile)
     if profile is not None and not measured and not profile.get("disk"):
         raise UsageError(f"--profile {request.profile or request.cluster}: measured on a {profile.get('device') or 'CPU'}, "
