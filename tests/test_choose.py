@@ -298,3 +298,16 @@ def test_a_gpu_a_spec_describes_is_priced_by_its_own_name(tmp_path):
     assert code == 0, err
     row = json.loads(out)["rows"][0]
     assert row["gpu_usd"] == 2000 and row["gpu_prices"][0]["source"] == "--price", row["gpu_prices"]
+
+
+def test_a_table_too_wide_for_80_columns_leaves_columns_out_and_says_so(monkeypatch):
+    """A million hours makes 13-digit sample counts: at 80 columns the table was cropped ("$/M" cut to "0.0").
+    Whole columns go instead, least needed first, and the legend names them (a QA sweep, session 54)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["choose", "--model", "mnist-mlp", "--candidates", "4090, RTX 6000 Ada", "--hours",
+                              "1000000", "--max-gpus", "2", "--cloud", "--price", "RTX 4090=0.01/h"])
+    assert code == 0, err
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "not shown at this width: M samples (--json has them)" in " ".join(out.split())
+    header = next(line for line in out.splitlines() if "samples/s" in line)
+    assert "$/M" in header and "M samples" not in header

@@ -172,8 +172,17 @@ def show(result: dict) -> None:
     # the wide table where the terminal holds it whole, numbers and all (from WIDE_COLUMNS on, it did not always)
     if console.width >= WIDE_COLUMNS and _table_width(wide_columns, result["rows"]) <= console.width:
         columns = wide_columns
+    # where even the narrow one does not fit (a million hours' sample counts at 80 columns), the least needed
+    # columns go, and the legend says so: a number is never cut
+    left_out = []
+    for header in ("hours" if by_epochs else "M samples", "GB/GPU", "build $"):
+        if _table_width(columns, result["rows"]) <= console.width:
+            break
+        columns = [column for column in columns if column[0] != header]
+        left_out.append(header)
     legend = "* Pareto front; ! price > 1 year old" + (
-        "; ✗ no machine holds it (why)" if any(unbuildable(r) for r in result["rows"]) else "")
+        "; ✗ no machine holds it (why)" if any(unbuildable(r) for r in result["rows"]) else "") + (
+        f"; not shown at this width: {', '.join(left_out)} (--json has them)" if left_out else "")
     console.print(_whole_numbers_table(legend, columns, result["rows"]))
     console.print("why (the guide's reasons, predict's and plan's numbers):")
     for row in result["rows"]:
