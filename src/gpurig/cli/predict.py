@@ -218,7 +218,8 @@ def show(result: dict) -> None:
     console.print(f"bottleneck at {result['gpus']} {unit}(s): [bold]{result['bottleneck']}[/]")
     helps = [item for item in result["advice"] if not predicted_slower(item)]
     slower = [item for item in result["advice"] if predicted_slower(item)]
-    for title, items in (("what would help (predicted)", helps), ("predicted not to help (2 % or less)", slower)):
+    for title, items in (("what would help (predicted)", helps),
+                         ("predicted not to help (2 % or less, or it still does not fit)", slower)):
         if items:
             table = Table(title=title)
             for column in ("change", "samples/s", "why"):
@@ -231,16 +232,18 @@ def show(result: dict) -> None:
 
 def predicted_slower(item: dict) -> bool:
     """Whether an advice item was priced and came out no more than :data:`NO_GAIN` faster than the configuration
-    asked about (within what the prediction can tell apart): it is shown apart, so "what would help" lists only
-    what would.
+    asked about (within what the prediction can tell apart), or is a way to fit the GPU's memory that still does
+    not fit: it is shown apart, so "what would help" lists only what would.
 
     >>> predicted_slower({"samples_per_s_gain": 0.25}), predicted_slower({"samples_per_s_gain": 1.3})
     (True, False)
     >>> predicted_slower({"samples_per_s_gain": 1.001}), predicted_slower({"samples_per_s_gain": None})
     (True, False)
+    >>> predicted_slower({"samples_per_s_gain": None, "fits": False})
+    True
     """
     gain = item.get("samples_per_s_gain")
-    return gain is not None and gain <= NO_GAIN
+    return gain is not None and gain <= NO_GAIN or item.get("fits") is False
 
 
 NO_GAIN = 1.02   # a 2 % gain or less is no gain worth a change (the kernel choices' rule: docs/predict.md)
