@@ -522,3 +522,14 @@ def test_a_cluster_of_a_hundred_thousand_machines_is_priced_by_its_kinds():
     result = predict(PredictRequest(model="mnist-mlp", cluster="100000 nodes x 8 A100, 100 Gb InfiniBand"))
     assert (result["gpus"], result["nodes"]) == (800_000, 100_000)
     assert [(row["gpus"], row["nodes"]) for row in result["scaling"]][-2:] == [(524_288, 65_536), (800_000, 100_000)]
+
+
+def test_the_sequence_length_priced_is_said(monkeypatch):
+    """--tokens, or a token preset's own length when it is left out, in the header and the JSON; none for images."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run_cli(["predict", "--model", "bert-base", "--batch", "16", "--cluster", "2 x 3090"])
+    assert code == 0 and "16 samples of 128 tokens per GPU" in out, err
+    code, out, err = run_cli(["predict", "--model", "bert-base", "--tokens", "256", "--cluster", "2 x 3090", "--json"])
+    assert code == 0 and json.loads(out)["tokens"] == 256
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "2 x 3090", "--json"])
+    assert code == 0 and json.loads(out)["tokens"] is None

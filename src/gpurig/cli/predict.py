@@ -162,7 +162,9 @@ def show(result: dict) -> None:
     console.print(f"[bold]gpurig predict[/]: {result['model']} ("
                   + (f"{count / 1e6:.1f} M" if count >= 100_000 else f"{count:,}") + " parameters"
                   f"{frozen}), "
-                  f"{result['batch_per_gpu']} samples per {unit}, on {result['gpus']} {unit}"
+                  f"{result['batch_per_gpu']} samples"
+                  + (f" of {result['tokens']:,} tokens" if result.get("tokens") else "")
+                  + f" per {unit}, on {result['gpus']} {unit}"
                   f"{'s' if result['gpus'] != 1 else ''} in {result['nodes']} node{'s' if result['nodes'] != 1 else ''}"
                   f": {result['hardware']}"
                   + (f" = {result['gpu']}" if result.get("gpu") and result["gpu"] not in result["hardware"] else "")

@@ -157,6 +157,19 @@ def preset(name: str) -> Preset:
         raise SpecError(f"unknown model {name!r}{hint} (or give module:factory)") from None
 
 
+def sequence_length(model: str, tokens: int | None) -> int | None:
+    """The tokens a sample of ``model`` has as predict prices it: ``tokens`` when given, else a token preset's own
+    length; None for a model of images or features (and a ``module:factory`` model not given ``--tokens``).
+
+    >>> sequence_length("bert-base", None), sequence_length("bert-base", 256), sequence_length("resnet50", None)
+    (128, 256, None)
+    """
+    if tokens is not None or ":" in model:
+        return tokens
+    found = preset(model)
+    return found.sample[0] if found.tokens else None
+
+
 def default_optimizer(model: str) -> str:
     """The optimizer ``model`` is usually trained with (:data:`OPTIMIZER_SOURCES`): a preset's, and SGD with
     momentum for a ``module:factory`` model or a name gpurig does not know (refused later, where it is described).

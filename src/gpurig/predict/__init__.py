@@ -76,7 +76,7 @@ def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> s
 
 def predict(request: PredictRequest) -> dict:
     """Everything ``gpurig predict`` prints: the step split at the largest size, the scaling curve, advice."""
-    from gpurig.models import model_spec
+    from gpurig.models import model_spec, sequence_length
 
     check(request)
     hardware = load_hardware(request)
@@ -120,7 +120,8 @@ def predict(request: PredictRequest) -> dict:
     final = step_at(spec, layers, request, hardware, top)
     result = {
         "model": spec.name, "parameters": spec.parameters, "trainable_parameters": spec.trainable_parameters,
-        "batch_per_gpu": batch, "gpus": top, "unit": hardware.unit,
+        "batch_per_gpu": batch, "tokens": sequence_length(request.model, request.tokens), "gpus": top,
+        "unit": hardware.unit,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
         "gpu": hardware.gpu.name if hardware.gpu is not None else None, "hardware_note": hardware.note,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
