@@ -533,3 +533,13 @@ def test_the_sequence_length_priced_is_said(monkeypatch):
     assert code == 0 and json.loads(out)["tokens"] == 256
     code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "2 x 3090", "--json"])
     assert code == 0 and json.loads(out)["tokens"] is None
+
+
+def test_more_gpus_than_any_machine_holds_is_said(monkeypatch):
+    """"1000 A100" is one machine of a thousand GPUs: priced as asked, and said to be no machine there is."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "1000 A100", "--json"])
+    assert code == 0, err
+    assert "no machine holds 1000 GPUs" in json.loads(out)["hardware_note"]
+    code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "8 A100", "--json"])
+    assert code == 0 and json.loads(out)["hardware_note"] == ""

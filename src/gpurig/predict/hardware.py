@@ -57,6 +57,27 @@ def one_machine_note(spec) -> str:
             f"({node.gpus} machines of one GPU each: '{node.gpus} nodes x 1 {node.gpu.name}, {network}')")
 
 
+# The most GPUs one machine holds: 8 in most servers (DGX, HGX), 16 in the largest (DGX-2, HGX-2); more in one
+# node of a description is a typo for a cluster, priced as if one board held them all.
+MOST_GPUS_IN_A_MACHINE = 16
+
+
+def too_many_note(spec) -> str:
+    """What to say of a machine said to hold more GPUs than any machine does.
+
+    >>> from gpurig.spec.describe import parse_description
+    >>> too_many_note(parse_description("1000 A100"))
+    "no machine holds 1000 GPUs (8 in most servers, 16 in the largest): priced as one; a cluster is '125 nodes x 8 A100 SXM4 40 GB, NETWORK'"
+    >>> too_many_note(parse_description("8 A100"))
+    ''
+    """
+    node = max((node for node in spec.nodes if node.gpu is not None), key=lambda node: node.gpus, default=None)
+    if node is None or node.gpus <= MOST_GPUS_IN_A_MACHINE:
+        return ""
+    return (f"no machine holds {node.gpus} GPUs (8 in most servers, {MOST_GPUS_IN_A_MACHINE} in the largest): "
+            f"priced as one; a cluster is '{math.ceil(node.gpus / 8)} nodes x 8 {node.gpu.name}, NETWORK'")
+
+
 def load_hardware(request: PredictRequest) -> Hardware:
     """The hardware ``request.cluster`` (and ``request.profile``) describe, as the cost model uses it."""
     from gpurig.measure.profile import load_profile
@@ -91,7 +112,7 @@ def load_hardware(request: PredictRequest) -> Hardware:
 
     if spec is not None and any(node.gpu is not None and node.gpus for node in spec.nodes):
         hardware = _spec_hardware(spec, profile, request)
-        hardware.note = one_machine_note(spec)
+        hardware.note = "; ".join(filter(None, (one_machine_note(spec), too_many_note(spec))))
         return hardware
     if profile is None:
         raise UsageError("a machine without GPUs needs measurements: run `gpurig bench` and pass its profile "

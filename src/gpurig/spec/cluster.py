@@ -101,6 +101,9 @@ class NodeSpec:
     def __post_init__(self):
         if self.gpus and self.gpu is None:
             raise SpecError(f"node with {self.gpus} GPUs names no GPU model")
+        if not self.gpus and self.gpu is not None:
+            raise SpecError(f"node names gpu {self.gpu.name!r} but has gpus = 0: give how many it has, or leave gpu "
+                            "out for a machine without GPUs")
 
 
 @dataclass(frozen=True)
