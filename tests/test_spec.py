@@ -206,7 +206,7 @@ def test_malformed_build_files_are_one_line_and_exit_2(tmp_path, case):
     ('[[nodes]]\ngpus = -1\ngpu = "2080ti"\n', "gpus: -1 GPUs is outside"),
     ('[network]\nname = "FDR"\n', "nodes: missing"),
     ('gpudirect_rdma = "yes"\n[[nodes]]\ngpus = 0\n', "gpudirect_rdma: expected true or false"),
-    ('[[nodes]]\ngpus = 0\ngpu = "RTX 3090"\n', "has gpus = 0: give how many it has, or leave gpu out"),
+    ('[[nodes]]\ngpus = 0\ngpu = "RTX 3090"\n', "with gpus = 0: give how many it has, or leave gpu out"),
 ])
 def test_malformed_spec_files_are_one_line_and_exit_2(tmp_path, text, expected):
     path = tmp_path / "spec.toml"

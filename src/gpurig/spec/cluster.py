@@ -101,9 +101,6 @@ class NodeSpec:
     def __post_init__(self):
         if self.gpus and self.gpu is None:
             raise SpecError(f"node with {self.gpus} GPUs names no GPU model")
-        if not self.gpus and self.gpu is not None:
-            raise SpecError(f"node names gpu {self.gpu.name!r} but has gpus = 0: give how many it has, or leave gpu "
-                            "out for a machine without GPUs")
 
 
 @dataclass(frozen=True)
@@ -239,6 +236,9 @@ def node_from(table, where: str) -> NodeSpec:
     gpu = gpu_from(table["gpu"], f"{where}.gpu") if "gpu" in table else None
     if gpu is None and isinstance(table.get("gpus"), int) and table["gpus"] > 0:
         raise SpecError(f"{where}: gpu: missing (the node has {table['gpus']} GPUs)")
+    if gpu is not None and table.get("gpus") == 0:
+        raise SpecError(f"{where}: gpu = {table['gpu']!r} with gpus = 0: give how many it has, or leave gpu out for a "
+                        "machine without GPUs")
     given = {"gpu": gpu,
              "cpu": from_mapping(CPU, table["cpu"], f"{where}.cpu") if "cpu" in table else None,
              "disks": _list_of(Disk, table.get("disks", []), f"{where}.disks"),
