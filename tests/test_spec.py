@@ -144,6 +144,9 @@ def test_description_errors():
         parse_description("2 nodes x 4 A100, 4 V100")
     with pytest.raises(SpecError, match="cannot read '10 GB Ethernet'"):  # bytes, not a link's bits
         parse_description("2 nodes x 4 A100, 10 GB Ethernet")
+    for bare in ("IB", "InfiniBand", "Ethernet"):   # a network without its rate: which one?
+        with pytest.raises(SpecError, match=f"in '{bare}': which {bare}\\? give its rate"):
+            parse_description(f"2 nodes x 4 A100, {bare}")
 
 
 @pytest.mark.parametrize("part, kind, gbit", [("100 Gbit InfiniBand", "infiniband", 100), ("100Gbit IB", "infiniband", 100),

@@ -116,6 +116,11 @@ def parse_description(text: str) -> ClusterSpec:
             from_mapping(NodeSpec, {"gpus": node["gpus"], "count": node["count"]}, f"in {part!r}", given={"gpu": node["gpu"]})
             if node["gpus"] < 1:
                 raise SpecError(f"in {part!r}: a node needs at least 1 GPU, got {node['gpus']}")
+        elif re.fullmatch(r"(infiniband|ib|ethernet|roce)", low):
+            infiniband = low in ("infiniband", "ib")
+            raise SpecError(f"in {part!r}: which {part}? give its rate{' or generation' if infiniband else ''}, e.g. "
+                            f"'100 Gbit/s {part}'" + (", 'EDR', 'HDR' or 'NDR' (100, 200, 400 Gbit/s)" if infiniband
+                                                       else ", '10 GbE' or '25 GbE'"))
         else:
             raise SpecError(f"cannot read {part!r} in the cluster description (expected GPUs, 'PCIe 3.0 x8', "
                             "a network such as '40 Gbit/s InfiniBand', 'no GPUDirect', '64 GB RAM', '2 sockets' or '2 PCIe switches')")
