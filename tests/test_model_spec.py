@@ -253,6 +253,9 @@ def test_token_lengths_and_inputs_are_checked():
                           (lambda: model_spec("resnet50", tokens=128), "not tokens"),
                           (lambda: model_spec("resnet50", sample="3x32x32"), "only for module:factory"),
                           (lambda: model_spec("gpurig.models:mlp"), "give the input of one sample"),
+                          # a factory that is not there is the mistake to say first, before the missing input
+                          (lambda: model_spec("gpurig.models:nope"), "has no attribute 'nope'"),
+                          (lambda: model_spec("no_such_module_x:build"), "cannot import 'no_such_module_x'"),
                           (lambda: describe(nn.Linear(2, 2), (2,), batch=0), "batch must be"),
                           (lambda: describe(nn.Linear(2, 2), (2, -1)), "positive whole numbers")]:
         with pytest.raises(UsageError, match=message) as refused:

@@ -31,7 +31,7 @@ from torch import nn
 from gpurig.errors import UsageError
 from gpurig.models import text, transformer_xl, vision
 from gpurig.models.describe import ModelSpec, describe, example_input, on_meta
-from gpurig.models.factory import load_factory, parse_sample, sample_batch
+from gpurig.models.factory import find_function, load_factory, parse_sample, sample_batch
 from gpurig.models.peak import step_peaks
 from gpurig.models.reference import cnn, mlp, wide_cnn
 from gpurig.spec.catalog import Lookup
@@ -198,6 +198,7 @@ def model_spec(model: str, batch: int = 1, *, tokens: int | None = None, sample:
     """
     if ":" in model:
         if sample is None:
+            find_function(model)   # a factory that is not there is said first: that is the mistake to fix
             raise UsageError(f"{model}: give the input of one sample, such as 3x224x224 or 128:int64 for token ids")
         return describe(load_factory(model), sample_batch(sample), batch, name=model, mixed_precision=mixed)
     found = preset(model)
