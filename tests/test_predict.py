@@ -543,3 +543,11 @@ def test_more_gpus_than_any_machine_holds_is_said(monkeypatch):
     assert "no machine holds 1000 GPUs" in json.loads(out)["hardware_note"]
     code, out, err = run_cli(["predict", "--model", "mnist-mlp", "--cluster", "8 A100", "--json"])
     assert code == 0 and json.loads(out)["hardware_note"] == ""
+
+
+def test_fp32s_note_speaks_of_convolutions_only_for_a_model_that_has_them():
+    """On an A100 PyTorch runs convolutions in TF32 by default: that note is for ResNet-50; BERT's is its products."""
+    conv = predict(PredictRequest(model="resnet50", cluster="1 x A100", batch=8))["precision_note"]
+    products = predict(PredictRequest(model="bert-base", cluster="1 x A100", batch=8, tokens=128))["precision_note"]
+    assert conv.startswith("convolutions in TF32") and "convolutions" not in products
+    assert products.startswith("matrix multiplies in FP32 (PyTorch's default; --precision tf32")

@@ -47,9 +47,10 @@ def _stored_note(spec, request: PredictRequest) -> str:
             "training the 16-bit weights themselves is not priced")
 
 
-def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> str:
+def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False, convolutions: bool = True) -> str:
     """What the precision, and the memory format with it, mean on ``gpu`` where that is not what was asked;
-    ``batch_norm``: the model has batch norms (bf16 on NCHW tensors runs them on PyTorch's slower kernels).
+    ``batch_norm``: the model has batch norms (bf16 on NCHW tensors runs them on PyTorch's slower kernels);
+    ``convolutions``: it has convolutions (fp32's note on a TF32 GPU is about them).
 
     >>> from gpurig.spec import catalog
     >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="resnet50", precision="tf32", memory_format="channels-last"))
@@ -58,6 +59,8 @@ def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> s
     ''
     >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="resnet50", precision="bf16"), batch_norm=True)[:61]
     "bf16 batch norm on NCHW tensors runs PyTorch's own kernels, a"
+    >>> _precision_note(catalog.gpu("A100"), PredictRequest(model="bert-base"), convolutions=False)
+    "matrix multiplies in FP32 (PyTorch's default; --precision tf32 runs them on the tensor cores)"
     """
     from gpurig.perf.precision import MIXED, pytorch_nchw_batch_norm
 
@@ -65,6 +68,8 @@ def _precision_note(gpu, request: PredictRequest, batch_norm: bool = False) -> s
         return ""
     p = precision_on(gpu, request.precision)
     notes = [p.note] if p.note else []
+    if request.precision == "fp32" and p.conv_tensor_cores and not convolutions:   # the TF32 part is the convolutions'
+        notes = ["matrix multiplies in FP32 (PyTorch's default; --precision tf32 runs them on the tensor cores)"]
     if request.memory_format != "contiguous" and not (request.precision in MIXED and p.conv_tensor_cores):
         notes.append(f"{request.memory_format} changes only 16-bit tensor-core convolutions (--precision fp16 or "
                      f"bf16): {request.precision} is priced the same")
@@ -128,8 +133,9 @@ def predict(request: PredictRequest) -> dict:
         "shard": request.shard, "software": request.software, "memory_format": request.memory_format,
         "optimizer": request.optimizer,
         "optimizer_impl": optimizer_impl(request) if hardware.gpu is not None else None,   # a profile: as bench ran it
-        "precision_note": "; ".join(filter(None, (_precision_note(hardware.gpu, request, any(layer.batch_norm
-                                                                                       for layer in layers)),
+        "precision_note": "; ".join(filter(None, (_precision_note(hardware.gpu, request,
+                                                                  any(layer.batch_norm for layer in layers),
+                                                                  any(layer.kind == "conv" for layer in layers)),
                                                   _stored_note(spec, request)))),
         "samples_per_s": top * batch / final.step_s,
         "step": split_of(final), "bottleneck": final.bottleneck(),
