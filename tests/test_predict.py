@@ -551,3 +551,17 @@ def test_fp32s_note_speaks_of_convolutions_only_for_a_model_that_has_them():
     products = predict(PredictRequest(model="bert-base", cluster="1 x A100", batch=8, tokens=128))["precision_note"]
     assert conv.startswith("convolutions in TF32") and "convolutions" not in products
     assert products.startswith("matrix multiplies in FP32 (PyTorch's default; --precision tf32")
+
+
+def test_a_cluster_of_two_gpu_models_names_both_and_its_mfu_is_against_their_peaks(tmp_path):
+    """4 RTX 4090 and 2 RTX 3090: both named (the header said only the 4090), and the MFU's peak is the GPUs'
+    mean, the 4090's counted four times (it was the 4090's alone, while the step is the 3090's)."""
+    spec = tmp_path / "mixed.toml"
+    spec.write_text('network = "100 Gbit/s InfiniBand"\n[[nodes]]\ngpus = 4\ngpu = "RTX 4090"\n'
+                    '[[nodes]]\ngpus = 2\ngpu = "RTX 3090"\n')
+    mixed = predict(PredictRequest(model="resnet50", cluster=str(spec)))
+    alone = {name: predict(PredictRequest(model="resnet50", cluster=f"1 x {name}"))["utilization"]["peak_tflops"]
+             for name in ("RTX 4090", "RTX 3090")}
+    assert mixed["gpu"] == "GeForce RTX 4090 + GeForce RTX 3090"
+    assert mixed["utilization"]["peak_tflops"] == pytest.approx((4 * alone["RTX 4090"] + 2 * alone["RTX 3090"]) / 6,
+                                                                abs=1e-3)

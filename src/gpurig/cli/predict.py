@@ -167,7 +167,8 @@ def show(result: dict) -> None:
                   + f" per {unit}, on {result['gpus']} {unit}"
                   f"{'s' if result['gpus'] != 1 else ''} in {result['nodes']} node{'s' if result['nodes'] != 1 else ''}"
                   f": {result['hardware']}"
-                  + (f" = {result['gpu']}" if result.get("gpu") and result["gpu"] not in result["hardware"] else "")
+                  + (f" = {result['gpu']}" if result.get("gpu") and any(
+                      name not in result["hardware"] for name in result["gpu"].split(" + ")) else "")
                   + f" ({result['calibration']}); {result['parallel']} parallel, "
                   f"{result['precision']}, compression {result['compression']}"
                   + (f", {result['optimizer']}" if result.get("optimizer") else "")

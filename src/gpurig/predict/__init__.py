@@ -128,7 +128,8 @@ def predict(request: PredictRequest) -> dict:
         "batch_per_gpu": batch, "tokens": sequence_length(request.model, request.tokens), "gpus": top,
         "unit": hardware.unit,
         "nodes": hardware.topology_for(top).nodes, "hardware": hardware.name, "calibration": hardware.source,
-        "gpu": hardware.gpu.name if hardware.gpu is not None else None, "hardware_note": hardware.note,
+        "gpu": " + ".join(gpu.name for gpu, _ in hardware.gpu_models) if len(hardware.gpu_models) > 1
+        else hardware.gpu.name if hardware.gpu is not None else None, "hardware_note": hardware.note,
         "parallel": request.parallel, "compression": request.compression, "precision": request.precision,
         "shard": request.shard, "software": request.software, "memory_format": request.memory_format,
         "optimizer": request.optimizer,
@@ -181,8 +182,13 @@ def expected_utilization(spec, request: PredictRequest, hardware: Hardware, gpus
         return {"mfu": None, "note": "MFU is predicted for --parallel data only"}
     flops = training_flops(spec.forward_flops, spec.backward_flops)
     if hardware.gpu is not None:
-        rates = precision_on(hardware.gpu, request.precision)
-        peak = blended_peak(flops_by_kind(spec), {"conv": rates.conv_tflops * 1e12}, rates.linear_tflops * 1e12)
+        def peak_of(gpu) -> float:
+            rates = precision_on(gpu, request.precision)
+            return blended_peak(flops_by_kind(spec), {"conv": rates.conv_tflops * 1e12}, rates.linear_tflops * 1e12)
+
+        # several GPU models: the mean of the GPUs' peaks, each model counted as often as the cluster has it
+        models = hardware.gpu_models or ((hardware.gpu, 1),)
+        peak = sum(peak_of(gpu) * n for gpu, n in models) / sum(n for _, n in models)
         source = "catalog"
     else:
         peak, source = hardware.device_for(min(gpus, hardware.ranks_per_node)).gemm.flops_per_s, "profile"

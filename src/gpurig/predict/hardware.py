@@ -38,6 +38,8 @@ class Hardware:
     # a profile's GPU, found in the catalog by the name bench recorded: its memory, for "will it fit"
     device_memory_gb: float | None = None
     unit: str = "GPU"  # what one rank computes on, as the header names it ("CPU rank" for a CPU profile)
+    # every catalog GPU model of the cluster with how many it has, in the spec's order (one entry for most)
+    gpu_models: tuple = ()
     note: str = ""     # what the description said that plays no part (a network on one machine)
 
 
@@ -264,9 +266,14 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
                          "with no disk: nothing in it applies to the cluster's catalog GPUs")
     source = "catalog" + (" + profile" if measured else " + profile's disk" if profile is not None else "")
     name = spec.name or " + ".join(f"{node.count} × {node.gpus} {node.gpu.name}" for node in spec.nodes if node.gpu)
+    counted: dict = {}
+    for node in kinds:
+        gpu, had = counted.get(node.gpu.name, (node.gpu, 0))
+        counted[node.gpu.name] = (gpu, had + node.gpus * node.count)
     return Hardware(name, spec.total_gpus, first.gpus, lambda ranks: device_of(first.gpu, ranks), topology_for, h2d,
                     disk, source,
-                    gpu=min(models.values(), key=lambda gpu: gpu.memory_gb), devices_in_use=devices_in_use)
+                    gpu=min(models.values(), key=lambda gpu: gpu.memory_gb), devices_in_use=devices_in_use,
+                    gpu_models=tuple(counted.values()))
 
 
 def _as_devices(spec):
