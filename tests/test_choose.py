@@ -311,3 +311,12 @@ def test_a_table_too_wide_for_80_columns_leaves_columns_out_and_says_so(monkeypa
     assert "not shown at this width: M samples (--json has them)" in " ".join(out.split())
     header = next(line for line in out.splitlines() if "samples/s" in line)
     assert "$/M" in header and "M samples" not in header
+
+
+def test_the_link_a_reason_names_is_the_one_predict_prices():
+    """An RTX 3090's NVLink bridge joins two cards: 4 of them talk over PCIe between the pairs, as predict prices
+    them; choose's reason said "over NVLink" (a QA sweep, session 54)."""
+    result = choose(ChooseRequest(model="resnet50", candidates=("RTX 3090",), max_gpus=4))
+    said = {row["option"]: next(r for r in row["reasons"] if " GPUs over " in r) for row in result["rows"]
+            if row["gpus"] > 1}
+    assert "over NVLink" in said["2 × GeForce RTX 3090"] and "over PCIe" in said["4 × GeForce RTX 3090"], said

@@ -16,6 +16,7 @@ from gpurig.choose.options import Option
 from gpurig.choose.prices import PriceBook
 from gpurig.choose.request import ChooseRequest, work_of
 from gpurig.hardware import rules
+from gpurig.perf.machine import nvlink_ring
 from gpurig.predict import PredictRequest, predict
 from gpurig.spec.hardware import DEVICES_PER_BOARD
 
@@ -160,8 +161,8 @@ def reasons(o: Option, row: dict, request: ChooseRequest) -> list[str]:
     if row["gpus"] > 1:
         if o.build.node_count > 1:
             link = o.build.network.name if o.build.network is not None else "no network given"
-        elif gpu.gpu_link_gbs:
-            link = "NVLink"
+        elif nvlink_ring(gpu, row["gpus"], row["gpus"]):   # as predict prices it: a PCIe card's bridge joins a pair
+            link = gpu.gpu_link or "NVLink"
         else:
             lanes = rules.gpu_lanes(machine)
             link = f"PCIe {machine.board.pcie_gen or gpu.pcie_gen}" + (f" x{min(lanes)}" if lanes else "")
