@@ -44,6 +44,8 @@ def test_every_name_and_alias_finds_its_own_row():
     ("NVIDIA A100 80GB PCIe", "A100 PCIe 80 GB"), ("NVIDIA H100 80GB HBM3", "H100 SXM5 80 GB"),
     ("gtx titan", "GeForce GTX Titan"), ("Titan RTX", "Titan RTX"), ("mi300x", "Instinct MI300X"),
     # a Cyrillic А, Greek Η, full-width digits: pasted from a web page or typed on another keyboard
+    ("4070 Ti Super", "GeForce RTX 4070 Ti SUPER"), ("4060 Ti 16GB", "GeForce RTX 4060 Ti 16 GB"), ("L40", "L40"),
+    ("rtx 2080 super", "GeForce RTX 2080 SUPER"), ("RTX 2080", "GeForce RTX 2080"),   # cards people asked about
     ("\u0410100 80GB", "A100 SXM4 80 GB"), ("\u0397100 PCIe", "H100 PCIe"), ("RTX \uff14\uff10\uff19\uff10", "GeForce RTX 4090")])
 def test_loose_lookup(query, name):
     assert catalog.gpu(query).name == name

@@ -77,7 +77,7 @@ def default_candidates(cloud: bool) -> list[str]:
     GPUs with a cloud price).
 
     >>> default_candidates(False)
-    ['GeForce RTX 4070', 'GeForce RTX 4080', 'GeForce RTX 4090', 'GeForce RTX 5070', 'GeForce RTX 5080', 'GeForce RTX 5090', 'RTX 6000 Ada']
+    ['GeForce RTX 4060 Ti 8 GB', 'GeForce RTX 4060 Ti 16 GB', 'GeForce RTX 4070', 'GeForce RTX 4070 Ti SUPER', 'GeForce RTX 4080', 'GeForce RTX 4090', 'GeForce RTX 5070', 'GeForce RTX 5080', 'GeForce RTX 5090', 'RTX 6000 Ada']
     """
     priced = [catalog.gpu(name) for name, row in gpu_prices().items()]
     bought = [g for g in priced if g.vendor == "NVIDIA" and (gpu_prices()[g.name].launch_usd or
