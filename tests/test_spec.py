@@ -133,6 +133,10 @@ def test_the_start_of_several_gpu_names_is_ambiguous_not_unknown():
         catalog.gpu("a100 sxm")
     with pytest.raises(SpecError, match=r"unknown GPU 'V100S'"):   # a one-letter part begins nothing
         catalog.gpu("V100S")
+    # a name two generations answer to: asked which, not the 2018 card a buyer today rarely means
+    with pytest.raises(SpecError, match=r"GPU 'rtx 6000' is ambiguous: Quadro RTX 6000, RTX 6000 Ada$"):
+        catalog.gpu("rtx 6000")
+    assert catalog.gpu("Quadro RTX 6000").name == "Quadro RTX 6000" and catalog.gpu("RTX 6000 Ada").name == "RTX 6000 Ada"
 
 
 def test_description_errors():

@@ -25,6 +25,9 @@ from gpurig.spec.hardware import CATALOG_REQUIRED, GPU, GPULink, Network, PCIeGe
 DATA = "gpurig.spec.data"
 _VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "ati", "radeon", "instinct"}
 _SERIES_WORDS = {"rtx", "gtx", "rx"}
+# Names two cards answer to, one of them an older generation's: asked which, not resolved to the older
+# (a buyer who writes "RTX 6000" today most likely means the Ada card; Lambda's tables mean the Quadro).
+_TWO_CARDS = {"RTX 6000": ("Quadro RTX 6000", "RTX 6000 Ada")}
 
 
 def read_table(filename: str, cls, text_of: str | None = None) -> list:
@@ -97,6 +100,10 @@ class Lookup:
         """The one entry ``name`` means, or :class:`SpecError` with the closest names. A GPU's memory may be named
         with it, as nvidia-smi and shops do ("Tesla P100-SXM2-16GB", "RTX 3090 24 GB"): it picks among the
         entries the rest of the name means."""
+        for plain, cards in _TWO_CARDS.items():
+            if name_key(name, self.LEVELS[-1]) == name_key(plain, self.LEVELS[-1]) and \
+                    name_key(name) != name_key(cards[0]) and all(any(e.name == c for e in self.entries) for c in cards):
+                raise SpecError(f"{self.what} {name!r} is ambiguous: {', '.join(cards)}")
         found = self._matches(name)
         if len(found) == 1:
             return found[0]
