@@ -250,3 +250,11 @@ def test_a_link_runs_at_the_older_of_the_slot_and_the_card():
     assert code == 0 and "PCIe 3.0" in verdicts["PCIe generation"]["number"], verdicts["PCIe generation"]
     code, out, err = run_cli(["plan", "--gpu", "2x4090", "--psu-eps", "2", "--json"])   # the flag exists
     assert code == 0, err
+
+
+def test_more_gpus_than_any_machine_holds_is_a_problem():
+    """'1000x 4090' on one board: plan said "PSU ≥ 495200 W", "network: one machine" and nothing more."""
+    code, out, err = run_cli(["plan", "--gpu", "1000x 4090", "--json"])
+    assert code == 0, err
+    verdicts = {v["rule"]: v for v in json.loads(out)["verdicts"]}
+    assert verdicts["board slots"]["verdict"] == "problem" and "no machine holds 1000 GPUs" in verdicts["board slots"]["reason"]

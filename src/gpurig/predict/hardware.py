@@ -12,6 +12,7 @@ from gpurig.errors import UsageError
 from gpurig.perf import machine
 from gpurig.perf.collectives import Topology
 from gpurig.predict.request import PredictRequest
+from gpurig.spec.cluster import MOST_GPUS_IN_A_MACHINE
 
 
 @dataclass
@@ -57,11 +58,6 @@ def one_machine_note(spec) -> str:
     node, network = spec.nodes[0], spec.network.name
     return (f"one machine: its {node.gpus} GPUs talk inside it and the {network} carries nothing "
             f"({node.gpus} machines of one GPU each: '{node.gpus} nodes x 1 {node.gpu.name}, {network}')")
-
-
-# The most GPUs one machine holds: 8 in most servers (DGX, HGX), 16 in the largest (DGX-2, HGX-2); more in one
-# node of a description is a typo for a cluster, priced as if one board held them all.
-MOST_GPUS_IN_A_MACHINE = 16
 
 
 def too_many_note(spec) -> str:

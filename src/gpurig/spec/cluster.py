@@ -74,6 +74,7 @@ class NIC:
 
 
 MAX_GPUS_PER_NODE = 1024   # a bound for typos, far above any real machine
+MOST_GPUS_IN_A_MACHINE = 16   # what real machines hold: 8 in most servers (DGX, HGX), 16 in the largest (DGX-2)
 
 
 @dataclass(frozen=True)
