@@ -40,6 +40,16 @@ _LAZY = {
     "ZeroRedundancyOptimizer": "gpurig.parallel",
     "timeline": "gpurig.parallel.timeline",
     "Timeline": "gpurig.parallel.timeline",
+    # Horovod's names, so that a Horovod script runs with `import gpurig as hvd`
+    "DistributedOptimizer": "gpurig.parallel.horovod",
+    "broadcast_parameters": "gpurig.parallel.horovod",
+    "broadcast_optimizer_state": "gpurig.parallel.horovod",
+    "allreduce": "gpurig.parallel.horovod",
+    "broadcast": "gpurig.parallel.horovod",
+    "Compression": "gpurig.parallel.horovod",
+    "Average": "gpurig.parallel.horovod",
+    "Sum": "gpurig.parallel.horovod",
+    "Adasum": "gpurig.parallel.horovod",
 }
 
 
