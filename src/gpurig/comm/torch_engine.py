@@ -151,15 +151,17 @@ class TorchEngine:
 
 
 FIRST_REPORT_S = 15.0   # a rendezvous still waiting after this says so (then every minute)
-_DIST_ERROR = getattr(dist, "DistError", RuntimeError)   # DistStoreError, DistNetworkError
+# what a rendezvous nobody joins raises (not DistBackendError: NCCL's own failures say what they are)
+_RENDEZVOUS_ERRORS = tuple(getattr(dist, name) for name in ("DistStoreError", "DistNetworkError")
+                           if hasattr(dist, name)) or (RuntimeError,)
 
 
 def _join(backend: str, rank: int, size: int, timeout: datetime.timedelta, device) -> SideChannel:
     """Join the default process group at ``MASTER_ADDR:MASTER_PORT`` as ``rank`` of ``size``; return the side channel.
 
     The rendezvous store, bound to MASTER_ADDR's interface only, is also gpurig's side channel. A rendezvous
-    that waits says so on stderr after 15 s (half the timeout, when shorter) and every minute; one that times out is a one-line
-    :class:`UsageError` saying where it waited, not torch's traceback ten minutes later.
+    that waits says so on stderr after 15 s (half the timeout, when shorter) and every minute; one that times
+    out is a one-line :class:`UsageError` saying where it waited, not torch's traceback ten minutes later.
 
     >>> channel = _join("gloo", 0, 2, datetime.timedelta(seconds=30), None)   # doctest: +SKIP
     """
@@ -182,7 +184,7 @@ def _join(backend: str, rank: int, size: int, timeout: datetime.timedelta, devic
             _wait_for_listener(where, seconds)   # here, not in torch's client: it logs each try in C++
         store, channel = rendezvous_store(rank, size, seconds)
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout, device_id=device)
-    except (_DIST_ERROR, TimeoutError):
+    except (*_RENDEZVOUS_ERRORS, TimeoutError):
         raise UsageError(failed) from None
     finally:
         done.set()
