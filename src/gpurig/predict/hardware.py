@@ -254,7 +254,8 @@ def _spec_hardware(spec, profile, request: PredictRequest) -> Hardware:
     devices_in_use = None
     if len(models) > 1 and not measured:
         def devices_in_use(n):
-            return [_catalog_model(gpu, request) for gpu in {node.gpu.name: node.gpu for node, _, _ in placed(n)}.values()]
+            used = {node.gpu.name: node.gpu for node, _, _ in placed(n)}
+            return [_catalog_model(gpu, request) for gpu in used.values()]
     h2d = min(_host_copy_rate(node) for node in kinds) * host_copy_efficiency(request.pinned)
     disk = _disk_rate(spec, profile)
     if profile is not None and not measured and not profile.get("disk"):
