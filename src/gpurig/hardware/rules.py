@@ -14,7 +14,7 @@ from gpurig.hardware import reference, topology
 from gpurig.perf import power, transfer
 from gpurig.perf.precision import precision_on
 from gpurig.spec.build import USE_CASES, Build
-from gpurig.spec.cluster import MOST_GPUS_IN_A_MACHINE
+from gpurig.spec.cluster import too_many_gpus
 from gpurig.spec.hardware import connector_counts
 from gpurig.units import BINARY, tensor_bytes
 
@@ -393,10 +393,9 @@ def slots(build: Build):
         return Verdict("board slots", WARNING, count(len(modules), "module"),
                        f"{modules[0]} is an {build.each_gpu()[0].form_factor.upper()} module for a server board "
                        "(HGX/OAM), not a PCIe card")
-    if build.board.gpu_slots is None and n > MOST_GPUS_IN_A_MACHINE:
+    if build.board.gpu_slots is None and too_many_gpus(n):
         return Verdict("board slots", PROBLEM, f"{n} GPUs in one machine",
-                       f"no machine holds {n} GPUs (8 in most servers, {MOST_GPUS_IN_A_MACHINE} in the largest): "
-                       f"several machines are --describe '{-(-n // 8)} nodes x 8 ..., NETWORK'")
+                       too_many_gpus(n, "..., NETWORK"))
     if build.board.gpu_slots is None:
         return Verdict("board slots", INFO, f"{count(n, 'slot')}, {width} apart",
                        f"{count(n, 'x16-size slot')} spaced for {width}-slot-wide cards" +

@@ -12,7 +12,7 @@ from gpurig.errors import UsageError
 from gpurig.perf import machine
 from gpurig.perf.collectives import Topology
 from gpurig.predict.request import PredictRequest
-from gpurig.spec.cluster import MOST_GPUS_IN_A_MACHINE
+from gpurig.spec.cluster import too_many_gpus
 
 
 @dataclass
@@ -61,19 +61,17 @@ def one_machine_note(spec) -> str:
 
 
 def too_many_note(spec) -> str:
-    """What to say of a machine said to hold more GPUs than any machine does.
+    """What to say of a machine said to hold more GPUs than any machine does (it is priced as asked).
 
     >>> from gpurig.spec.describe import parse_description
     >>> too_many_note(parse_description("1000 A100"))
-    "no machine holds 1000 GPUs (8 in most servers, 16 in the largest): priced as one; a cluster is '125 nodes x 8 A100 SXM4 40 GB, NETWORK'"
+    "no machine holds 1000 GPUs (8 in most servers, 16 in the largest): a cluster is '125 nodes x 8 A100 SXM4 40 GB, NETWORK'; priced as one"
     >>> too_many_note(parse_description("8 A100"))
     ''
     """
     node = max((node for node in spec.nodes if node.gpu is not None), key=lambda node: node.gpus, default=None)
-    if node is None or node.gpus <= MOST_GPUS_IN_A_MACHINE:
-        return ""
-    return (f"no machine holds {node.gpus} GPUs (8 in most servers, {MOST_GPUS_IN_A_MACHINE} in the largest): "
-            f"priced as one; a cluster is '{math.ceil(node.gpus / 8)} nodes x 8 {node.gpu.name}, NETWORK'")
+    said = too_many_gpus(node.gpus, f"{node.gpu.name}, NETWORK") if node is not None else ""
+    return said + "; priced as one" if said else ""
 
 
 def load_hardware(request: PredictRequest) -> Hardware:

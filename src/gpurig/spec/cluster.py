@@ -77,6 +77,20 @@ MAX_GPUS_PER_NODE = 1024   # a bound for typos, far above any real machine
 MOST_GPUS_IN_A_MACHINE = 16   # what real machines hold: 8 in most servers (DGX, HGX), 16 in the largest (DGX-2)
 
 
+def too_many_gpus(gpus: int, what: str = "...") -> str:
+    """Why one machine of ``gpus`` GPUs is no machine there is, with how to write it as a cluster of ``what``, or "".
+
+    >>> too_many_gpus(1000, "A100, 100 Gb InfiniBand")
+    "no machine holds 1000 GPUs (8 in most servers, 16 in the largest): a cluster is '125 nodes x 8 A100, 100 Gb InfiniBand'"
+    >>> too_many_gpus(8)
+    ''
+    """
+    if gpus <= MOST_GPUS_IN_A_MACHINE:
+        return ""
+    return (f"no machine holds {gpus} GPUs (8 in most servers, {MOST_GPUS_IN_A_MACHINE} in the largest): "
+            f"a cluster is '{-(-gpus // 8)} nodes x 8 {what}'")
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """``count`` identical machines, each with ``gpus`` GPUs of one model (``gpu`` None when there are none)."""
