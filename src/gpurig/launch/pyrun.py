@@ -133,6 +133,7 @@ def main(argv: list[str]) -> None:
     except UsageError as error:   # gpurig refused how it was called (a rendezvous nobody joined): one line, as the CLI
         _failed(2, cause=f"exited with code 2: {error}")
         _say_once(error)
+        ended_by(error)   # the others say what this rank raised, not that it finished its program
         sys.exit(2)
     except BaseException as error:
         what = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
